@@ -1,0 +1,344 @@
+//! Governance (DESIGN §10): roles as pure functions of state and BFT time, and the governance
+//! unit of the tick (logins, object lifecycle, admin acts).
+//!
+//! The temp-admin rule, with settings X (`admin_absent_days`) and Y (`temp_admin_active_days`):
+//! if the admin's last login is more than X days ago, the temp admin is the account with the
+//! earliest `joined_at` (ties: smallest account id) among those, other than the admin and not
+//! banned, whose last login is within Y days; otherwise there is none. Roles are recomputed from
+//! state at every tick; every admin act of tick t is checked against the roles of `World_t` at
+//! the batch's BFT time, so acts within one tick never depend on each other's order.
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{AdminAct, Checked, Payload};
+use crate::fx::Fx;
+use crate::host::PhysicsCommand;
+use crate::ids::{AccountId, ObjectId};
+use crate::state::{DAY_MS, Object, ObjectKind, RejectReason, Rejection, Shape, World};
+
+/// An account's standing in a sim.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Role {
+    Admin,
+    TempAdmin,
+    Member,
+}
+
+/// Why the roles are what they are, for `admin status`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct RoleReport {
+    pub admin: AccountId,
+    /// Whole days since the admin's last login (or since genesis if never).
+    pub admin_days_absent: u64,
+    pub admin_absent: bool,
+    pub temp_admin: Option<AccountId>,
+    /// The rule that decided, in words.
+    pub reason: String,
+}
+
+/// BFT time of the admin's last login; the genesis time if the admin never logged in.
+pub fn admin_last_seen_ms(world: &World) -> u64 {
+    let g = &world.governance;
+    world
+        .accounts
+        .get(&g.admin)
+        .map_or(g.genesis_ms, |a| a.last_login_ms)
+}
+
+/// Whether the admin counts as absent at `now_ms` (more than X days since the last login).
+pub fn admin_absent(world: &World, now_ms: u64) -> bool {
+    let x_ms = u64::from(world.settings.admin_absent_days).saturating_mul(DAY_MS);
+    now_ms.saturating_sub(admin_last_seen_ms(world)) > x_ms
+}
+
+/// The temp admin at `now_ms`, if any.
+pub fn temp_admin(world: &World, now_ms: u64) -> Option<AccountId> {
+    if !admin_absent(world, now_ms) {
+        return None;
+    }
+    let y_ms = u64::from(world.settings.temp_admin_active_days).saturating_mul(DAY_MS);
+    let g = &world.governance;
+    world
+        .accounts
+        .values()
+        .filter(|a| a.id != g.admin && !g.banned.contains(&a.id))
+        .filter(|a| now_ms.saturating_sub(a.last_login_ms) <= y_ms)
+        .min_by_key(|a| (a.joined_at_ms, a.id))
+        .map(|a| a.id)
+}
+
+/// An account's role at `now_ms`.
+pub fn role_of(world: &World, account: &AccountId, now_ms: u64) -> Role {
+    if *account == world.governance.admin {
+        Role::Admin
+    } else if temp_admin(world, now_ms) == Some(*account) {
+        Role::TempAdmin
+    } else {
+        Role::Member
+    }
+}
+
+/// The roles and the reason, for display.
+pub fn report(world: &World, now_ms: u64) -> RoleReport {
+    let admin = world.governance.admin;
+    let absent_ms = now_ms.saturating_sub(admin_last_seen_ms(world));
+    let absent = admin_absent(world, now_ms);
+    let temp = temp_admin(world, now_ms);
+    let (x, y) = (
+        world.settings.admin_absent_days,
+        world.settings.temp_admin_active_days,
+    );
+    let reason = match (absent, temp) {
+        (false, _) => format!("the admin logged in within {x} days: no temp admin"),
+        (true, Some(_)) => format!(
+            "the admin has been absent more than {x} days: the temp admin is the earliest-joined account active within {y} days"
+        ),
+        (true, None) => format!(
+            "the admin has been absent more than {x} days, but no account was active within {y} days"
+        ),
+    };
+    RoleReport {
+        admin,
+        admin_days_absent: absent_ms / DAY_MS,
+        admin_absent: absent,
+        temp_admin: temp,
+        reason,
+    }
+}
+
+/// What the governance unit sends on.
+#[derive(Debug, Default)]
+pub(crate) struct GovernanceOut {
+    pub rejected: Vec<Rejection>,
+    pub physics: Vec<PhysicsCommand>,
+}
+
+/// Run the governance unit: its events in canonical order, on the world being merged.
+/// `temp` is the temp admin of `World_t` at the batch time.
+pub(crate) fn apply(
+    world: &mut World,
+    events: &[&Checked],
+    temp: Option<AccountId>,
+    now_ms: u64,
+) -> GovernanceOut {
+    let admin = world.governance.admin;
+    let mut out = GovernanceOut::default();
+    for c in events {
+        let author = c.event.body.author;
+        let result = match &c.event.body.payload {
+            Payload::Login { name } => login(world, author, name, now_ms, &mut out),
+            Payload::Logout => {
+                let avatar = world.accounts.get(&author).and_then(|a| a.avatar);
+                if let Some(id) = avatar {
+                    despawn(world, id, &mut out);
+                }
+                Ok(())
+            }
+            Payload::Rez {
+                name,
+                shape,
+                position,
+                color,
+                text,
+            } => {
+                if !world.region.contains(*position) {
+                    Err(RejectReason::InvalidValue {
+                        field: "position".into(),
+                    })
+                } else {
+                    spawn(
+                        world,
+                        author,
+                        ObjectKind::Prim,
+                        name,
+                        *shape,
+                        *position,
+                        *color,
+                        text,
+                        &mut out,
+                    )
+                    .map(|_| ())
+                }
+            }
+            Payload::Derez { object } => match world.objects.get(object) {
+                None => Err(RejectReason::NoSuchObject { object: *object }),
+                Some(o) if o.owner != author => Err(RejectReason::NotOwner { object: *object }),
+                Some(_) => {
+                    despawn(world, *object, &mut out);
+                    Ok(())
+                }
+            },
+            Payload::Admin(act) => {
+                if author == admin || Some(author) == temp {
+                    admin_act(world, act, now_ms, &mut out)
+                } else {
+                    Err(RejectReason::NotAuthorized {
+                        act: act.name().into(),
+                    })
+                }
+            }
+            other => unreachable!("routed a non-governance payload to governance: {other:?}"),
+        };
+        if let Err(reason) = result {
+            out.rejected.push(Rejection {
+                event: c.id,
+                author,
+                reason,
+            });
+        }
+    }
+    out
+}
+
+fn login(
+    world: &mut World,
+    author: AccountId,
+    name: &str,
+    now_ms: u64,
+    out: &mut GovernanceOut,
+) -> Result<(), RejectReason> {
+    match world.account_mut(&author) {
+        Some(a) => {
+            a.last_login_ms = now_ms;
+            a.name = name.to_string();
+        }
+        None => {
+            world.create_account(author, name.to_string(), now_ms);
+        }
+    }
+    let has_avatar = world.accounts.get(&author).and_then(|a| a.avatar).is_some();
+    if has_avatar {
+        return Ok(());
+    }
+    let at = world.region.centre();
+    let shape = Shape::Circle { radius: Fx::HALF };
+    let id = spawn(
+        world,
+        author,
+        ObjectKind::Avatar,
+        name,
+        shape,
+        at,
+        0xffff_ffff,
+        "",
+        out,
+    )?;
+    if let Some(a) = world.account_mut(&author) {
+        a.avatar = Some(id);
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn spawn(
+    world: &mut World,
+    owner: AccountId,
+    kind: ObjectKind,
+    name: &str,
+    shape: Shape,
+    position: crate::vec2::Vec2,
+    color: u32,
+    text: &str,
+    out: &mut GovernanceOut,
+) -> Result<ObjectId, RejectReason> {
+    let max = world.settings.limits.max_objects;
+    if world.object_count() >= max {
+        return Err(RejectReason::ObjectLimit { max });
+    }
+    let id = world.allocate_object_id();
+    world.put_object(Object {
+        id,
+        kind,
+        owner,
+        name: name.to_string(),
+        shape,
+        position,
+        rotation: Fx::ZERO,
+        velocity: crate::vec2::Vec2::ZERO,
+        color,
+        text: text.to_string(),
+    });
+    out.physics.push(PhysicsCommand::Spawn {
+        object: id,
+        position,
+        velocity: crate::vec2::Vec2::ZERO,
+        shape,
+    });
+    Ok(id)
+}
+
+fn despawn(world: &mut World, id: ObjectId, out: &mut GovernanceOut) {
+    if world.remove_object(id).is_some() {
+        out.physics.push(PhysicsCommand::Despawn { object: id });
+    }
+}
+
+fn remove_avatar(world: &mut World, account: &AccountId, out: &mut GovernanceOut) {
+    if let Some(id) = world.accounts.get(account).and_then(|a| a.avatar) {
+        despawn(world, id, out);
+    }
+}
+
+fn admin_act(
+    world: &mut World,
+    act: &AdminAct,
+    now_ms: u64,
+    out: &mut GovernanceOut,
+) -> Result<(), RejectReason> {
+    let g_admin = world.governance.admin;
+    match act {
+        AdminAct::Kick { account } => {
+            let until = now_ms.saturating_add(world.settings.kick_cooldown_ms);
+            world.governance.kicked_until_ms.insert(*account, until);
+            remove_avatar(world, account, out);
+        }
+        AdminAct::Ban { account } => {
+            if *account == g_admin {
+                return Err(RejectReason::InvalidValue {
+                    field: "account (the permanent admin)".into(),
+                });
+            }
+            world.governance.banned.insert(*account);
+            remove_avatar(world, account, out);
+        }
+        AdminAct::Unban { account } => {
+            world.governance.banned.remove(account);
+        }
+        AdminAct::SetSettings(s) => world.settings = s.clone(),
+        AdminAct::RemoveObject { object } => {
+            if !world.objects.contains_key(object) {
+                return Err(RejectReason::NoSuchObject { object: *object });
+            }
+            despawn(world, *object, out);
+        }
+        AdminAct::RemoveScript { object } => {
+            if !world.scripts.contains_key(object) {
+                return Err(RejectReason::NoSuchObject { object: *object });
+            }
+            world.remove_script(*object);
+        }
+        AdminAct::AdmitValidator { key } => {
+            world.governance.pending_validators.insert(*key, true);
+        }
+        AdminAct::RemoveValidator { key } => {
+            world.governance.pending_validators.insert(*key, false);
+        }
+        AdminAct::TransferAdmin { to } => world.governance.admin = *to,
+    }
+    Ok(())
+}
+
+/// At an epoch boundary, apply the pending validator changes.
+pub(crate) fn end_of_tick(world: &mut World) {
+    let epoch = world.settings.epoch_ticks.max(1);
+    if world.tick.0.is_multiple_of(epoch) && !world.governance.pending_validators.is_empty() {
+        let pending = std::mem::take(&mut world.governance.pending_validators);
+        for (key, admit) in pending {
+            if admit {
+                world.governance.validators.insert(key);
+            } else {
+                world.governance.validators.remove(&key);
+            }
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The traits the tick pipeline calls: a script host (DESIGN §8) and a physics stage (§7).
+//!
+//! Both are pure: they get the immutable `World_t`, the tick, its BFT time and seeds as
+//! arguments, and return values. `scripting` (rhai) and `physics` (rapier2d) implement them;
+//! `sim` carries small real ones ([`crate::rules`], [`crate::kinematic`]) for its own tests.
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::ChatRange;
+use crate::fx::Fx;
+use crate::ids::{AccountId, Hash32, ObjectId, Tick};
+use crate::state::{Limits, Object, ScriptInstance, ScriptSource, Shape, World};
+use crate::vec2::Vec2;
+
+/// One thing a script reacts to, in the order it must see them.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum ScriptInput {
+    /// The script was just deployed.
+    Init,
+    /// Every tick, for scripts with a tick handler (always first).
+    Tick,
+    /// The script's timer fired (right after `Tick`).
+    Timer,
+    Touch {
+        who: AccountId,
+    },
+    Chat {
+        channel: i32,
+        speaker: String,
+        text: String,
+    },
+    Message {
+        from: ObjectId,
+        data: String,
+    },
+    Collision {
+        other: ObjectId,
+    },
+}
+
+/// What a script may read while it runs.
+#[derive(Debug)]
+pub struct ScriptCtx<'a> {
+    /// `World_t`: read-only, shared by every unit of the tick.
+    pub world: &'a World,
+    pub object: &'a Object,
+    pub instance: &'a ScriptInstance,
+    pub source: &'a ScriptSource,
+    pub tick: Tick,
+    pub time_ms: u64,
+    /// Seed for the script's deterministic RNG: blake3(tick seed ‖ object).
+    pub rng_seed: Hash32,
+    pub limits: &'a Limits,
+}
+
+/// What a script asks for. Only its own object changes; the rest are messages and commands.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum ScriptAction {
+    SetColor(u32),
+    SetText(String),
+    SetVelocity(Vec2),
+    SetTarget {
+        target: Vec2,
+        speed: Fx,
+    },
+    Impulse(Vec2),
+    Say {
+        channel: i32,
+        range: ChatRange,
+        text: String,
+    },
+    Send {
+        to: ObjectId,
+        data: String,
+    },
+    Listen {
+        channel: i32,
+        on: bool,
+    },
+    /// `every_ticks == 0` stops the timer.
+    SetTimer {
+        every_ticks: u32,
+    },
+}
+
+/// Kinds of script failure, so owners and tests can tell them apart.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum ScriptErrorKind {
+    /// The per-event operation budget ran out.
+    OutOfBudget,
+    /// Call or expression depth limit.
+    TooDeep,
+    /// A string, array, map or the persisted state exceeded its limit.
+    TooLarge,
+    /// Used something the sandbox does not offer (floats, time, eval, import, …).
+    Forbidden,
+    /// Emitted more messages, chat or commands in one tick than allowed.
+    TooManyOutputs,
+    /// Any other runtime error raised by the script.
+    Runtime,
+}
+
+/// A script error, sent to the owner's debug channel.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct ScriptError {
+    pub kind: ScriptErrorKind,
+    pub message: String,
+}
+
+/// The result of running one object's script for one tick.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct ScriptOutput {
+    /// The persisted state after the tick (host-defined encoding).
+    pub state: Vec<u8>,
+    /// Actions in the order the script made them.
+    pub actions: Vec<ScriptAction>,
+    /// Set when a handler failed; actions before the failure still apply.
+    pub error: Option<ScriptError>,
+}
+
+/// What compiling a script tells the pipeline.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Compiled {
+    /// The script has a tick handler: it runs every tick.
+    pub wants_tick: bool,
+}
+
+/// Runs scripts. Called from several threads at once on the same `World_t`; must give the same
+/// output for the same inputs on every machine.
+pub trait ScriptHost: Sync {
+    /// Check a script before it is deployed. The error is recorded as the refusal's reason.
+    fn compile(&self, source: &ScriptSource, limits: &Limits) -> Result<Compiled, String>;
+    /// Run the handlers for one object's inputs, in order.
+    fn run(&self, ctx: &ScriptCtx<'_>, inputs: &[ScriptInput]) -> ScriptOutput;
+}
+
+/// A command from the tick to the physics stage.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum PhysicsCommand {
+    Spawn {
+        object: ObjectId,
+        position: Vec2,
+        velocity: Vec2,
+        shape: Shape,
+    },
+    Despawn {
+        object: ObjectId,
+    },
+    SetVelocity {
+        object: ObjectId,
+        velocity: Vec2,
+    },
+    Impulse {
+        object: ObjectId,
+        impulse: Vec2,
+    },
+    /// Move toward `target` at `speed` m/s, then stop.
+    SetTarget {
+        object: ObjectId,
+        target: Vec2,
+        speed: Fx,
+    },
+}
+
+/// A body's state read back into `Fx` at the tick boundary.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct BodyState {
+    pub object: ObjectId,
+    pub position: Vec2,
+    pub rotation: Fx,
+    pub velocity: Vec2,
+}
+
+/// Events the physics stage emits, only for bodies it owns.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum PhysicsEvent {
+    /// `object` (owned here) was hit by `other`.
+    Collision { object: ObjectId, other: ObjectId },
+}
+
+/// The result of one physics step.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct PhysicsOutput {
+    /// Bodies that changed, in object-id order.
+    pub bodies: Vec<BodyState>,
+    pub events: Vec<PhysicsEvent>,
+}
+
+/// Why a physics stage could not load its saved state.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+#[error("physics state: {0}")]
+pub struct PhysicsError(pub String);
+
+/// The physics of one region. Carried state (everything that influences the next step) is
+/// saved into snapshots and hashed into the state root.
+pub trait PhysicsStage: Send {
+    /// Load from a world at genesis (`saved = None`) or from a snapshot's saved state.
+    fn load(&mut self, world: &World, saved: Option<&[u8]>) -> Result<(), PhysicsError>;
+    /// Apply the tick's commands in order, then advance `dt` seconds.
+    fn step(&mut self, world: &World, commands: &[PhysicsCommand], dt: Fx) -> PhysicsOutput;
+    /// The carried state, for snapshots.
+    fn save(&self) -> Vec<u8>;
+    /// The digest of the carried state.
+    fn root(&self) -> Hash32;
+}

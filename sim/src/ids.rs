@@ -1,0 +1,149 @@
+//! Typed ids: a newtype for every index and id, fixed-width on the wire.
+
+use core::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A step of a sim.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+pub struct Tick(pub u64);
+
+impl Tick {
+    pub const ZERO: Tick = Tick(0);
+    pub const fn next(self) -> Tick {
+        Tick(self.0 + 1)
+    }
+}
+
+impl fmt::Debug for Tick {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tick({})", self.0)
+    }
+}
+
+impl fmt::Display for Tick {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A sim (one region and its replicated state machine).
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Debug, Serialize, Deserialize,
+)]
+pub struct SimId(pub u32);
+
+impl fmt::Display for SimId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sim-{}", self.0)
+    }
+}
+
+/// An object: a generational index. The low 32 bits are the generation, the high 32 bits the
+/// slot, so ids order by slot and a slot's reuse never aliases an old id. The slot is the
+/// object's leaf in the objects Merkle tree.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ObjectId(pub u64);
+
+impl ObjectId {
+    pub const fn new(slot: u32, generation: u32) -> ObjectId {
+        ObjectId(((slot as u64) << 32) | generation as u64)
+    }
+    pub const fn slot(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+    pub const fn generation(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+impl fmt::Debug for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ObjectId({}v{})", self.slot(), self.generation())
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}v{}", self.slot(), self.generation())
+    }
+}
+
+macro_rules! hash_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+        pub struct $name(pub [u8; 32]);
+
+        impl $name {
+            pub const fn as_bytes(&self) -> &[u8; 32] {
+                &self.0
+            }
+            /// The first 8 hex digits, for logs.
+            pub fn short(&self) -> String {
+                hex(&self.0[..4])
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({})", stringify!($name), self.short())
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&hex(&self.0))
+            }
+        }
+    };
+}
+
+hash_id!(
+    /// An account: an ed25519 public key.
+    AccountId
+);
+hash_id!(
+    /// An event: blake3 of its domain-separated body encoding.
+    EventId
+);
+hash_id!(
+    /// A script version: blake3 of its source, licence, author and provenance.
+    ScriptId
+);
+hash_id!(
+    /// A 32-byte blake3 digest (state roots, subsystem roots, seeds).
+    Hash32
+);
+
+/// Lower-case hex of some bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_ids_order_by_slot_then_generation() {
+        let a = ObjectId::new(1, 9);
+        let b = ObjectId::new(2, 0);
+        assert!(a < b);
+        assert_eq!(a.slot(), 1);
+        assert_eq!(a.generation(), 9);
+        assert_eq!(a.to_string(), "1v9");
+    }
+
+    #[test]
+    fn hex_prints_all_bytes() {
+        assert_eq!(hex(&[0, 0xab, 0xff]), "00abff");
+        assert_eq!(Hash32([0x12; 32]).short(), "12121212");
+    }
+}

@@ -1,0 +1,221 @@
+//! Incremental Merkle trees for the state root (DESIGN §4 step 7).
+//!
+//! A [`SlotTree`] is a complete binary tree over numbered slots (an object's slot, an account's
+//! slot). Its capacity is the next power of two of the slot high-water mark, which is part of
+//! the state, so the root is a pure function of the state. Changing a leaf marks it dirty;
+//! [`SlotTree::root`] rehashes only the dirty leaves' paths, so the cost of a tick's root grows
+//! with the number of slots it changed, not with the world.
+//!
+//! Hashing is blake3 in keyed mode with one key per role (leaf, node, subsystem, root), so a
+//! leaf can never be confused with an inner node (second-preimage safety).
+
+use crate::ids::Hash32;
+
+/// Domain keys: blake3 keyed mode, one per role. Derived once from readable contexts.
+pub(crate) mod keys {
+    pub const LEAF: [u8; 32] = *b"metatopia/merkle/leaf/v1________";
+    pub const NODE: [u8; 32] = *b"metatopia/merkle/node/v1________";
+    pub const SUBSYSTEM: [u8; 32] = *b"metatopia/state/subsystem/v1____";
+    pub const ROOT: [u8; 32] = *b"metatopia/state/root/v1_________";
+    pub const ORDER: [u8; 32] = *b"metatopia/order/key/v1__________";
+    pub const EVENT_ID: [u8; 32] = *b"metatopia/event/id/v1___________";
+    pub const SCRIPT_ID: [u8; 32] = *b"metatopia/script/id/v1__________";
+    pub const QUEUED_ID: [u8; 32] = *b"metatopia/queued/id/v1__________";
+    pub const RNG: [u8; 32] = *b"metatopia/rng/seed/v1___________";
+}
+
+/// Hash some bytes as a leaf.
+pub fn leaf_hash(bytes: &[u8]) -> Hash32 {
+    Hash32(*blake3::keyed_hash(&keys::LEAF, bytes).as_bytes())
+}
+
+/// An inner node: a blake3 parent-node compression in keyed mode (one compression, and the
+/// PARENT flag separates it from every leaf, which is a keyed root hash under another key).
+fn node_hash(left: &[u8; 32], right: &[u8; 32]) -> [u8; 32] {
+    blake3::hazmat::merge_subtrees_non_root(
+        left,
+        right,
+        blake3::hazmat::Mode::KeyedHash(&keys::NODE),
+    )
+}
+
+/// The value of an empty slot.
+pub const EMPTY: [u8; 32] = [0; 32];
+
+/// A complete binary Merkle tree over slots, updated incrementally.
+#[derive(Clone, Debug, Default)]
+pub struct SlotTree {
+    /// Heap layout: node 1 is the root, node i has children 2i and 2i+1, leaves at
+    /// `cap..2*cap`. Index 0 is unused.
+    nodes: Vec<[u8; 32]>,
+    cap: u32,
+    /// Leaves changed since the last `root()`, unsorted, may repeat.
+    dirty: Vec<u32>,
+}
+
+impl SlotTree {
+    /// The capacity a tree must have for a slot high-water mark.
+    pub fn capacity_for(slots: u32) -> u32 {
+        slots.max(1).next_power_of_two()
+    }
+
+    /// Grow (or build) the tree so it holds `slots` slots. Existing leaves are kept; growth
+    /// rehashes the whole tree once, which amortises over the doublings.
+    pub fn ensure_slots(&mut self, slots: u32) {
+        let want = Self::capacity_for(slots);
+        if want == self.cap {
+            return;
+        }
+        assert!(want > self.cap, "slot high-water marks never shrink");
+        let old_cap = self.cap as usize;
+        let mut nodes = vec![EMPTY; 2 * want as usize];
+        for i in 0..old_cap {
+            nodes[want as usize + i] = self.nodes[old_cap + i];
+        }
+        self.nodes = nodes;
+        self.cap = want;
+        self.dirty.clear();
+        for i in (1..want as usize).rev() {
+            self.nodes[i] = node_hash(&self.nodes[2 * i], &self.nodes[2 * i + 1]);
+        }
+    }
+
+    /// Set a slot's leaf value (`EMPTY` clears it). The slot must be below the capacity.
+    pub fn set(&mut self, slot: u32, leaf: Hash32) {
+        assert!(slot < self.cap, "slot {slot} beyond capacity {}", self.cap);
+        let i = (self.cap + slot) as usize;
+        if self.nodes[i] != leaf.0 {
+            self.nodes[i] = leaf.0;
+            self.dirty.push(slot);
+        }
+    }
+
+    pub fn get(&self, slot: u32) -> Option<Hash32> {
+        (slot < self.cap).then(|| Hash32(self.nodes[(self.cap + slot) as usize]))
+    }
+
+    /// The root, rehashing the paths of the leaves changed since the last call.
+    pub fn root(&mut self) -> Hash32 {
+        if self.cap == 0 {
+            self.ensure_slots(1);
+        }
+        if !self.dirty.is_empty() {
+            let mut level: Vec<u32> = self.dirty.drain(..).map(|s| self.cap + s).collect();
+            level.sort_unstable();
+            level.dedup();
+            while level[0] > 1 {
+                for p in level.iter_mut() {
+                    *p /= 2;
+                }
+                level.dedup();
+                for &p in &level {
+                    let p = p as usize;
+                    self.nodes[p] = node_hash(&self.nodes[2 * p], &self.nodes[2 * p + 1]);
+                }
+            }
+        }
+        Hash32(self.nodes[1])
+    }
+
+    /// The sibling path of a slot, bottom up: a proof that its leaf is under `root()`.
+    /// Call `root()` first so the path is current.
+    pub fn proof(&self, slot: u32) -> Vec<Hash32> {
+        assert!(self.dirty.is_empty(), "call root() before proof()");
+        let mut i = (self.cap + slot) as usize;
+        let mut path = Vec::new();
+        while i > 1 {
+            path.push(Hash32(self.nodes[i ^ 1]));
+            i /= 2;
+        }
+        path
+    }
+
+    /// Check a proof produced by [`SlotTree::proof`].
+    pub fn verify_proof(root: Hash32, slot: u32, leaf: Hash32, path: &[Hash32]) -> bool {
+        let mut acc = leaf.0;
+        let mut index = slot as u64;
+        for sib in path {
+            acc = if index & 1 == 0 {
+                node_hash(&acc, &sib.0)
+            } else {
+                node_hash(&sib.0, &acc)
+            };
+            index >>= 1;
+        }
+        index == 0 && acc == root.0
+    }
+}
+
+/// Combine named subsystem parts into one digest.
+pub fn combine(key: &[u8; 32], parts: &[&[u8]]) -> Hash32 {
+    let mut h = blake3::Hasher::new_keyed(key);
+    for p in parts {
+        h.update(&(p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    Hash32(*h.finalize().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn full_rebuild(leaves: &[[u8; 32]], slots: u32) -> Hash32 {
+        let mut t = SlotTree::default();
+        t.ensure_slots(slots);
+        for (i, l) in leaves.iter().enumerate() {
+            t.set(i as u32, Hash32(*l));
+        }
+        t.root()
+    }
+
+    proptest! {
+        #[test]
+        fn incremental_equals_full_rebuild(
+            n in 1u32..300,
+            edits in proptest::collection::vec((0u32..300, any::<u8>()), 0..200),
+        ) {
+            let mut leaves = vec![EMPTY; n as usize];
+            let mut inc = SlotTree::default();
+            inc.ensure_slots(n);
+            let _ = inc.root();
+            for (i, (slot, v)) in edits.into_iter().enumerate() {
+                let slot = slot % n;
+                leaves[slot as usize] = [v; 32];
+                inc.set(slot, Hash32([v; 32]));
+                if i % 7 == 0 {
+                    let _ = inc.root();
+                }
+            }
+            prop_assert_eq!(inc.root(), full_rebuild(&leaves, n));
+        }
+
+        #[test]
+        fn proofs_verify_and_reject_tampering(n in 1u32..200, pick in 0u32..200) {
+            let leaves: Vec<[u8; 32]> = (0..n).map(|i| *blake3::hash(&i.to_le_bytes()).as_bytes()).collect();
+            let mut t = SlotTree::default();
+            t.ensure_slots(n);
+            for (i, l) in leaves.iter().enumerate() {
+                t.set(i as u32, Hash32(*l));
+            }
+            let root = t.root();
+            let slot = pick % n;
+            let path = t.proof(slot);
+            prop_assert!(SlotTree::verify_proof(root, slot, Hash32(leaves[slot as usize]), &path));
+            prop_assert!(!SlotTree::verify_proof(root, slot, Hash32([7; 32]), &path));
+        }
+    }
+
+    #[test]
+    fn growth_keeps_leaves_and_changes_root() {
+        let mut t = SlotTree::default();
+        t.ensure_slots(3);
+        t.set(2, Hash32([1; 32]));
+        let small = t.root();
+        t.ensure_slots(5);
+        assert_eq!(t.get(2), Some(Hash32([1; 32])));
+        assert_ne!(t.root(), small, "depth is part of the commitment");
+        assert_eq!(t.root(), full_rebuild(&[EMPTY, EMPTY, [1; 32]], 5));
+    }
+}

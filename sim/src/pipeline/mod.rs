@@ -1,0 +1,559 @@
+//! The tick pipeline (DESIGN §4).
+//!
+//! ```text
+//! World_t + Batch_t + Queue_t
+//! 1. verify   signatures (verdicts computed ahead), sim, size, account, ban, nonce, fields
+//! 2. route    each event to its target: an object, governance, chat
+//! 3. order    per target by blake3(seed ‖ target ‖ event_id); seed from the commit certificate
+//! 4. run      object units in parallel over the immutable World_t; each returns only its part
+//! 5. merge    parts in object order, then chat, then the governance unit
+//! 6. physics  the stage consumes the merged commands, steps, and its bodies are read back
+//! 7. hash     incremental Merkle root over the subsystem roots
+//! ```
+//!
+//! Deviation from DESIGN §4's numbering: physics runs after the merge, because it consumes
+//! the commands the merge collects (and the spawns of the governance unit). The governance
+//! unit runs sequentially inside the merge: it allocates object slots and its events are few;
+//! its permission checks use the roles of `World_t`, so its result does not depend on order.
+//! Synthetic inputs come first in a unit: `Tick`, then `Timer`, then ordered events.
+
+mod unit;
+mod verify;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{ChatRange, Checked, Payload, VerifiedBatch};
+use crate::fx::Fx;
+use crate::governance;
+use crate::host::{PhysicsCommand, PhysicsEvent, PhysicsStage, ScriptError, ScriptHost};
+use crate::ids::{AccountId, EventId, Hash32, ObjectId, Tick};
+use crate::merkle::keys;
+use crate::snapshot::{Snapshot, SnapshotError};
+use crate::state::{Queued, Rejection, SubsystemRoots, World};
+use crate::vec2::Vec2;
+
+use unit::{InstanceChange, ObjectPart, Unit, UnitInput};
+
+/// The channel script errors go out on, addressed to the object's owner.
+pub const DEBUG_CHANNEL: i32 = i32::MAX;
+
+/// Who said something.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Speaker {
+    Account(AccountId),
+    Object(ObjectId),
+}
+
+/// A line of chat produced by a tick.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ChatLine {
+    pub speaker: Speaker,
+    pub name: String,
+    pub channel: i32,
+    pub range: ChatRange,
+    /// Where it was said; it carries `range` metres from here.
+    pub position: Vec2,
+    pub text: String,
+    /// Set for private lines (the debug channel): only this account hears it.
+    pub to: Option<AccountId>,
+}
+
+/// A script error, for the owner.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ScriptErrorReport {
+    pub object: ObjectId,
+    pub owner: AccountId,
+    pub error: ScriptError,
+    /// The script is now suspended until redeployed.
+    pub suspended: bool,
+}
+
+/// What one tick did.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct TickReport {
+    /// The tick that was executed.
+    pub tick: Tick,
+    pub root: Hash32,
+    pub roots: SubsystemRoots,
+    pub accepted: u32,
+    pub rejected: Vec<Rejection>,
+    pub chat: Vec<ChatLine>,
+    pub script_errors: Vec<ScriptErrorReport>,
+    /// Object units run in parallel.
+    pub units: u32,
+    pub bodies_moved: u32,
+}
+
+/// Why a batch could not be executed at all (a bug upstream, never bad client input).
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("batch is for tick {got}, the sim is at tick {expected}")]
+    WrongTick { expected: Tick, got: Tick },
+    #[error("batch time {got} ms is before the last batch time {last} ms")]
+    TimeWentBack { last: u64, got: u64 },
+}
+
+/// Per-tick values every unit sees.
+#[derive(Clone, Debug)]
+pub(crate) struct TickCtx {
+    pub tick: Tick,
+    pub time_ms: u64,
+    pub seed: Hash32,
+    pub script_failure_limit: u32,
+}
+
+/// A sim: its world, script host, physics stage and worker count.
+#[derive(Clone, Debug)]
+pub struct Sim<H, P> {
+    world: World,
+    host: H,
+    physics: P,
+    workers: u32,
+    roots: Option<SubsystemRoots>,
+}
+
+impl<H: ScriptHost, P: PhysicsStage> Sim<H, P> {
+    /// A sim at genesis (or any world whose physics can be rebuilt from the world).
+    pub fn new(
+        world: World,
+        host: H,
+        mut physics: P,
+        workers: u32,
+    ) -> Result<Self, crate::host::PhysicsError> {
+        physics.load(&world, None)?;
+        Ok(Sim {
+            world,
+            host,
+            physics,
+            workers: workers.max(1),
+            roots: None,
+        })
+    }
+
+    /// A sim continued from a snapshot, checked against the root it claims.
+    pub fn restore(
+        snapshot: Snapshot,
+        host: H,
+        mut physics: P,
+        workers: u32,
+    ) -> Result<Self, SnapshotError> {
+        let Snapshot {
+            world,
+            physics: saved,
+            root,
+            ..
+        } = snapshot;
+        physics
+            .load(&world, Some(&saved))
+            .map_err(|e| SnapshotError::Invalid {
+                reason: e.to_string(),
+            })?;
+        let mut sim = Sim {
+            world,
+            host,
+            physics,
+            workers: workers.max(1),
+            roots: None,
+        };
+        let actual = sim.root();
+        if actual != root {
+            return Err(SnapshotError::RootMismatch {
+                claimed: root,
+                actual,
+            });
+        }
+        Ok(sim)
+    }
+
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    pub fn physics(&self) -> &P {
+        &self.physics
+    }
+
+    pub fn workers(&self) -> u32 {
+        self.workers
+    }
+
+    pub fn set_workers(&mut self, workers: u32) {
+        self.workers = workers.max(1);
+    }
+
+    /// The subsystem roots of the current state.
+    pub fn roots(&mut self) -> SubsystemRoots {
+        if let Some(r) = self.roots {
+            return r;
+        }
+        let r = self
+            .world
+            .subsystem_roots(self.physics.root(), self.workers);
+        self.roots = Some(r);
+        r
+    }
+
+    /// The state root of the current state.
+    pub fn root(&mut self) -> Hash32 {
+        self.roots().root()
+    }
+
+    /// A snapshot of the whole state with its root.
+    pub fn snapshot(&mut self) -> Snapshot {
+        let root = self.root();
+        Snapshot::new(self.world.clone(), self.physics.save(), root)
+    }
+
+    /// Execute one committed batch.
+    pub fn step(&mut self, batch: &VerifiedBatch) -> Result<TickReport, StepError> {
+        let report = step(
+            &mut self.world,
+            batch,
+            &self.host,
+            &mut self.physics,
+            self.workers,
+        )?;
+        self.roots = Some(report.roots);
+        Ok(report)
+    }
+}
+
+/// Execute one committed batch on a world (see the module docs for the stages).
+pub fn step(
+    world: &mut World,
+    batch: &VerifiedBatch,
+    host: &dyn ScriptHost,
+    physics: &mut dyn PhysicsStage,
+    workers: u32,
+) -> Result<TickReport, StepError> {
+    if batch.tick != world.tick {
+        return Err(StepError::WrongTick {
+            expected: world.tick,
+            got: batch.tick,
+        });
+    }
+    if batch.time_ms < world.time_ms {
+        return Err(StepError::TimeWentBack {
+            last: world.time_ms,
+            got: batch.time_ms,
+        });
+    }
+    let ctx = TickCtx {
+        tick: world.tick,
+        time_ms: batch.time_ms,
+        seed: batch.seed,
+        script_failure_limit: world.settings.limits.script_failure_limit,
+    };
+    let temp_admin = governance::temp_admin(world, ctx.time_ms);
+
+    // 1. verify
+    let verdicts = verify::check(world, batch);
+    // 2. route + 3. order
+    let queue = std::mem::take(&mut world.queue);
+    let routes = route(world, &verdicts.accepted, queue, &ctx);
+    // 4. run, in parallel over the immutable World_t
+    let w: &World = world;
+    let parts: Vec<ObjectPart> = crate::par::map_chunks(&routes.units, workers, 64, |units| {
+        units.iter().map(|u| unit::run(w, host, u, &ctx)).collect()
+    });
+    let client_chat = chat_unit(w, &routes.chat);
+
+    // 5. merge: objects in id order, then chat, then governance
+    let mut rejected = verdicts.rejected;
+    rejected.extend(client_chat.1);
+    let mut merged = merge(world, parts);
+    rejected.append(&mut merged.rejected);
+    let mut chat = client_chat.0;
+    chat.append(&mut merged.chat);
+    let gov = governance::apply(world, &routes.governance, temp_admin, ctx.time_ms);
+    rejected.extend(gov.rejected);
+    merged.physics.extend(gov.physics);
+    for (author, nonce) in &verdicts.nonces {
+        if let Some(a) = world.account_mut(author) {
+            a.last_nonce = *nonce;
+        }
+    }
+
+    // 6. physics
+    let dt = Fx::ONE / Fx::from_int(i64::from(world.settings.tick_rate_hz.max(1)));
+    let out = physics.step(world, &merged.physics, dt);
+    let bodies_moved = out.bodies.len() as u32;
+    for b in &out.bodies {
+        if let Some(o) = world.object_mut(b.object) {
+            o.position = b.position;
+            o.rotation = b.rotation;
+            o.velocity = b.velocity;
+        }
+    }
+
+    // Queue_{t+1}: messages, chat heard by listening scripts, collisions.
+    let mut queue = merged.queued;
+    deliver_chat(world, &chat, &mut queue);
+    for e in out.events {
+        let PhysicsEvent::Collision { object, other } = e;
+        queue.push(Queued::Collision { object, other });
+    }
+    world.queue = queue;
+    world.receipts = rejected.clone();
+    world.tick = world.tick.next();
+    world.time_ms = ctx.time_ms;
+    governance::end_of_tick(world);
+
+    // 7. hash
+    let roots = world.subsystem_roots(physics.root(), workers);
+    Ok(TickReport {
+        tick: ctx.tick,
+        root: roots.root(),
+        roots,
+        accepted: verdicts.accepted.len() as u32,
+        rejected,
+        chat,
+        script_errors: merged.errors,
+        units: routes.units.len() as u32,
+        bodies_moved,
+    })
+}
+
+/// Where each accepted event goes, already in canonical order.
+#[derive(Debug)]
+struct Routes<'a> {
+    governance: Vec<&'a Checked>,
+    chat: Vec<&'a Checked>,
+    /// In object-id order.
+    units: Vec<Unit<'a>>,
+}
+
+/// The order key of an event at a target: blake3(seed ‖ target ‖ event id), keyed.
+fn order_key(seed: &Hash32, target: &[u8], id: &EventId) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_keyed(&keys::ORDER);
+    h.update(&seed.0);
+    h.update(target);
+    h.update(&id.0);
+    *h.finalize().as_bytes()
+}
+
+fn object_target(id: ObjectId) -> [u8; 9] {
+    let mut t = [0u8; 9];
+    t[1..].copy_from_slice(&id.0.to_le_bytes());
+    t
+}
+
+const GOVERNANCE_TARGET: &[u8] = &[1];
+const CHAT_TARGET: &[u8] = &[2];
+
+fn queued_id(tick: Tick, index: u32) -> EventId {
+    let mut h = blake3::Hasher::new_keyed(&keys::QUEUED_ID);
+    h.update(&tick.0.to_le_bytes());
+    h.update(&index.to_le_bytes());
+    EventId(*h.finalize().as_bytes())
+}
+
+fn route<'a>(
+    world: &World,
+    accepted: &[&'a Checked],
+    queue: Vec<Queued>,
+    ctx: &TickCtx,
+) -> Routes<'a> {
+    let mut gov: Vec<([u8; 32], &Checked)> = Vec::new();
+    let mut chat: Vec<([u8; 32], &Checked)> = Vec::new();
+    let mut objects: BTreeMap<ObjectId, Vec<([u8; 32], UnitInput<'a>)>> = BTreeMap::new();
+    for &c in accepted {
+        match &c.event.body.payload {
+            Payload::Move { object, .. }
+            | Payload::Touch { object }
+            | Payload::DeployScript { object, .. } => {
+                let key = order_key(&ctx.seed, &object_target(*object), &c.id);
+                objects
+                    .entry(*object)
+                    .or_default()
+                    .push((key, UnitInput::Event(c)));
+            }
+            Payload::Chat { .. } => chat.push((order_key(&ctx.seed, CHAT_TARGET, &c.id), c)),
+            Payload::Login { .. }
+            | Payload::Logout
+            | Payload::Rez { .. }
+            | Payload::Derez { .. }
+            | Payload::Admin(_) => gov.push((order_key(&ctx.seed, GOVERNANCE_TARGET, &c.id), c)),
+        }
+    }
+    // Queue_t: the previous tick made these; ids come from their place in the queue.
+    let made_at = Tick(ctx.tick.0.saturating_sub(1));
+    for (i, q) in queue.into_iter().enumerate() {
+        let target = q.target();
+        if world.objects.contains_key(&target) {
+            let key = order_key(
+                &ctx.seed,
+                &object_target(target),
+                &queued_id(made_at, i as u32),
+            );
+            objects
+                .entry(target)
+                .or_default()
+                .push((key, UnitInput::Queued(q)));
+        }
+    }
+    let mut units = Vec::with_capacity(objects.len());
+    let mut ordered = objects.into_iter().peekable();
+    // Merge the scripted objects (tick handlers, due timers) with the addressed ones, in id order.
+    for (&id, inst) in &world.scripts {
+        while let Some((oid, _)) = ordered.peek()
+            && *oid < id
+        {
+            let (oid, inputs) = ordered.next().expect("peeked");
+            units.push(make_unit(oid, inputs, false, false));
+        }
+        let wants_tick = inst.wants_tick && !inst.suspended;
+        let timer_due = !inst.suspended && inst.timer.is_some_and(|t| t.next <= ctx.tick);
+        let inputs = match ordered.peek() {
+            Some((oid, _)) if *oid == id => ordered.next().expect("peeked").1,
+            _ if wants_tick || timer_due => Vec::new(),
+            _ => continue,
+        };
+        units.push(make_unit(id, inputs, wants_tick, timer_due));
+    }
+    for (oid, inputs) in ordered {
+        units.push(make_unit(oid, inputs, false, false));
+    }
+    gov.sort_by_key(|a| a.0);
+    chat.sort_by_key(|a| a.0);
+    Routes {
+        governance: gov.into_iter().map(|(_, c)| c).collect(),
+        chat: chat.into_iter().map(|(_, c)| c).collect(),
+        units,
+    }
+}
+
+fn make_unit<'a>(
+    object: ObjectId,
+    mut keyed: Vec<([u8; 32], UnitInput<'a>)>,
+    tick: bool,
+    timer: bool,
+) -> Unit<'a> {
+    keyed.sort_by_key(|a| a.0);
+    let mut inputs = Vec::with_capacity(keyed.len() + 2);
+    if tick {
+        inputs.push(UnitInput::Tick);
+    }
+    if timer {
+        inputs.push(UnitInput::Timer);
+    }
+    inputs.extend(keyed.into_iter().map(|(_, i)| i));
+    Unit { object, inputs }
+}
+
+/// The chat unit: client chat, spoken by the author's avatar.
+fn chat_unit(world: &World, events: &[&Checked]) -> (Vec<ChatLine>, Vec<Rejection>) {
+    let mut lines = Vec::new();
+    let mut rejected = Vec::new();
+    for c in events {
+        let Payload::Chat {
+            channel,
+            range,
+            text,
+        } = &c.event.body.payload
+        else {
+            unreachable!("routed a non-chat payload to chat")
+        };
+        let author = c.event.body.author;
+        let avatar = world
+            .accounts
+            .get(&author)
+            .and_then(|a| a.avatar)
+            .and_then(|id| world.objects.get(&id));
+        match avatar {
+            Some(a) => lines.push(ChatLine {
+                speaker: Speaker::Account(author),
+                name: a.name.clone(),
+                channel: *channel,
+                range: *range,
+                position: a.position,
+                text: text.clone(),
+                to: None,
+            }),
+            None => rejected.push(Rejection {
+                event: c.id,
+                author,
+                reason: crate::state::RejectReason::NoAvatar,
+            }),
+        }
+    }
+    (lines, rejected)
+}
+
+/// The merged result of the object units.
+#[derive(Debug, Default)]
+struct Merged {
+    physics: Vec<PhysicsCommand>,
+    chat: Vec<ChatLine>,
+    queued: Vec<Queued>,
+    rejected: Vec<Rejection>,
+    errors: Vec<ScriptErrorReport>,
+}
+
+/// Apply the parts in object order. Ownership makes them disjoint: each part writes only its
+/// own object's appearance and script (position and velocity belong to physics).
+fn merge(world: &mut World, parts: Vec<ObjectPart>) -> Merged {
+    let mut m = Merged::default();
+    for p in parts {
+        debug_assert!(p.updated.as_ref().is_none_or(|o| o.id == p.object));
+        if let Some(o) = p.updated {
+            world.put_object(o);
+        }
+        if let Some(src) = p.new_source {
+            world.add_source(src);
+        }
+        if let InstanceChange::Set(inst) = p.instance {
+            world.put_script(p.object, inst);
+        }
+        m.physics.extend(p.physics);
+        m.chat.extend(p.chat);
+        m.queued.extend(p.queued);
+        m.rejected.extend(p.rejected);
+        m.errors.extend(p.errors);
+    }
+    m
+}
+
+/// Queue chat for the scripts that listen on its channel within range (not the speaker).
+fn deliver_chat(world: &World, chat: &[ChatLine], queue: &mut Vec<Queued>) {
+    let public: Vec<&ChatLine> = chat.iter().filter(|l| l.to.is_none()).collect();
+    if public.is_empty() {
+        return;
+    }
+    // Index the listeners once per tick: channel -> (object, position), in object order.
+    let mut listeners: BTreeMap<i32, Vec<(ObjectId, Vec2)>> = BTreeMap::new();
+    for (id, inst) in &world.scripts {
+        if inst.suspended || inst.listen.is_empty() {
+            continue;
+        }
+        if let Some(o) = world.objects.get(id) {
+            for ch in &inst.listen {
+                listeners.entry(*ch).or_default().push((*id, o.position));
+            }
+        }
+    }
+    for line in public {
+        let Some(ls) = listeners.get(&line.channel) else {
+            continue;
+        };
+        for (id, pos) in ls {
+            if line.speaker == Speaker::Object(*id)
+                || !pos.within(line.position, line.range.metres())
+            {
+                continue;
+            }
+            queue.push(Queued::Heard {
+                listener: *id,
+                channel: line.channel,
+                speaker: line.name.clone(),
+                text: line.text.clone(),
+            });
+        }
+    }
+}

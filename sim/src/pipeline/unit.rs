@@ -1,0 +1,488 @@
+//! Step 4, run: one object's unit. It reads only `World_t` and returns only its own part of
+//! `World_{t+1}` (its object's appearance and script) plus messages, chat and physics commands.
+//! Units of different objects run in parallel; their parts are merged in object order.
+
+use std::borrow::Cow;
+
+use crate::event::{Checked, Payload};
+use crate::fx::Fx;
+use crate::host::{
+    PhysicsCommand, ScriptAction, ScriptCtx, ScriptError, ScriptErrorKind, ScriptHost, ScriptInput,
+    ScriptOutput,
+};
+use crate::ids::{Hash32, ObjectId, ScriptId};
+use crate::merkle::keys;
+use crate::state::{
+    COPYLEFT_LICENCES, Object, Queued, RejectReason, Rejection, ScriptInstance, ScriptSource,
+    Timer, World,
+};
+
+use super::{ChatLine, ScriptErrorReport, Speaker, TickCtx};
+
+/// One input of a unit, after canonical ordering.
+#[derive(Debug)]
+pub(crate) enum UnitInput<'a> {
+    /// The object's script has a tick handler.
+    Tick,
+    /// The object's timer is due.
+    Timer,
+    Event(&'a Checked),
+    Queued(Queued),
+}
+
+/// Everything addressed to one object this tick.
+#[derive(Debug)]
+pub(crate) struct Unit<'a> {
+    pub object: ObjectId,
+    pub inputs: Vec<UnitInput<'a>>,
+}
+
+/// A change to an object's script instance.
+#[derive(Debug)]
+pub(crate) enum InstanceChange {
+    Keep,
+    Set(ScriptInstance),
+}
+
+/// What a unit returns: its own part of `World_{t+1}` and what it sends on.
+#[derive(Debug)]
+pub(crate) struct ObjectPart {
+    pub object: ObjectId,
+    /// The object's new appearance, if it changed.
+    pub updated: Option<Object>,
+    pub instance: InstanceChange,
+    pub new_source: Option<ScriptSource>,
+    pub physics: Vec<PhysicsCommand>,
+    pub chat: Vec<ChatLine>,
+    pub queued: Vec<Queued>,
+    pub rejected: Vec<Rejection>,
+    pub errors: Vec<ScriptErrorReport>,
+}
+
+/// The working copy a unit edits; borrowed from `World_t` until something changes.
+struct Work<'w> {
+    object: Cow<'w, Object>,
+    instance: Option<Cow<'w, ScriptInstance>>,
+    source: Option<Cow<'w, ScriptSource>>,
+    pending: Vec<ScriptInput>,
+    failed_this_tick: bool,
+}
+
+pub(crate) fn run(
+    world: &World,
+    host: &dyn ScriptHost,
+    unit: &Unit<'_>,
+    ctx: &TickCtx,
+) -> ObjectPart {
+    let mut part = ObjectPart {
+        object: unit.object,
+        updated: None,
+        instance: InstanceChange::Keep,
+        new_source: None,
+        physics: Vec::new(),
+        chat: Vec::new(),
+        queued: Vec::new(),
+        rejected: Vec::new(),
+        errors: Vec::new(),
+    };
+    let Some(object) = world.objects.get(&unit.object) else {
+        for input in &unit.inputs {
+            if let UnitInput::Event(c) = input {
+                part.rejected.push(reject(
+                    c,
+                    RejectReason::NoSuchObject {
+                        object: unit.object,
+                    },
+                ));
+            }
+        }
+        return part;
+    };
+    let instance = world.scripts.get(&unit.object);
+    let mut w = Work {
+        object: Cow::Borrowed(object),
+        instance: instance.map(Cow::Borrowed),
+        source: instance
+            .and_then(|i| world.sources.get(&i.script))
+            .map(Cow::Borrowed),
+        pending: Vec::new(),
+        failed_this_tick: false,
+    };
+    for input in &unit.inputs {
+        match input {
+            UnitInput::Tick => w.pending.push(ScriptInput::Tick),
+            UnitInput::Timer => {
+                if let Some(inst) = w.instance.as_mut()
+                    && let Some(t) = inst.timer
+                {
+                    inst.to_mut().timer = Some(Timer {
+                        every_ticks: t.every_ticks,
+                        next: next_fire(t, ctx),
+                    });
+                    w.pending.push(ScriptInput::Timer);
+                }
+            }
+            UnitInput::Queued(q) => w.pending.push(queued_input(q)),
+            UnitInput::Event(c) => client_event(world, host, ctx, &mut w, &mut part, c),
+        }
+    }
+    flush(world, host, ctx, &mut w, &mut part);
+    finish(w, part)
+}
+
+fn next_fire(t: Timer, ctx: &TickCtx) -> crate::ids::Tick {
+    crate::ids::Tick(ctx.tick.0.saturating_add(u64::from(t.every_ticks.max(1))))
+}
+
+fn finish(w: Work<'_>, mut part: ObjectPart) -> ObjectPart {
+    if let Cow::Owned(o) = w.object {
+        part.updated = Some(o);
+    }
+    if let Some(Cow::Owned(mut inst)) = w.instance {
+        if w.failed_this_tick {
+            inst.failures = inst.failures.saturating_add(1);
+        } else if !inst.suspended {
+            inst.failures = 0;
+        }
+        part.instance = InstanceChange::Set(inst);
+    } else if let Some(Cow::Borrowed(inst)) = w.instance
+        && (w.failed_this_tick || inst.failures != 0)
+    {
+        let mut inst = inst.clone();
+        inst.failures = if w.failed_this_tick {
+            inst.failures.saturating_add(1)
+        } else {
+            0
+        };
+        part.instance = InstanceChange::Set(inst);
+    }
+    part
+}
+
+fn reject(c: &Checked, reason: RejectReason) -> Rejection {
+    Rejection {
+        event: c.id,
+        author: c.event.body.author,
+        reason,
+    }
+}
+
+fn queued_input(q: &Queued) -> ScriptInput {
+    match q {
+        Queued::Message { from, data, .. } => ScriptInput::Message {
+            from: *from,
+            data: data.clone(),
+        },
+        Queued::Heard {
+            channel,
+            speaker,
+            text,
+            ..
+        } => ScriptInput::Chat {
+            channel: *channel,
+            speaker: speaker.clone(),
+            text: text.clone(),
+        },
+        Queued::Collision { other, .. } => ScriptInput::Collision { other: *other },
+    }
+}
+
+fn client_event(
+    world: &World,
+    host: &dyn ScriptHost,
+    ctx: &TickCtx,
+    w: &mut Work<'_>,
+    part: &mut ObjectPart,
+    c: &Checked,
+) {
+    let author = c.event.body.author;
+    let owner_only = |w: &Work<'_>| {
+        if w.object.owner == author {
+            Ok(())
+        } else {
+            Err(RejectReason::NotOwner {
+                object: w.object.id,
+            })
+        }
+    };
+    let result = match &c.event.body.payload {
+        Payload::Move { velocity, .. } => owner_only(w).map(|()| {
+            let velocity = velocity.clamp_length(world.settings.limits.max_speed);
+            part.physics.push(PhysicsCommand::SetVelocity {
+                object: w.object.id,
+                velocity,
+            });
+        }),
+        Payload::Touch { .. } => {
+            w.pending.push(ScriptInput::Touch { who: author });
+            Ok(())
+        }
+        Payload::DeployScript {
+            source,
+            licence,
+            derived_from,
+            ..
+        } => owner_only(w).and_then(|()| {
+            let record = ScriptSource {
+                source: source.clone(),
+                licence: licence.clone(),
+                author,
+                derived_from: *derived_from,
+            };
+            deploy(world, host, ctx, w, part, record)
+        }),
+        // The router sends only object payloads here.
+        other => unreachable!("routed a non-object payload to an object unit: {other:?}"),
+    };
+    if let Err(reason) = result {
+        part.rejected.push(reject(c, reason));
+    }
+}
+
+fn deploy(
+    world: &World,
+    host: &dyn ScriptHost,
+    ctx: &TickCtx,
+    w: &mut Work<'_>,
+    part: &mut ObjectPart,
+    record: ScriptSource,
+) -> Result<(), RejectReason> {
+    if !COPYLEFT_LICENCES.contains(&record.licence.as_str()) {
+        return Err(RejectReason::LicenceNotCopyleft {
+            licence: record.licence,
+        });
+    }
+    let compiled = host
+        .compile(&record, &world.settings.limits)
+        .map_err(|message| RejectReason::CompileError {
+            message: truncate(message, 512),
+        })?;
+    // Inputs that arrived before the deployment go to the old script.
+    flush(world, host, ctx, w, part);
+    let id: ScriptId = record.id();
+    w.instance = Some(Cow::Owned(ScriptInstance {
+        script: id,
+        state: Vec::new(),
+        wants_tick: compiled.wants_tick,
+        listen: Default::default(),
+        timer: None,
+        failures: 0,
+        suspended: false,
+    }));
+    w.source = Some(Cow::Owned(record.clone()));
+    part.new_source = Some(record);
+    w.pending.push(ScriptInput::Init);
+    Ok(())
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// Seed of a script's RNG for this tick: blake3(tick seed ‖ object).
+pub(crate) fn script_seed(seed: &Hash32, object: ObjectId) -> Hash32 {
+    let mut h = blake3::Hasher::new_keyed(&keys::RNG);
+    h.update(&seed.0);
+    h.update(&object.0.to_le_bytes());
+    Hash32(*h.finalize().as_bytes())
+}
+
+/// Run the pending inputs through the current script and apply its output.
+fn flush(
+    world: &World,
+    host: &dyn ScriptHost,
+    ctx: &TickCtx,
+    w: &mut Work<'_>,
+    part: &mut ObjectPart,
+) {
+    if w.pending.is_empty() {
+        return;
+    }
+    let inputs = std::mem::take(&mut w.pending);
+    let (Some(instance), Some(source)) = (w.instance.as_ref(), w.source.as_ref()) else {
+        return; // no script: touches and messages have no effect
+    };
+    if instance.suspended {
+        return;
+    }
+    let limits = &world.settings.limits;
+    let out = host.run(
+        &ScriptCtx {
+            world,
+            object: &w.object,
+            instance,
+            source,
+            tick: ctx.tick,
+            time_ms: ctx.time_ms,
+            rng_seed: script_seed(&ctx.seed, w.object.id),
+            limits,
+        },
+        &inputs,
+    );
+    apply_output(world, ctx, w, part, out);
+}
+
+fn apply_output(
+    world: &World,
+    ctx: &TickCtx,
+    w: &mut Work<'_>,
+    part: &mut ObjectPart,
+    out: ScriptOutput,
+) {
+    let limits = &world.settings.limits;
+    let mut error = out.error;
+    let max_outputs = limits.max_script_outputs as usize;
+    let mut emitted = 0usize;
+    for action in out.actions {
+        let emits = matches!(
+            action,
+            ScriptAction::Say { .. }
+                | ScriptAction::Send { .. }
+                | ScriptAction::Impulse(_)
+                | ScriptAction::SetVelocity(_)
+                | ScriptAction::SetTarget { .. }
+        );
+        if emits {
+            emitted += 1;
+            if emitted > max_outputs {
+                error.get_or_insert(ScriptError {
+                    kind: ScriptErrorKind::TooManyOutputs,
+                    message: format!(
+                        "more than {max_outputs} messages, chat lines or commands in one tick"
+                    ),
+                });
+                break;
+            }
+        }
+        apply_action(world, w, part, action);
+    }
+    if out.state.len() > limits.max_script_state_bytes as usize {
+        error.get_or_insert(ScriptError {
+            kind: ScriptErrorKind::TooLarge,
+            message: format!(
+                "state is {} bytes, the limit is {}",
+                out.state.len(),
+                limits.max_script_state_bytes
+            ),
+        });
+    } else if let Some(inst) = w.instance.as_mut()
+        && inst.state != out.state
+    {
+        inst.to_mut().state = out.state;
+    }
+    if let Some(e) = error {
+        report_error(ctx, w, part, e);
+    }
+}
+
+fn report_error(ctx: &TickCtx, w: &mut Work<'_>, part: &mut ObjectPart, e: ScriptError) {
+    w.failed_this_tick = true;
+    let limit = ctx.script_failure_limit;
+    if let Some(inst) = w.instance.as_mut() {
+        // `failures` counts earlier ticks; this tick makes one more.
+        if inst.failures.saturating_add(1) >= limit {
+            inst.to_mut().suspended = true;
+        }
+    }
+    let suspended = w.instance.as_ref().is_some_and(|i| i.suspended);
+    part.errors.push(ScriptErrorReport {
+        object: w.object.id,
+        owner: w.object.owner,
+        error: e.clone(),
+        suspended,
+    });
+    part.chat.push(ChatLine {
+        speaker: Speaker::Object(w.object.id),
+        name: w.object.name.clone(),
+        channel: super::DEBUG_CHANNEL,
+        range: crate::event::ChatRange::Say,
+        position: w.object.position,
+        text: truncate(
+            format!(
+                "script error: {e}{}",
+                if suspended { " (suspended)" } else { "" }
+            ),
+            1024,
+        ),
+        to: Some(w.object.owner),
+    });
+}
+
+fn apply_action(world: &World, w: &mut Work<'_>, part: &mut ObjectPart, action: ScriptAction) {
+    let id = w.object.id;
+    let limits = &world.settings.limits;
+    match action {
+        ScriptAction::SetColor(c) => {
+            if w.object.color != c {
+                w.object.to_mut().color = c;
+            }
+        }
+        ScriptAction::SetText(t) => {
+            let t = truncate(t, limits.max_text_bytes as usize);
+            if w.object.text != t {
+                w.object.to_mut().text = t;
+            }
+        }
+        ScriptAction::SetVelocity(v) => part.physics.push(PhysicsCommand::SetVelocity {
+            object: id,
+            velocity: v.clamp_length(limits.max_speed),
+        }),
+        ScriptAction::SetTarget { target, speed } => part.physics.push(PhysicsCommand::SetTarget {
+            object: id,
+            target,
+            speed: speed.clamp(Fx::ZERO, limits.max_speed),
+        }),
+        ScriptAction::Impulse(i) => part.physics.push(PhysicsCommand::Impulse {
+            object: id,
+            impulse: i.clamp_length(limits.max_speed),
+        }),
+        ScriptAction::Say {
+            channel,
+            range,
+            text,
+        } => part.chat.push(ChatLine {
+            speaker: Speaker::Object(id),
+            name: w.object.name.clone(),
+            channel,
+            range,
+            position: w.object.position,
+            text: truncate(text, limits.max_chat_bytes as usize),
+            to: None,
+        }),
+        ScriptAction::Send { to, data } => part.queued.push(Queued::Message {
+            from: id,
+            to,
+            data: truncate(data, limits.max_chat_bytes as usize),
+        }),
+        ScriptAction::Listen { channel, on } => {
+            if let Some(inst) = w.instance.as_mut()
+                && inst.listen.contains(&channel) != on
+            {
+                let l = &mut inst.to_mut().listen;
+                if on {
+                    l.insert(channel);
+                } else {
+                    l.remove(&channel);
+                }
+            }
+        }
+        ScriptAction::SetTimer { every_ticks } => {
+            if let Some(inst) = w.instance.as_mut() {
+                let timer = (every_ticks > 0).then(|| Timer {
+                    every_ticks,
+                    next: crate::ids::Tick(world.tick.0.saturating_add(u64::from(every_ticks))),
+                });
+                if inst.timer != timer {
+                    inst.to_mut().timer = timer;
+                }
+            }
+        }
+    }
+}

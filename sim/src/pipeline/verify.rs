@@ -1,0 +1,151 @@
+//! Step 1, verify: signatures (verdicts computed ahead), sim id, size, account, ban, nonce and
+//! field limits. Deterministic: the batch is first put in canonical order (author, nonce, id),
+//! so the arrival order consensus saw never matters, and a bad event is dropped with the same
+//! recorded reason on every node.
+
+use std::collections::BTreeMap;
+
+use crate::event::{AdminAct, Checked, Payload, VerifiedBatch};
+use crate::ids::AccountId;
+use crate::state::{Limits, RejectReason, Rejection, World};
+
+/// Events that passed, and the rest with their reasons.
+#[derive(Debug, Default)]
+pub(crate) struct Verdicts<'a> {
+    pub accepted: Vec<&'a Checked>,
+    pub rejected: Vec<Rejection>,
+    /// The highest accepted nonce per author.
+    pub nonces: BTreeMap<AccountId, u64>,
+}
+
+pub(crate) fn check<'a>(world: &World, batch: &'a VerifiedBatch) -> Verdicts<'a> {
+    let mut events: Vec<&Checked> = batch.events.iter().collect();
+    events.sort_by(|a, b| {
+        (a.event.body.author, a.event.body.nonce, a.id).cmp(&(
+            b.event.body.author,
+            b.event.body.nonce,
+            b.id,
+        ))
+    });
+    let mut v = Verdicts::default();
+    for c in events {
+        match check_one(world, batch.time_ms, c, &v.nonces) {
+            Ok(()) => {
+                v.nonces.insert(c.event.body.author, c.event.body.nonce);
+                v.accepted.push(c);
+            }
+            Err(reason) => v.rejected.push(Rejection {
+                event: c.id,
+                author: c.event.body.author,
+                reason,
+            }),
+        }
+    }
+    v
+}
+
+fn check_one(
+    world: &World,
+    now_ms: u64,
+    c: &Checked,
+    nonces: &BTreeMap<AccountId, u64>,
+) -> Result<(), RejectReason> {
+    let body = &c.event.body;
+    let limits = &world.settings.limits;
+    if !c.signature_ok {
+        return Err(RejectReason::BadSignature);
+    }
+    if c.size > limits.max_event_bytes {
+        return Err(RejectReason::TooLarge {
+            bytes: c.size,
+            max: limits.max_event_bytes,
+        });
+    }
+    if body.sim != world.sim {
+        return Err(RejectReason::WrongSim {
+            expected: world.sim,
+            got: body.sim,
+        });
+    }
+    let account = world.accounts.get(&body.author);
+    if account.is_none() && !matches!(body.payload, Payload::Login { .. }) {
+        return Err(RejectReason::UnknownAccount);
+    }
+    if world.governance.banned.contains(&body.author) {
+        return Err(RejectReason::Banned);
+    }
+    if let Some(&until_ms) = world.governance.kicked_until_ms.get(&body.author)
+        && now_ms < until_ms
+    {
+        return Err(RejectReason::Kicked { until_ms });
+    }
+    let last = nonces
+        .get(&body.author)
+        .copied()
+        .or(account.map(|a| a.last_nonce))
+        .unwrap_or(0);
+    if body.nonce <= last {
+        return Err(RejectReason::StaleNonce {
+            last,
+            got: body.nonce,
+        });
+    }
+    check_fields(&body.payload, limits)
+}
+
+fn too_long(field: &str, s: &str, max: u32) -> Result<(), RejectReason> {
+    let len = s.len().min(u32::MAX as usize) as u32;
+    if len > max {
+        Err(RejectReason::FieldTooLong {
+            field: field.into(),
+            len,
+            max,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+fn invalid(field: &str) -> RejectReason {
+    RejectReason::InvalidValue {
+        field: field.into(),
+    }
+}
+
+/// Limits that depend only on the payload and the settings.
+fn check_fields(p: &Payload, l: &Limits) -> Result<(), RejectReason> {
+    match p {
+        Payload::Login { name } => too_long("name", name, l.max_name_bytes),
+        Payload::Chat { text, .. } => too_long("text", text, l.max_chat_bytes),
+        Payload::Rez {
+            name, shape, text, ..
+        } => {
+            too_long("name", name, l.max_name_bytes)?;
+            too_long("text", text, l.max_text_bytes)?;
+            if shape.is_valid() {
+                Ok(())
+            } else {
+                Err(invalid("shape"))
+            }
+        }
+        Payload::DeployScript {
+            source, licence, ..
+        } => {
+            too_long("source", source, l.max_source_bytes)?;
+            too_long("licence", licence, 64)
+        }
+        Payload::Admin(AdminAct::SetSettings(s)) => {
+            let ok = s.tick_rate_hz >= 1
+                && s.tick_rate_hz <= 120
+                && s.epoch_ticks >= 1
+                && s.limits.max_event_bytes >= 1024
+                && s.limits.max_speed > crate::fx::Fx::ZERO;
+            if ok { Ok(()) } else { Err(invalid("settings")) }
+        }
+        Payload::Logout
+        | Payload::Move { .. }
+        | Payload::Touch { .. }
+        | Payload::Derez { .. }
+        | Payload::Admin(_) => Ok(()),
+    }
+}

@@ -1,0 +1,833 @@
+//! World state: objects, scripts, accounts, governance and settings, in ordered collections,
+//! with the Merkle caches that make the state root incremental.
+//!
+//! Mutation goes through `World`'s methods, which keep the caches honest: every change to an
+//! object, script instance or account marks its slot dirty.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fx::Fx;
+use crate::ids::{AccountId, Hash32, ObjectId, ScriptId, SimId, Tick};
+use crate::merkle::{self, SlotTree, keys};
+use crate::vec2::Vec2;
+
+/// Most object or account slots a world may have (a bound for untrusted snapshots).
+pub const MAX_SLOTS: u32 = 1 << 22;
+/// Most queued events a world may carry between ticks.
+pub const MAX_QUEUE: usize = 1 << 20;
+
+/// Milliseconds in a day of BFT time.
+pub const DAY_MS: u64 = 86_400_000;
+
+/// The square a sim runs: origin (south-west corner) and side length in metres.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Region {
+    pub origin: Vec2,
+    pub size: Fx,
+}
+
+impl Region {
+    pub fn contains(&self, p: Vec2) -> bool {
+        let rel = p - self.origin;
+        rel.x >= Fx::ZERO && rel.y >= Fx::ZERO && rel.x < self.size && rel.y < self.size
+    }
+
+    pub fn centre(&self) -> Vec2 {
+        self.origin + Vec2::new(self.size / Fx::TWO, self.size / Fx::TWO)
+    }
+}
+
+/// A shape, in metres.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Shape {
+    Circle { radius: Fx },
+    Box { half_width: Fx, half_height: Fx },
+}
+
+impl Shape {
+    /// Shapes must be positive and at most 64 m across.
+    pub fn is_valid(&self) -> bool {
+        let ok = |v: Fx| v > Fx::ZERO && v <= Fx::from_int(32);
+        match *self {
+            Shape::Circle { radius } => ok(radius),
+            Shape::Box {
+                half_width,
+                half_height,
+            } => ok(half_width) && ok(half_height),
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum ObjectKind {
+    Prim,
+    Avatar,
+}
+
+/// A thing in the world.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Object {
+    pub id: ObjectId,
+    pub kind: ObjectKind,
+    pub owner: AccountId,
+    pub name: String,
+    pub shape: Shape,
+    /// Written only by the physics stage.
+    pub position: Vec2,
+    /// Written only by the physics stage.
+    pub rotation: Fx,
+    /// Written only by the physics stage (scripts and clients send commands).
+    pub velocity: Vec2,
+    /// RGBA.
+    pub color: u32,
+    /// Floating text.
+    pub text: String,
+}
+
+/// A script's source record: content-addressed, readable by anyone (DESIGN §8).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ScriptSource {
+    pub source: String,
+    /// SPDX id, from [`COPYLEFT_LICENCES`].
+    pub licence: String,
+    pub author: AccountId,
+    /// The script this one was modified from, if any.
+    pub derived_from: Option<ScriptId>,
+}
+
+impl ScriptSource {
+    /// The content hash: over source, licence, author and provenance.
+    pub fn id(&self) -> ScriptId {
+        let bytes = postcard::to_allocvec(self).expect("encoding to a Vec cannot fail");
+        ScriptId(*blake3::keyed_hash(&keys::SCRIPT_ID, &bytes).as_bytes())
+    }
+}
+
+/// The SPDX ids a script may carry: copyleft licences only.
+pub const COPYLEFT_LICENCES: &[&str] = &[
+    "AGPL-3.0-or-later",
+    "AGPL-3.0-only",
+    "GPL-3.0-or-later",
+    "GPL-3.0-only",
+    "GPL-2.0-or-later",
+    "LGPL-3.0-or-later",
+    "LGPL-3.0-only",
+    "MPL-2.0",
+    "EUPL-1.2",
+    "CC-BY-SA-4.0",
+];
+
+/// A periodic timer of a script.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Timer {
+    pub every_ticks: u32,
+    pub next: Tick,
+}
+
+/// A script running on an object: which source, and its persisted state.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ScriptInstance {
+    pub script: ScriptId,
+    /// The host's encoding of the script's variables between events.
+    pub state: Vec<u8>,
+    /// Whether the script has an `on_tick` handler (decided when compiled).
+    pub wants_tick: bool,
+    pub listen: BTreeSet<i32>,
+    pub timer: Option<Timer>,
+    /// Consecutive ticks on which the script raised an error.
+    pub failures: u32,
+    pub suspended: bool,
+}
+
+/// An account (a player, creator or admin).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Account {
+    pub id: AccountId,
+    /// Leaf of the accounts tree; assigned at first login, never reused.
+    pub slot: u32,
+    pub name: String,
+    /// BFT time of the first login.
+    pub joined_at_ms: u64,
+    pub last_login_ms: u64,
+    /// The highest nonce accepted from this account.
+    pub last_nonce: u64,
+    pub avatar: Option<ObjectId>,
+}
+
+/// Sim settings, changeable by admin acts.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Settings {
+    /// X: the admin counts as absent after this many days without a login.
+    pub admin_absent_days: u32,
+    /// Y: a temp admin must have logged in within this many days.
+    pub temp_admin_active_days: u32,
+    pub tick_rate_hz: u32,
+    /// Ticks per validator epoch; validator changes apply at epoch boundaries.
+    pub epoch_ticks: u64,
+    pub kick_cooldown_ms: u64,
+    pub limits: Limits,
+}
+
+/// Limits on what events and scripts may carry.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_event_bytes: u32,
+    pub max_name_bytes: u32,
+    pub max_text_bytes: u32,
+    pub max_chat_bytes: u32,
+    pub max_source_bytes: u32,
+    pub max_script_state_bytes: u32,
+    pub max_objects: u32,
+    /// A script failing this many ticks in a row is suspended until redeployed.
+    pub script_failure_limit: u32,
+    /// Messages, chat and commands one script may emit per tick.
+    pub max_script_outputs: u32,
+    pub max_speed: Fx,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            admin_absent_days: 30,
+            temp_admin_active_days: 7,
+            tick_rate_hz: 30,
+            epoch_ticks: 1_000,
+            kick_cooldown_ms: 15 * 60 * 1_000,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_event_bytes: 96 * 1024,
+            max_name_bytes: 64,
+            max_text_bytes: 256,
+            max_chat_bytes: 1_024,
+            max_source_bytes: 64 * 1024,
+            max_script_state_bytes: 16 * 1024,
+            max_objects: 100_000,
+            script_failure_limit: 10,
+            max_script_outputs: 64,
+            max_speed: Fx::from_int(50),
+        }
+    }
+}
+
+/// Who governs the sim (DESIGN §10).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Governance {
+    /// The permanent admin.
+    pub admin: AccountId,
+    /// BFT time of genesis: an admin who never logged in counts as last seen then.
+    pub genesis_ms: u64,
+    pub validators: BTreeSet<AccountId>,
+    /// Changes waiting for the next epoch boundary: `true` admits, `false` removes.
+    pub pending_validators: BTreeMap<AccountId, bool>,
+    pub banned: BTreeSet<AccountId>,
+    /// Kicked accounts and the BFT time until which they may not log in.
+    pub kicked_until_ms: BTreeMap<AccountId, u64>,
+}
+
+/// An event queued during tick t-1 for tick t (DESIGN §4 `Queue_t`).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Queued {
+    /// A script's message to another object.
+    Message {
+        from: ObjectId,
+        to: ObjectId,
+        data: String,
+    },
+    /// Chat heard by a listening script.
+    Heard {
+        listener: ObjectId,
+        channel: i32,
+        speaker: String,
+        text: String,
+    },
+    /// A physics collision, for the owned body `object`.
+    Collision { object: ObjectId, other: ObjectId },
+}
+
+impl Queued {
+    pub fn target(&self) -> ObjectId {
+        match *self {
+            Queued::Message { to, .. } => to,
+            Queued::Heard { listener, .. } => listener,
+            Queued::Collision { object, .. } => object,
+        }
+    }
+}
+
+/// Why an event did not take effect. Recorded in state, identically on every node.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, thiserror::Error)]
+pub enum RejectReason {
+    #[error("signature does not verify")]
+    BadSignature,
+    #[error("event is for {got}, this is {expected}")]
+    WrongSim { expected: SimId, got: SimId },
+    #[error("nonce {got} is not above the last accepted nonce {last}")]
+    StaleNonce { last: u64, got: u64 },
+    #[error("unknown account: log in first")]
+    UnknownAccount,
+    #[error("account is banned")]
+    Banned,
+    #[error("account is kicked until {until_ms} ms")]
+    Kicked { until_ms: u64 },
+    #[error("event is {bytes} bytes, the limit is {max}")]
+    TooLarge { bytes: u32, max: u32 },
+    #[error("{field} is {len} bytes, the limit is {max}")]
+    FieldTooLong { field: String, len: u32, max: u32 },
+    #[error("invalid value for {field}")]
+    InvalidValue { field: String },
+    #[error("no such object {object}")]
+    NoSuchObject { object: ObjectId },
+    #[error("{object} is not owned by the author")]
+    NotOwner { object: ObjectId },
+    #[error("the author has no avatar in this sim")]
+    NoAvatar,
+    #[error("{act} needs the admin or temp-admin role")]
+    NotAuthorized { act: String },
+    #[error("licence {licence:?} is not on the copyleft list")]
+    LicenceNotCopyleft { licence: String },
+    #[error("script does not compile: {message}")]
+    CompileError { message: String },
+    #[error("the sim holds its maximum of {max} objects")]
+    ObjectLimit { max: u32 },
+    #[error("the object was removed in the same tick")]
+    Conflict,
+}
+
+/// A rejected event and why.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Rejection {
+    pub event: crate::ids::EventId,
+    pub author: AccountId,
+    pub reason: RejectReason,
+}
+
+/// The replicated state of one sim.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct World {
+    pub(crate) sim: SimId,
+    /// The next tick to execute.
+    pub(crate) tick: Tick,
+    /// BFT time of the last executed batch.
+    pub(crate) time_ms: u64,
+    pub(crate) region: Region,
+    pub(crate) settings: Settings,
+    pub(crate) governance: Governance,
+    pub(crate) accounts: BTreeMap<AccountId, Account>,
+    pub(crate) objects: BTreeMap<ObjectId, Object>,
+    pub(crate) scripts: BTreeMap<ObjectId, ScriptInstance>,
+    pub(crate) sources: BTreeMap<ScriptId, ScriptSource>,
+    /// Object slot high-water mark.
+    pub(crate) next_slot: u32,
+    /// Freed object slots and the generation their next object gets.
+    pub(crate) free_slots: BTreeMap<u32, u32>,
+    pub(crate) next_account_slot: u32,
+    /// Events for the next tick.
+    pub(crate) queue: Vec<Queued>,
+    /// Rejections of the last executed tick.
+    pub(crate) receipts: Vec<Rejection>,
+    #[serde(skip)]
+    pub(crate) cache: RootCache,
+}
+
+/// Merkle caches; rebuilt from state after decoding.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RootCache {
+    objects: SlotTree,
+    scripts: SlotTree,
+    accounts: SlotTree,
+    /// Changed since the last root; ids order by slot, then generation, so a slot freed and
+    /// reused in one tick ends with its newest occupant.
+    dirty_objects: BTreeSet<ObjectId>,
+    dirty_scripts: BTreeSet<ObjectId>,
+    dirty_accounts: BTreeSet<AccountId>,
+    sources_root: Option<Hash32>,
+    built: bool,
+}
+
+/// The per-subsystem roots under the state root (DESIGN §4 step 7).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct SubsystemRoots {
+    pub objects: Hash32,
+    pub scripts: Hash32,
+    pub physics: Hash32,
+    /// Accounts, governance, settings and the tick's receipts.
+    pub governance: Hash32,
+    pub queue: Hash32,
+}
+
+impl SubsystemRoots {
+    /// The state root over the subsystem roots.
+    pub fn root(&self) -> Hash32 {
+        merkle::combine(
+            &keys::ROOT,
+            &[
+                &self.objects.0,
+                &self.scripts.0,
+                &self.physics.0,
+                &self.governance.0,
+                &self.queue.0,
+            ],
+        )
+    }
+}
+
+/// Parameters of a new world.
+#[derive(Clone, Debug)]
+pub struct Genesis {
+    pub sim: SimId,
+    pub region: Region,
+    pub admin: AccountId,
+    pub validators: BTreeSet<AccountId>,
+    pub settings: Settings,
+    pub time_ms: u64,
+}
+
+impl World {
+    pub fn new(g: Genesis) -> World {
+        World {
+            sim: g.sim,
+            tick: Tick::ZERO,
+            time_ms: g.time_ms,
+            region: g.region,
+            settings: g.settings,
+            governance: Governance {
+                admin: g.admin,
+                genesis_ms: g.time_ms,
+                validators: g.validators,
+                pending_validators: BTreeMap::new(),
+                banned: BTreeSet::new(),
+                kicked_until_ms: BTreeMap::new(),
+            },
+            accounts: BTreeMap::new(),
+            objects: BTreeMap::new(),
+            scripts: BTreeMap::new(),
+            sources: BTreeMap::new(),
+            next_slot: 0,
+            free_slots: BTreeMap::new(),
+            next_account_slot: 0,
+            queue: Vec::new(),
+            receipts: Vec::new(),
+            cache: RootCache::default(),
+        }
+    }
+
+    // ---- reading ----
+
+    pub fn sim(&self) -> SimId {
+        self.sim
+    }
+    pub fn tick(&self) -> Tick {
+        self.tick
+    }
+    pub fn time_ms(&self) -> u64 {
+        self.time_ms
+    }
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+    pub fn governance(&self) -> &Governance {
+        &self.governance
+    }
+    pub fn accounts(&self) -> &BTreeMap<AccountId, Account> {
+        &self.accounts
+    }
+    pub fn account(&self, id: &AccountId) -> Option<&Account> {
+        self.accounts.get(id)
+    }
+    pub fn objects(&self) -> &BTreeMap<ObjectId, Object> {
+        &self.objects
+    }
+    pub fn object(&self, id: ObjectId) -> Option<&Object> {
+        self.objects.get(&id)
+    }
+    pub fn scripts(&self) -> &BTreeMap<ObjectId, ScriptInstance> {
+        &self.scripts
+    }
+    pub fn script(&self, object: ObjectId) -> Option<&ScriptInstance> {
+        self.scripts.get(&object)
+    }
+    pub fn sources(&self) -> &BTreeMap<ScriptId, ScriptSource> {
+        &self.sources
+    }
+    /// Any object's script source, licence, author and provenance: readable by anyone.
+    pub fn script_source(&self, object: ObjectId) -> Option<&ScriptSource> {
+        self.scripts
+            .get(&object)
+            .and_then(|i| self.sources.get(&i.script))
+    }
+    pub fn queue(&self) -> &[Queued] {
+        &self.queue
+    }
+    /// Rejections recorded by the last executed tick.
+    pub fn receipts(&self) -> &[Rejection] {
+        &self.receipts
+    }
+
+    /// Objects whose centre lies within `radius` of `centre`, in id order.
+    pub fn objects_within(&self, centre: Vec2, radius: Fx) -> impl Iterator<Item = &Object> {
+        self.objects
+            .values()
+            .filter(move |o| o.position.within(centre, radius))
+    }
+
+    // ---- changing (crate-internal: the pipeline is the only writer) ----
+
+    /// Allocate an id for a new object: the lowest free slot, else a new one.
+    pub(crate) fn allocate_object_id(&mut self) -> ObjectId {
+        if let Some((&slot, &generation)) = self.free_slots.iter().next() {
+            self.free_slots.remove(&slot);
+            ObjectId::new(slot, generation)
+        } else {
+            let slot = self.next_slot;
+            self.next_slot += 1;
+            ObjectId::new(slot, 0)
+        }
+    }
+
+    pub(crate) fn object_count(&self) -> u32 {
+        self.objects.len() as u32
+    }
+
+    /// Insert or replace an object. The tick pipeline is the normal writer; tools, tests and
+    /// benchmarks may use this too (the Merkle caches stay correct).
+    pub fn put_object(&mut self, o: Object) {
+        self.cache.dirty_objects.insert(o.id);
+        self.objects.insert(o.id, o);
+    }
+
+    /// Change an object in place (marks it for rehashing). See [`World::put_object`].
+    pub fn object_mut(&mut self, id: ObjectId) -> Option<&mut Object> {
+        let o = self.objects.get_mut(&id)?;
+        self.cache.dirty_objects.insert(id);
+        Some(o)
+    }
+
+    /// Remove an object and its script; frees the slot for the next generation.
+    pub(crate) fn remove_object(&mut self, id: ObjectId) -> Option<Object> {
+        let o = self.objects.remove(&id)?;
+        self.cache.dirty_objects.insert(id);
+        self.remove_script(id);
+        self.free_slots
+            .insert(id.slot(), id.generation().wrapping_add(1));
+        if let Some(a) = self.accounts.get_mut(&o.owner)
+            && a.avatar == Some(id)
+        {
+            a.avatar = None;
+            self.cache.dirty_accounts.insert(a.id);
+        }
+        Some(o)
+    }
+
+    pub(crate) fn put_script(&mut self, object: ObjectId, instance: ScriptInstance) {
+        self.cache.dirty_scripts.insert(object);
+        if let Some(old) = self.scripts.insert(object, instance) {
+            self.release_source(old.script);
+        }
+    }
+
+    pub(crate) fn remove_script(&mut self, object: ObjectId) {
+        if let Some(old) = self.scripts.remove(&object) {
+            self.cache.dirty_scripts.insert(object);
+            self.release_source(old.script);
+        }
+    }
+
+    pub(crate) fn add_source(&mut self, s: ScriptSource) -> ScriptId {
+        let id = s.id();
+        if let std::collections::btree_map::Entry::Vacant(e) = self.sources.entry(id) {
+            e.insert(s);
+            self.cache.sources_root = None;
+        }
+        id
+    }
+
+    /// Drop a source nobody runs any more (sources are content-addressed and shared).
+    fn release_source(&mut self, id: ScriptId) {
+        if !self.scripts.values().any(|i| i.script == id) {
+            self.sources.remove(&id);
+            self.cache.sources_root = None;
+        }
+    }
+
+    pub(crate) fn account_mut(&mut self, id: &AccountId) -> Option<&mut Account> {
+        let a = self.accounts.get_mut(id)?;
+        self.cache.dirty_accounts.insert(a.id);
+        Some(a)
+    }
+
+    pub(crate) fn create_account(
+        &mut self,
+        id: AccountId,
+        name: String,
+        now_ms: u64,
+    ) -> &mut Account {
+        let slot = self.next_account_slot;
+        self.next_account_slot += 1;
+        self.cache.dirty_accounts.insert(id);
+        self.accounts.entry(id).or_insert(Account {
+            id,
+            slot,
+            name,
+            joined_at_ms: now_ms,
+            last_login_ms: now_ms,
+            last_nonce: 0,
+            avatar: None,
+        })
+    }
+
+    /// Structural checks on a world from untrusted bytes, so that nothing later can panic
+    /// or allocate without bound on it. (Content is checked by the root.)
+    pub fn validate(&self) -> Result<(), String> {
+        let lim = &self.settings.limits;
+        if self.next_slot > MAX_SLOTS || self.next_account_slot > MAX_SLOTS {
+            return Err(format!("slot high-water mark beyond {MAX_SLOTS}"));
+        }
+        if self.objects.len() > MAX_SLOTS as usize || self.queue.len() > MAX_QUEUE {
+            return Err("too many objects or queued events".into());
+        }
+        for (id, o) in &self.objects {
+            if *id != o.id {
+                return Err(format!("object {id} is stored under the wrong key"));
+            }
+            if id.slot() >= self.next_slot || self.free_slots.contains_key(&id.slot()) {
+                return Err(format!(
+                    "object {id} has a slot that is free or out of range"
+                ));
+            }
+            if !o.shape.is_valid() {
+                return Err(format!("object {id} has an invalid shape"));
+            }
+        }
+        let mut prev_slot = None;
+        for id in self.objects.keys() {
+            if prev_slot == Some(id.slot()) {
+                return Err(format!("two objects share slot {}", id.slot()));
+            }
+            prev_slot = Some(id.slot());
+        }
+        if self.free_slots.keys().any(|s| *s >= self.next_slot) {
+            return Err("a free slot is out of range".into());
+        }
+        for (id, inst) in &self.scripts {
+            if !self.objects.contains_key(id) {
+                return Err(format!("script on missing object {id}"));
+            }
+            if !self.sources.contains_key(&inst.script) {
+                return Err(format!("script on {id} has no source"));
+            }
+            if inst.state.len() > lim.max_script_state_bytes as usize {
+                return Err(format!("script state on {id} is over the limit"));
+            }
+        }
+        for (sid, src) in &self.sources {
+            if src.id() != *sid {
+                return Err(format!(
+                    "script source {sid} does not match its content hash"
+                ));
+            }
+        }
+        let mut slots = BTreeSet::new();
+        for (id, a) in &self.accounts {
+            if *id != a.id || a.slot >= self.next_account_slot || !slots.insert(a.slot) {
+                return Err(format!("account {} has a bad key or slot", id.short()));
+            }
+            if let Some(av) = a.avatar
+                && self.objects.get(&av).is_none_or(|o| o.owner != a.id)
+            {
+                return Err(format!("account {} has a missing avatar", id.short()));
+            }
+        }
+        Ok(())
+    }
+
+    // ---- hashing ----
+
+    /// Per-subsystem roots, given the physics stage's root. Rehashes only what changed
+    /// since the last call; `workers` threads hash the changed leaves.
+    pub fn subsystem_roots(&mut self, physics: Hash32, workers: u32) -> SubsystemRoots {
+        self.refresh_cache(workers);
+        let c = &mut self.cache;
+        let sources_root = *c.sources_root.get_or_insert_with(|| {
+            let mut h = blake3::Hasher::new_keyed(&keys::SUBSYSTEM);
+            for id in self.sources.keys() {
+                h.update(&id.0);
+            }
+            Hash32(*h.finalize().as_bytes())
+        });
+        let scripts = merkle::combine(
+            &keys::SUBSYSTEM,
+            &[b"scripts", &c.scripts.root().0, &sources_root.0],
+        );
+        let objects = merkle::combine(&keys::SUBSYSTEM, &[b"objects", &c.objects.root().0]);
+        let meta = postcard::to_allocvec(&(
+            self.sim,
+            self.tick,
+            self.time_ms,
+            &self.region,
+            &self.settings,
+            &self.governance,
+            self.next_slot,
+            &self.free_slots,
+            self.next_account_slot,
+            &self.receipts,
+        ))
+        .expect("encoding to a Vec cannot fail");
+        let governance = merkle::combine(
+            &keys::SUBSYSTEM,
+            &[b"governance", &c.accounts.root().0, &meta],
+        );
+        let queue_bytes =
+            postcard::to_allocvec(&self.queue).expect("encoding to a Vec cannot fail");
+        let queue = merkle::combine(&keys::SUBSYSTEM, &[b"queue", &queue_bytes]);
+        SubsystemRoots {
+            objects,
+            scripts,
+            physics,
+            governance,
+            queue,
+        }
+    }
+
+    fn refresh_cache(&mut self, workers: u32) {
+        let c = &mut self.cache;
+        if !c.built {
+            c.dirty_objects.extend(self.objects.keys());
+            c.dirty_scripts.extend(self.scripts.keys());
+            c.dirty_accounts.extend(self.accounts.keys());
+            c.built = true;
+        }
+        c.objects.ensure_slots(self.next_slot);
+        c.scripts.ensure_slots(self.next_slot);
+        c.accounts.ensure_slots(self.next_account_slot);
+
+        let dirty: Vec<ObjectId> = std::mem::take(&mut c.dirty_objects).into_iter().collect();
+        let leaves = hash_leaves(&dirty, workers, |id| self.objects.get(&id));
+        for (id, leaf) in dirty.iter().zip(leaves) {
+            c.objects.set(id.slot(), leaf);
+        }
+        let dirty: Vec<ObjectId> = std::mem::take(&mut c.dirty_scripts).into_iter().collect();
+        let leaves = hash_leaves(&dirty, workers, |id| self.scripts.get(&id));
+        for (id, leaf) in dirty.iter().zip(leaves) {
+            c.scripts.set(id.slot(), leaf);
+        }
+        let dirty: Vec<AccountId> = std::mem::take(&mut c.dirty_accounts).into_iter().collect();
+        let leaves = hash_leaves(&dirty, workers, |id| self.accounts.get(&id));
+        for (id, leaf) in dirty.iter().zip(leaves) {
+            if let Some(a) = self.accounts.get(id) {
+                c.accounts.set(a.slot, leaf);
+            }
+        }
+    }
+
+    /// Forget the caches (after decoding, or to check the incremental root in tests).
+    pub fn invalidate_caches(&mut self) {
+        self.cache = RootCache::default();
+    }
+}
+
+/// The bytes a Merkle leaf commits to. Must cover every field, unambiguously.
+pub(crate) trait LeafBytes {
+    fn leaf_bytes(&self, buf: &mut Vec<u8>);
+}
+
+/// Objects are the hot leaves (most of a tick's changes), so their leaf encoding is written
+/// by hand: fixed-width little-endian fields and length-prefixed strings, about 5x faster than
+/// going through serde. The destructuring makes adding a field without hashing it a compile
+/// error.
+impl LeafBytes for Object {
+    fn leaf_bytes(&self, b: &mut Vec<u8>) {
+        let Object {
+            id,
+            kind,
+            owner,
+            name,
+            shape,
+            position,
+            rotation,
+            velocity,
+            color,
+            text,
+        } = self;
+        let fx = |b: &mut Vec<u8>, v: Fx| b.extend_from_slice(&v.to_bits().to_le_bytes());
+        let st = |b: &mut Vec<u8>, s: &str| {
+            b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        };
+        b.extend_from_slice(&id.0.to_le_bytes());
+        b.push(match kind {
+            ObjectKind::Prim => 0,
+            ObjectKind::Avatar => 1,
+        });
+        b.extend_from_slice(&owner.0);
+        st(b, name);
+        match *shape {
+            Shape::Circle { radius } => {
+                b.push(0);
+                fx(b, radius);
+            }
+            Shape::Box {
+                half_width,
+                half_height,
+            } => {
+                b.push(1);
+                fx(b, half_width);
+                fx(b, half_height);
+            }
+        }
+        for v in [position.x, position.y, *rotation, velocity.x, velocity.y] {
+            fx(b, v);
+        }
+        b.extend_from_slice(&color.to_le_bytes());
+        st(b, text);
+    }
+}
+
+impl LeafBytes for ScriptInstance {
+    fn leaf_bytes(&self, buf: &mut Vec<u8>) {
+        *buf =
+            postcard::to_extend(self, std::mem::take(buf)).expect("encoding to a Vec cannot fail");
+    }
+}
+
+impl LeafBytes for Account {
+    fn leaf_bytes(&self, buf: &mut Vec<u8>) {
+        *buf =
+            postcard::to_extend(self, std::mem::take(buf)).expect("encoding to a Vec cannot fail");
+    }
+}
+
+/// Leaf hashes of the given slots (EMPTY for vacant ones), split over `workers` threads.
+/// Each thread encodes into its own buffer; results come back in slot order.
+fn hash_leaves<'a, K, T, F>(keys: &[K], workers: u32, get: F) -> Vec<Hash32>
+where
+    K: Copy + Sync,
+    T: LeafBytes + Sync + 'a,
+    F: Fn(K) -> Option<&'a T> + Sync,
+{
+    let hash_chunk = |chunk: &[K]| -> Vec<Hash32> {
+        let mut buf = Vec::with_capacity(256);
+        chunk
+            .iter()
+            .map(|&key| match get(key) {
+                Some(v) => {
+                    buf.clear();
+                    v.leaf_bytes(&mut buf);
+                    merkle::leaf_hash(&buf)
+                }
+                None => Hash32(merkle::EMPTY),
+            })
+            .collect()
+    };
+    crate::par::map_chunks(keys, workers, 512, hash_chunk)
+}
