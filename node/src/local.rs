@@ -41,29 +41,16 @@ pub struct SimArgs {
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.workers >= 1, "--workers must be at least 1");
-    anyhow::ensure!(
-        args.players >= 1,
-        "--players must be at least 1 (the bots need avatars)"
-    );
-    let demo = demo_world(DemoSpec {
-        seed: args.seed,
-        objects: args.objects,
-        players: args.players,
-        ..DemoSpec::default()
-    });
+    anyhow::ensure!(args.players >= 1, "--players must be at least 1 (the bots need avatars)");
+    let demo =
+        demo_world(DemoSpec { seed: args.seed, objects: args.objects, players: args.players, ..DemoSpec::default() });
     let mut bots = EventGen::new(&demo, args.seed);
     let rate_hz = demo.world.settings().tick_rate_hz;
-    let mut sim = Sim::new(
-        demo.world,
-        RuleHost::default(),
-        KinematicPhysics::default(),
-        args.workers,
-    )
-    .context("loading the default world's physics")?;
+    let mut sim = Sim::new(demo.world, RuleHost::default(), KinematicPhysics::default(), args.workers)
+        .context("loading the default world's physics")?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
-    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
-        .context("installing the Ctrl-C handler")?;
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
 
     println!(
         "metatopia sim: {} on a {} m region, {} objects, {} bots, {} Hz, {} events/tick, {} workers",
@@ -129,11 +116,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let ticks = sim.world().tick().0;
     println!(
         "stopped{} after {ticks} ticks in {:.1} s: {accepted} events accepted, {rejected} rejected; final root {last_root}",
-        if stop.load(Ordering::SeqCst) {
-            " by Ctrl-C"
-        } else {
-            ""
-        },
+        if stop.load(Ordering::SeqCst) { " by Ctrl-C" } else { "" },
         started.elapsed().as_secs_f64()
     );
     Ok(())

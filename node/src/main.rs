@@ -10,11 +10,7 @@ mod local;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "metatopia",
-    version,
-    about = "A peer-to-peer, lockstep virtual-world node"
-)]
+#[command(name = "metatopia", version, about = "A peer-to-peer, lockstep virtual-world node")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -28,9 +24,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {

@@ -20,25 +20,14 @@ use metatopia_sim::rules::RuleHost;
 use metatopia_sim::{Hash32, ObjectId, Sim, VerifiedBatch};
 
 fn tick(c: &mut Criterion) {
-    let demo = demo_world(DemoSpec {
-        seed: 42,
-        objects: 10_000,
-        players: 400,
-        ..DemoSpec::default()
-    });
+    let demo = demo_world(DemoSpec { seed: 42, objects: 10_000, players: 400, ..DemoSpec::default() });
     let mut events = EventGen::new(&demo, 42);
     events.bad_per_mille = 0;
     let batch = events.batch(&demo.world, demo.world.tick(), 1_000);
     let mut g = c.benchmark_group("tick");
     g.sample_size(30).measurement_time(Duration::from_secs(8));
     for workers in [1u32, 2] {
-        let mut sim = Sim::new(
-            demo.world.clone(),
-            RuleHost::default(),
-            KinematicPhysics::default(),
-            workers,
-        )
-        .unwrap();
+        let mut sim = Sim::new(demo.world.clone(), RuleHost::default(), KinematicPhysics::default(), workers).unwrap();
         let _ = sim.root(); // caches built, as in a running node
         let verified = VerifiedBatch::new(batch.clone(), 2);
         g.bench_function(format!("10k_objects_1k_events/w{workers}"), |b| {
@@ -57,29 +46,20 @@ fn tick(c: &mut Criterion) {
     let mut g = c.benchmark_group("verify");
     g.sample_size(20);
     for workers in [1u32, 2] {
-        g.bench_function(format!("1k_events/w{workers}"), |b| {
-            b.iter(|| VerifiedBatch::new(batch.clone(), workers))
-        });
+        g.bench_function(format!("1k_events/w{workers}"), |b| b.iter(|| VerifiedBatch::new(batch.clone(), workers)));
     }
     g.finish();
 }
 
 fn root(c: &mut Criterion) {
-    let demo = demo_world(DemoSpec {
-        seed: 43,
-        objects: 15_000,
-        players: 100,
-        scripted_per_mille: 0,
-        ..DemoSpec::default()
-    });
+    let demo =
+        demo_world(DemoSpec { seed: 43, objects: 15_000, players: 100, scripted_per_mille: 0, ..DemoSpec::default() });
     let mut world = demo.world;
     let _ = world.subsystem_roots(Hash32::default(), 1);
     let ids: Vec<ObjectId> = world.objects().keys().copied().collect();
     let mut rng = DetRng::from_u64(7);
     let mut pick = move || -> Vec<ObjectId> {
-        let mut chosen: Vec<ObjectId> = (0..1_500)
-            .map(|_| ids[rng.below(ids.len() as u64) as usize])
-            .collect();
+        let mut chosen: Vec<ObjectId> = (0..1_500).map(|_| ids[rng.below(ids.len() as u64) as usize]).collect();
         chosen.sort();
         chosen.dedup();
         chosen
@@ -102,26 +82,13 @@ fn root(c: &mut Criterion) {
             total
         })
     });
-    let sample: Vec<Vec<u8>> = pick()
-        .iter()
-        .map(|id| postcard::to_allocvec(world.object(*id).unwrap()).unwrap())
-        .collect();
+    let sample: Vec<Vec<u8>> =
+        pick().iter().map(|id| postcard::to_allocvec(world.object(*id).unwrap()).unwrap()).collect();
     let concat: Vec<u8> = sample.concat();
-    println!(
-        "root baseline: {} objects, {} bytes",
-        sample.len(),
-        concat.len()
-    );
-    g.bench_function("baseline_blake3_concat", |b| {
-        b.iter(|| blake3::hash(std::hint::black_box(&concat)))
-    });
+    println!("root baseline: {} objects, {} bytes", sample.len(), concat.len());
+    g.bench_function("baseline_blake3_concat", |b| b.iter(|| blake3::hash(std::hint::black_box(&concat))));
     g.bench_function("baseline_blake3_each", |b| {
-        b.iter(|| {
-            sample
-                .iter()
-                .map(|s| blake3::hash(s).as_bytes()[0])
-                .fold(0u8, |a, x| a ^ x)
-        })
+        b.iter(|| sample.iter().map(|s| blake3::hash(s).as_bytes()[0]).fold(0u8, |a, x| a ^ x))
     });
     g.bench_function("baseline_encode_and_blake3_each", |b| {
         b.iter_batched(

@@ -29,20 +29,12 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
 pub fn decode<T: DeserializeOwned>(bytes: &[u8], max_bytes: u32) -> Result<T, DecodeError> {
     let what = short_type_name::<T>();
     if bytes.len() as u64 > u64::from(max_bytes) {
-        return Err(DecodeError::TooLarge {
-            len: bytes.len() as u64,
-            max: max_bytes,
-        });
+        return Err(DecodeError::TooLarge { len: bytes.len() as u64, max: max_bytes });
     }
-    let (value, rest) = postcard::take_from_bytes(bytes).map_err(|e| DecodeError::Malformed {
-        what,
-        reason: e.to_string(),
-    })?;
+    let (value, rest) =
+        postcard::take_from_bytes(bytes).map_err(|e| DecodeError::Malformed { what, reason: e.to_string() })?;
     if !rest.is_empty() {
-        return Err(DecodeError::Trailing {
-            what,
-            extra: rest.len() as u64,
-        });
+        return Err(DecodeError::Trailing { what, extra: rest.len() as u64 });
     }
     Ok(value)
 }
@@ -60,20 +52,11 @@ mod tests {
     fn rejects_oversized_truncated_and_trailing_input() {
         let bytes = encode(&(1u32, String::from("hello")));
         assert_eq!(decode::<(u32, String)>(&bytes, 64), Ok((1, "hello".into())));
-        assert!(matches!(
-            decode::<(u32, String)>(&bytes, 3),
-            Err(DecodeError::TooLarge { .. })
-        ));
-        assert!(matches!(
-            decode::<(u32, String)>(&bytes[..4], 64),
-            Err(DecodeError::Malformed { .. })
-        ));
+        assert!(matches!(decode::<(u32, String)>(&bytes, 3), Err(DecodeError::TooLarge { .. })));
+        assert!(matches!(decode::<(u32, String)>(&bytes[..4], 64), Err(DecodeError::Malformed { .. })));
         let mut longer = bytes.clone();
         longer.push(0);
-        assert!(matches!(
-            decode::<(u32, String)>(&longer, 64),
-            Err(DecodeError::Trailing { extra: 1, .. })
-        ));
+        assert!(matches!(decode::<(u32, String)>(&longer, 64), Err(DecodeError::Trailing { extra: 1, .. })));
     }
 
     #[test]

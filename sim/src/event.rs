@@ -165,23 +165,12 @@ impl SignedEvent {
         let mut s = [0u8; 32];
         r.copy_from_slice(&sig[..32]);
         s.copy_from_slice(&sig[32..]);
-        SignedEvent {
-            body,
-            signature: Signature(r, s),
-        }
+        SignedEvent { body, signature: Signature(r, s) }
     }
 
     /// Convenience: build and sign.
     pub fn new(key: &SigningKey, sim: SimId, nonce: u64, payload: Payload) -> SignedEvent {
-        SignedEvent::sign(
-            EventBody {
-                sim,
-                author: account_of(key),
-                nonce,
-                payload,
-            },
-            key,
-        )
+        SignedEvent::sign(EventBody { sim, author: account_of(key), nonce, payload }, key)
     }
 
     pub fn id(&self) -> EventId {
@@ -190,11 +179,7 @@ impl SignedEvent {
 
     /// Check the signature (strict: no malleable or small-order keys).
     pub fn verify(&self) -> bool {
-        verify_encoded(
-            &self.body.author,
-            &codec::encode(&self.body),
-            &self.signature,
-        )
+        verify_encoded(&self.body.author, &codec::encode(&self.body), &self.signature)
     }
 
     /// Decode an event from untrusted bytes (bounded; see [`codec`]).
@@ -262,12 +247,7 @@ impl VerifiedBatch {
                 })
                 .collect()
         });
-        VerifiedBatch {
-            tick: batch.tick,
-            time_ms: batch.time_ms,
-            seed: batch.seed,
-            events,
-        }
+        VerifiedBatch { tick: batch.tick, time_ms: batch.time_ms, seed: batch.seed, events }
     }
 }
 
@@ -316,12 +296,7 @@ mod tests {
                 e
             })
             .collect();
-        let batch = Batch {
-            tick: Tick(0),
-            time_ms: 0,
-            seed: Hash32([0; 32]),
-            events,
-        };
+        let batch = Batch { tick: Tick(0), time_ms: 0, seed: Hash32([0; 32]), events };
         let one = VerifiedBatch::new(batch.clone(), 1);
         let many = VerifiedBatch::new(batch, 8);
         let v1: Vec<_> = one.events.iter().map(|c| (c.id, c.signature_ok)).collect();

@@ -84,11 +84,7 @@ impl Fx {
     pub const fn round_int(self) -> i64 {
         let half = 1i128 << (FRAC_BITS - 1);
         let b = self.0 as i128;
-        let r = if b >= 0 {
-            (b + half) >> FRAC_BITS
-        } else {
-            -((-b + half) >> FRAC_BITS)
-        };
+        let r = if b >= 0 { (b + half) >> FRAC_BITS } else { -((-b + half) >> FRAC_BITS) };
         r as i64
     }
 
@@ -138,11 +134,7 @@ impl Fx {
     /// Product, or `None` when it does not fit.
     pub const fn checked_mul(self, rhs: Fx) -> Option<Fx> {
         let wide = (self.0 as i128 * rhs.0 as i128) >> FRAC_BITS;
-        if wide > i64::MAX as i128 || wide < i64::MIN as i128 {
-            None
-        } else {
-            Some(Fx(wide as i64))
-        }
+        if wide > i64::MAX as i128 || wide < i64::MIN as i128 { None } else { Some(Fx(wide as i64)) }
     }
 
     /// Quotient, or `None` on division by zero or when it does not fit.
@@ -151,11 +143,7 @@ impl Fx {
             return None;
         }
         let wide = ((self.0 as i128) << FRAC_BITS) / rhs.0 as i128;
-        if wide > i64::MAX as i128 || wide < i64::MIN as i128 {
-            None
-        } else {
-            Some(Fx(wide as i64))
-        }
+        if wide > i64::MAX as i128 || wide < i64::MIN as i128 { None } else { Some(Fx(wide as i64)) }
     }
 
     pub const fn add_sat(self, rhs: Fx) -> Fx {
@@ -206,10 +194,7 @@ impl Fx {
         let reduced = (wide + PI_WIDE).rem_euclid(TAU_WIDE) - PI_WIDE;
         let angle = I8F56::from_bits(reduced as i64);
         let (s, c) = cordic::sin_cos(angle);
-        (
-            from_wide(s.to_bits() as i128),
-            from_wide(c.to_bits() as i128),
-        )
+        (from_wide(s.to_bits() as i128), from_wide(c.to_bits() as i128))
     }
 
     pub fn sin(self) -> Fx {
@@ -233,11 +218,7 @@ impl Fx {
         } else {
             FRAC_PI_2_WIDE - atan_unit((ax << WIDE_BITS) / ay)
         };
-        let half_plane = if x.0 < 0 {
-            PI_WIDE - first_octant
-        } else {
-            first_octant
-        };
+        let half_plane = if x.0 < 0 { PI_WIDE - first_octant } else { first_octant };
         let signed = if y.0 < 0 { -half_plane } else { half_plane };
         from_wide(signed)
     }
@@ -253,11 +234,7 @@ fn atan_unit(ratio_wide: i128) -> i128 {
 fn from_wide(wide: i128) -> Fx {
     let shift = WIDE_BITS - FRAC_BITS;
     let half = 1i128 << (shift - 1);
-    let r = if wide >= 0 {
-        (wide + half) >> shift
-    } else {
-        -((-wide + half) >> shift)
-    };
+    let r = if wide >= 0 { (wide + half) >> shift } else { -((-wide + half) >> shift) };
     Fx(saturate(r))
 }
 
@@ -343,9 +320,7 @@ impl FromStr for Fx {
     fn from_str(s: &str) -> Result<Fx, ParseFxError> {
         I48F16::from_str(s.trim())
             .map(|v| Fx(v.to_bits()))
-            .map_err(|_| ParseFxError {
-                text: s.chars().take(64).collect(),
-            })
+            .map_err(|_| ParseFxError { text: s.chars().take(64).collect() })
     }
 }
 

@@ -9,10 +9,7 @@ use crate::host::ScriptHost;
 use crate::ids::{AccountId, Hash32, ObjectId, SimId, Tick};
 use crate::rng::DetRng;
 use crate::rules::RuleHost;
-use crate::state::{
-    DAY_MS, Genesis, Object, ObjectKind, Region, ScriptInstance, ScriptSource, Settings, Shape,
-    World,
-};
+use crate::state::{DAY_MS, Genesis, Object, ObjectKind, Region, ScriptInstance, ScriptSource, Settings, Shape, World};
 use crate::vec2::Vec2;
 
 /// Sample rules scripts used by demo worlds.
@@ -89,13 +86,8 @@ fn random_velocity(rng: &mut DetRng, max_milli: i64) -> Vec2 {
 pub fn demo_world(spec: DemoSpec) -> DemoWorld {
     let mut rng = DetRng::from_u64(spec.seed);
     let admin = demo_key(spec.seed, 0);
-    let players: Vec<SigningKey> = (1..=u64::from(spec.players))
-        .map(|i| demo_key(spec.seed, i))
-        .collect();
-    let region = Region {
-        origin: Vec2::ZERO,
-        size: Fx::from_int(spec.region_size),
-    };
+    let players: Vec<SigningKey> = (1..=u64::from(spec.players)).map(|i| demo_key(spec.seed, i)).collect();
+    let region = Region { origin: Vec2::ZERO, size: Fx::from_int(spec.region_size) };
     let mut world = World::new(Genesis {
         sim: spec.sim,
         region,
@@ -108,30 +100,17 @@ pub fn demo_world(spec: DemoSpec) -> DemoWorld {
     for (i, key) in std::iter::once(&admin).chain(&players).enumerate() {
         let id = account_of(key);
         world.create_account(id, format!("player-{i}"), i as u64 * DAY_MS / 24);
-        let avatar = put(
-            &mut world,
-            id,
-            ObjectKind::Avatar,
-            format!("player-{i}"),
-            random_point(&mut rng, spec.region_size),
-        );
+        let avatar =
+            put(&mut world, id, ObjectKind::Avatar, format!("player-{i}"), random_point(&mut rng, spec.region_size));
         if let Some(a) = world.account_mut(&id) {
             a.avatar = Some(avatar);
         }
     }
     let owners: Vec<AccountId> = players.iter().map(account_of).collect();
     for n in 0..spec.objects {
-        let owner = owners
-            .get(rng.below(owners.len().max(1) as u64) as usize)
-            .copied()
-            .unwrap_or(account_of(&admin));
-        let id = put(
-            &mut world,
-            owner,
-            ObjectKind::Prim,
-            format!("prim-{n}"),
-            random_point(&mut rng, spec.region_size),
-        );
+        let owner = owners.get(rng.below(owners.len().max(1) as u64) as usize).copied().unwrap_or(account_of(&admin));
+        let id =
+            put(&mut world, owner, ObjectKind::Prim, format!("prim-{n}"), random_point(&mut rng, spec.region_size));
         if let Some(o) = world.object_mut(id) {
             o.color = rng.next_u64() as u32 | 0xff;
             if rng.chance(u64::from(spec.moving_per_mille), 1000) {
@@ -143,20 +122,10 @@ pub fn demo_world(spec: DemoSpec) -> DemoWorld {
             attach(&mut world, id, owner, src);
         }
     }
-    DemoWorld {
-        world,
-        admin,
-        players,
-    }
+    DemoWorld { world, admin, players }
 }
 
-fn put(
-    world: &mut World,
-    owner: AccountId,
-    kind: ObjectKind,
-    name: String,
-    position: Vec2,
-) -> ObjectId {
+fn put(world: &mut World, owner: AccountId, kind: ObjectKind, name: String, position: Vec2) -> ObjectId {
     let id = world.allocate_object_id();
     world.put_object(Object {
         id,
@@ -176,21 +145,12 @@ fn put(
 /// Attach a rules script to an object at genesis (runs `Init` handlers only when deployed by
 /// an event; genesis scripts start with their directives applied).
 fn attach(world: &mut World, object: ObjectId, author: AccountId, source: &str) {
-    let record = ScriptSource {
-        source: source.to_string(),
-        licence: "AGPL-3.0-or-later".into(),
-        author,
-        derived_from: None,
-    };
-    let compiled = RuleHost::default()
-        .compile(&record, &world.settings.limits)
-        .expect("demo scripts compile");
+    let record =
+        ScriptSource { source: source.to_string(), licence: "AGPL-3.0-or-later".into(), author, derived_from: None };
+    let compiled = RuleHost::default().compile(&record, &world.settings.limits).expect("demo scripts compile");
     let (channels, every) = crate::rules::directives(source).expect("demo scripts compile");
     let listen = channels.into_iter().collect();
-    let timer = every.map(|every_ticks| crate::state::Timer {
-        every_ticks,
-        next: Tick(u64::from(every_ticks)),
-    });
+    let timer = every.map(|every_ticks| crate::state::Timer { every_ticks, next: Tick(u64::from(every_ticks)) });
     let script = world.add_source(record);
     world.put_script(
         object,
@@ -236,12 +196,7 @@ impl EventGen {
     /// The batch for `tick` with `n` events, chosen against the current world.
     pub fn batch(&mut self, world: &World, tick: Tick, n: usize) -> Batch {
         let events = (0..n).map(|_| self.event(world)).collect();
-        Batch {
-            tick,
-            time_ms: tick_time_ms(tick, world.settings().tick_rate_hz),
-            seed: tick_seed(tick),
-            events,
-        }
+        Batch { tick, time_ms: tick_time_ms(tick, world.settings().tick_rate_hz), seed: tick_seed(tick), events }
     }
 
     fn event(&mut self, world: &World) -> SignedEvent {
@@ -260,15 +215,9 @@ impl EventGen {
     fn bad(&mut self, i: usize, payload: Payload) -> SignedEvent {
         match (self.rng.below(3), self.last.clone()) {
             (0, Some(replay)) => replay,
-            (1, _) => SignedEvent::new(
-                &self.keys[i],
-                SimId(self.sim.0 + 1),
-                self.nonces[i] + 1,
-                payload,
-            ),
+            (1, _) => SignedEvent::new(&self.keys[i], SimId(self.sim.0 + 1), self.nonces[i] + 1, payload),
             _ => {
-                let mut forged =
-                    SignedEvent::new(&self.keys[i], self.sim, self.nonces[i] + 1, payload);
+                let mut forged = SignedEvent::new(&self.keys[i], self.sim, self.nonces[i] + 1, payload);
                 forged.signature.1[3] ^= 0x40;
                 forged
             }
@@ -280,20 +229,11 @@ impl EventGen {
         let roll = self.rng.below(100);
         let any_object = |rng: &mut DetRng| {
             let n = world.objects().len();
-            world
-                .objects()
-                .keys()
-                .nth(rng.below(n.max(1) as u64) as usize)
-                .copied()
+            world.objects().keys().nth(rng.below(n.max(1) as u64) as usize).copied()
         };
         match (roll, avatar) {
-            (_, None) => Payload::Login {
-                name: format!("p{}", author.short()),
-            },
-            (0..=44, Some(a)) => Payload::Move {
-                object: a,
-                velocity: random_velocity(&mut self.rng, 3_000),
-            },
+            (_, None) => Payload::Login { name: format!("p{}", author.short()) },
+            (0..=44, Some(a)) => Payload::Move { object: a, velocity: random_velocity(&mut self.rng, 3_000) },
             (45..=64, _) => Payload::Chat {
                 channel: if self.rng.chance(1, 2) { 0 } else { 5 },
                 range: ChatRange::Say,
@@ -305,19 +245,12 @@ impl EventGen {
             },
             (90..=93, _) => Payload::Rez {
                 name: "rezzed".into(),
-                shape: Shape::Box {
-                    half_width: Fx::HALF,
-                    half_height: Fx::ONE,
-                },
+                shape: Shape::Box { half_width: Fx::HALF, half_height: Fx::ONE },
                 position: random_point(&mut self.rng, world.region().size.floor_int().max(1)),
                 color: 0x00ff00ff,
                 text: String::new(),
             },
-            (94..=96, _) => match world
-                .objects()
-                .values()
-                .find(|o| o.owner == author && o.kind == ObjectKind::Prim)
-            {
+            (94..=96, _) => match world.objects().values().find(|o| o.owner == author && o.kind == ObjectKind::Prim) {
                 Some(o) => Payload::DeployScript {
                     object: o.id,
                     source: DEMO_SCRIPTS[self.rng.below(DEMO_SCRIPTS.len() as u64) as usize].into(),
@@ -326,9 +259,7 @@ impl EventGen {
                 },
                 None => Payload::Logout,
             },
-            (97..=98, _) => Payload::Login {
-                name: format!("p{}", author.short()),
-            },
+            (97..=98, _) => Payload::Login { name: format!("p{}", author.short()) },
             _ => Payload::Logout,
         }
     }

@@ -39,10 +39,7 @@ pub struct RoleReport {
 /// BFT time of the admin's last login; the genesis time if the admin never logged in.
 pub fn admin_last_seen_ms(world: &World) -> u64 {
     let g = &world.governance;
-    world
-        .accounts
-        .get(&g.admin)
-        .map_or(g.genesis_ms, |a| a.last_login_ms)
+    world.accounts.get(&g.admin).map_or(g.genesis_ms, |a| a.last_login_ms)
 }
 
 /// Whether the admin counts as absent at `now_ms` (more than X days since the last login).
@@ -84,26 +81,17 @@ pub fn report(world: &World, now_ms: u64) -> RoleReport {
     let absent_ms = now_ms.saturating_sub(admin_last_seen_ms(world));
     let absent = admin_absent(world, now_ms);
     let temp = temp_admin(world, now_ms);
-    let (x, y) = (
-        world.settings.admin_absent_days,
-        world.settings.temp_admin_active_days,
-    );
+    let (x, y) = (world.settings.admin_absent_days, world.settings.temp_admin_active_days);
     let reason = match (absent, temp) {
         (false, _) => format!("the admin logged in within {x} days: no temp admin"),
         (true, Some(_)) => format!(
             "the admin has been absent more than {x} days: the temp admin is the earliest-joined account active within {y} days"
         ),
-        (true, None) => format!(
-            "the admin has been absent more than {x} days, but no account was active within {y} days"
-        ),
+        (true, None) => {
+            format!("the admin has been absent more than {x} days, but no account was active within {y} days")
+        }
     };
-    RoleReport {
-        admin,
-        admin_days_absent: absent_ms / DAY_MS,
-        admin_absent: absent,
-        temp_admin: temp,
-        reason,
-    }
+    RoleReport { admin, admin_days_absent: absent_ms / DAY_MS, admin_absent: absent, temp_admin: temp, reason }
 }
 
 /// What the governance unit sends on.
@@ -115,12 +103,7 @@ pub(crate) struct GovernanceOut {
 
 /// Run the governance unit: its events in canonical order, on the world being merged.
 /// `temp` is the temp admin of `World_t` at the batch time.
-pub(crate) fn apply(
-    world: &mut World,
-    events: &[&Checked],
-    temp: Option<AccountId>,
-    now_ms: u64,
-) -> GovernanceOut {
+pub(crate) fn apply(world: &mut World, events: &[&Checked], temp: Option<AccountId>, now_ms: u64) -> GovernanceOut {
     let admin = world.governance.admin;
     let mut out = GovernanceOut::default();
     for c in events {
@@ -134,30 +117,11 @@ pub(crate) fn apply(
                 }
                 Ok(())
             }
-            Payload::Rez {
-                name,
-                shape,
-                position,
-                color,
-                text,
-            } => {
+            Payload::Rez { name, shape, position, color, text } => {
                 if !world.region.contains(*position) {
-                    Err(RejectReason::InvalidValue {
-                        field: "position".into(),
-                    })
+                    Err(RejectReason::InvalidValue { field: "position".into() })
                 } else {
-                    spawn(
-                        world,
-                        author,
-                        ObjectKind::Prim,
-                        name,
-                        *shape,
-                        *position,
-                        *color,
-                        text,
-                        &mut out,
-                    )
-                    .map(|_| ())
+                    spawn(world, author, ObjectKind::Prim, name, *shape, *position, *color, text, &mut out).map(|_| ())
                 }
             }
             Payload::Derez { object } => match world.objects.get(object) {
@@ -172,19 +136,13 @@ pub(crate) fn apply(
                 if author == admin || Some(author) == temp {
                     admin_act(world, act, now_ms, &mut out)
                 } else {
-                    Err(RejectReason::NotAuthorized {
-                        act: act.name().into(),
-                    })
+                    Err(RejectReason::NotAuthorized { act: act.name().into() })
                 }
             }
             other => unreachable!("routed a non-governance payload to governance: {other:?}"),
         };
         if let Err(reason) = result {
-            out.rejected.push(Rejection {
-                event: c.id,
-                author,
-                reason,
-            });
+            out.rejected.push(Rejection { event: c.id, author, reason });
         }
     }
     out
@@ -212,17 +170,7 @@ fn login(
     }
     let at = world.region.centre();
     let shape = Shape::Circle { radius: Fx::HALF };
-    let id = spawn(
-        world,
-        author,
-        ObjectKind::Avatar,
-        name,
-        shape,
-        at,
-        0xffff_ffff,
-        "",
-        out,
-    )?;
+    let id = spawn(world, author, ObjectKind::Avatar, name, shape, at, 0xffff_ffff, "", out)?;
     if let Some(a) = world.account_mut(&author) {
         a.avatar = Some(id);
     }
@@ -258,12 +206,7 @@ fn spawn(
         color,
         text: text.to_string(),
     });
-    out.physics.push(PhysicsCommand::Spawn {
-        object: id,
-        position,
-        velocity: crate::vec2::Vec2::ZERO,
-        shape,
-    });
+    out.physics.push(PhysicsCommand::Spawn { object: id, position, velocity: crate::vec2::Vec2::ZERO, shape });
     Ok(id)
 }
 
@@ -279,12 +222,7 @@ fn remove_avatar(world: &mut World, account: &AccountId, out: &mut GovernanceOut
     }
 }
 
-fn admin_act(
-    world: &mut World,
-    act: &AdminAct,
-    now_ms: u64,
-    out: &mut GovernanceOut,
-) -> Result<(), RejectReason> {
+fn admin_act(world: &mut World, act: &AdminAct, now_ms: u64, out: &mut GovernanceOut) -> Result<(), RejectReason> {
     let g_admin = world.governance.admin;
     match act {
         AdminAct::Kick { account } => {
@@ -294,9 +232,7 @@ fn admin_act(
         }
         AdminAct::Ban { account } => {
             if *account == g_admin {
-                return Err(RejectReason::InvalidValue {
-                    field: "account (the permanent admin)".into(),
-                });
+                return Err(RejectReason::InvalidValue { field: "account (the permanent admin)".into() });
             }
             world.governance.banned.insert(*account);
             remove_avatar(world, account, out);

@@ -28,9 +28,7 @@ impl fmt::Display for Tick {
 }
 
 /// A sim (one region and its replicated state machine).
-#[derive(
-    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Debug, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Debug, Serialize, Deserialize)]
 pub struct SimId(pub u32);
 
 impl fmt::Display for SimId {

@@ -31,22 +31,13 @@ impl PhysicsStage for KinematicPhysics {
     fn load(&mut self, world: &World, saved: Option<&[u8]>) -> Result<(), PhysicsError> {
         match saved {
             None => {
-                self.moving = world
-                    .objects()
-                    .values()
-                    .filter(|o| !o.velocity.is_zero())
-                    .map(|o| o.id)
-                    .collect();
+                self.moving = world.objects().values().filter(|o| !o.velocity.is_zero()).map(|o| o.id).collect();
                 self.targets.clear();
             }
             Some(bytes) => {
                 let (moving, targets): Saved =
                     codec::decode(bytes, 64 << 20).map_err(|e| PhysicsError(e.to_string()))?;
-                if let Some(id) = moving
-                    .iter()
-                    .chain(targets.keys())
-                    .find(|id| world.object(**id).is_none())
-                {
+                if let Some(id) = moving.iter().chain(targets.keys()).find(|id| world.object(**id).is_none()) {
                     return Err(PhysicsError(format!("saved body {id} is not in the world")));
                 }
                 self.moving = moving;
@@ -59,15 +50,11 @@ impl PhysicsStage for KinematicPhysics {
     fn step(&mut self, world: &World, commands: &[PhysicsCommand], dt: Fx) -> PhysicsOutput {
         let mut vel: BTreeMap<ObjectId, Vec2> = BTreeMap::new();
         let current = |vel: &BTreeMap<ObjectId, Vec2>, id: ObjectId| {
-            vel.get(&id)
-                .copied()
-                .or_else(|| world.object(id).map(|o| o.velocity))
+            vel.get(&id).copied().or_else(|| world.object(id).map(|o| o.velocity))
         };
         for c in commands {
             match *c {
-                PhysicsCommand::Spawn {
-                    object, velocity, ..
-                } => {
+                PhysicsCommand::Spawn { object, velocity, .. } => {
                     if !velocity.is_zero() {
                         vel.insert(object, velocity);
                         self.moving.insert(object);
@@ -91,11 +78,7 @@ impl PhysicsStage for KinematicPhysics {
                         self.moving.insert(object);
                     }
                 }
-                PhysicsCommand::SetTarget {
-                    object,
-                    target,
-                    speed,
-                } => {
+                PhysicsCommand::SetTarget { object, target, speed } => {
                     if world.object(object).is_some() {
                         self.targets.insert(object, (target, speed));
                         self.moving.insert(object);
@@ -134,12 +117,7 @@ impl PhysicsStage for KinematicPhysics {
                 stopped.push(id);
             }
             if p != o.position || v != o.velocity {
-                out.bodies.push(BodyState {
-                    object: id,
-                    position: p,
-                    rotation: o.rotation,
-                    velocity: v,
-                });
+                out.bodies.push(BodyState { object: id, position: p, rotation: o.rotation, velocity: v });
             }
         }
         for id in stopped {

@@ -32,11 +32,7 @@ pub fn leaf_hash(bytes: &[u8]) -> Hash32 {
 /// An inner node: a blake3 parent-node compression in keyed mode (one compression, and the
 /// PARENT flag separates it from every leaf, which is a keyed root hash under another key).
 fn node_hash(left: &[u8; 32], right: &[u8; 32]) -> [u8; 32] {
-    blake3::hazmat::merge_subtrees_non_root(
-        left,
-        right,
-        blake3::hazmat::Mode::KeyedHash(&keys::NODE),
-    )
+    blake3::hazmat::merge_subtrees_non_root(left, right, blake3::hazmat::Mode::KeyedHash(&keys::NODE))
 }
 
 /// The value of an empty slot.
@@ -135,11 +131,7 @@ impl SlotTree {
         let mut acc = leaf.0;
         let mut index = slot as u64;
         for sib in path {
-            acc = if index & 1 == 0 {
-                node_hash(&acc, &sib.0)
-            } else {
-                node_hash(&sib.0, &acc)
-            };
+            acc = if index & 1 == 0 { node_hash(&acc, &sib.0) } else { node_hash(&sib.0, &acc) };
             index >>= 1;
         }
         index == 0 && acc == root.0

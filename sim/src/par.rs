@@ -18,10 +18,7 @@ where
     let chunk = items.len().div_ceil(workers).max(min_chunk.max(1));
     let f = &f;
     std::thread::scope(|scope| {
-        let handles: Vec<_> = items
-            .chunks(chunk)
-            .map(|c| scope.spawn(move || f(c)))
-            .collect();
+        let handles: Vec<_> = items.chunks(chunk).map(|c| scope.spawn(move || f(c))).collect();
         let mut out = Vec::with_capacity(items.len());
         for h in handles {
             match h.join() {
@@ -43,9 +40,7 @@ mod tests {
         let items: Vec<u32> = (0..10_000).collect();
         let expect: Vec<u64> = items.iter().map(|&i| u64::from(i) * 3).collect();
         for workers in [1, 2, 3, 8, 64] {
-            let got = map_chunks(&items, workers, 16, |c| {
-                c.iter().map(|&i| u64::from(i) * 3).collect()
-            });
+            let got = map_chunks(&items, workers, 16, |c| c.iter().map(|&i| u64::from(i) * 3).collect());
             assert_eq!(got, expect, "workers = {workers}");
         }
     }

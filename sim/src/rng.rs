@@ -19,9 +19,7 @@ impl DetRng {
     pub fn from_seed(seed: Hash32) -> DetRng {
         let mut h = blake3::Hasher::new_keyed(&crate::merkle::keys::RNG);
         h.update(&seed.0);
-        DetRng {
-            reader: h.finalize_xof(),
-        }
+        DetRng { reader: h.finalize_xof() }
     }
 
     pub fn from_u64(seed: u64) -> DetRng {

@@ -23,8 +23,7 @@ use std::sync::{Arc, Mutex};
 use crate::event::ChatRange;
 use crate::fx::Fx;
 use crate::host::{
-    Compiled, ScriptAction, ScriptCtx, ScriptError, ScriptErrorKind, ScriptHost, ScriptInput,
-    ScriptOutput,
+    Compiled, ScriptAction, ScriptCtx, ScriptError, ScriptErrorKind, ScriptHost, ScriptInput, ScriptOutput,
 };
 use crate::ids::{ObjectId, ScriptId};
 use crate::state::{Limits, ScriptSource};
@@ -46,12 +45,7 @@ impl Clone for RuleHost {
 impl RuleHost {
     fn rules(&self, source: &ScriptSource) -> Result<Arc<Rules>, String> {
         let id = source.id();
-        if let Some(r) = self
-            .cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-        {
+        if let Some(r) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
             return Ok(r.clone());
         }
         let parsed = Arc::new(parse(&source.source)?);
@@ -107,24 +101,10 @@ fn parse(src: &str) -> Result<Rules, String> {
         let err = |m: &str| format!("line {}: {m}: {line:?}", n + 1);
         let words: Vec<&str> = line.split_whitespace().collect();
         match words[0] {
-            "listen" => r.listen.push(
-                words
-                    .get(1)
-                    .and_then(|w| w.parse().ok())
-                    .ok_or_else(|| err("bad channel"))?,
-            ),
-            "timer" => {
-                r.timer = Some(
-                    words
-                        .get(1)
-                        .and_then(|w| w.parse().ok())
-                        .ok_or_else(|| err("bad ticks"))?,
-                )
-            }
+            "listen" => r.listen.push(words.get(1).and_then(|w| w.parse().ok()).ok_or_else(|| err("bad channel"))?),
+            "timer" => r.timer = Some(words.get(1).and_then(|w| w.parse().ok()).ok_or_else(|| err("bad ticks"))?),
             "on" => {
-                let (head, body) = line[2..]
-                    .split_once(':')
-                    .ok_or_else(|| err("expected `on EVENT: actions`"))?;
+                let (head, body) = line[2..].split_once(':').ok_or_else(|| err("expected `on EVENT: actions`"))?;
                 let on = match head.trim() {
                     "init" => On::Init,
                     "tick" => On::Tick,
@@ -158,25 +138,15 @@ fn parse_action(a: &str) -> Result<Action, String> {
     let words: Vec<&str> = a.split_whitespace().collect();
     let rest = |from: usize| words.get(from..).map(|w| w.join(" ")).unwrap_or_default();
     let fx = |i: usize| -> Result<Fx, String> {
-        words
-            .get(i)
-            .ok_or("missing number")?
-            .parse::<Fx>()
-            .map_err(|e| e.to_string())
+        words.get(i).ok_or("missing number")?.parse::<Fx>().map_err(|e| e.to_string())
     };
     let int = |i: usize| -> Result<i32, String> {
-        words
-            .get(i)
-            .and_then(|w| w.parse().ok())
-            .ok_or_else(|| "bad channel".to_string())
+        words.get(i).and_then(|w| w.parse().ok()).ok_or_else(|| "bad channel".to_string())
     };
     Ok(match words[0] {
-        "color" => Action::Color(
-            words
-                .get(1)
-                .and_then(|w| u32::from_str_radix(w, 16).ok())
-                .ok_or("color needs RRGGBBAA hex")?,
-        ),
+        "color" => {
+            Action::Color(words.get(1).and_then(|w| u32::from_str_radix(w, 16).ok()).ok_or("color needs RRGGBBAA hex")?)
+        }
         "text" => Action::Text(rest(1)),
         "say" => Action::Say(int(1)?, ChatRange::Say, rest(2)),
         "shout" => Action::Say(int(1)?, ChatRange::Shout, rest(2)),
@@ -204,9 +174,7 @@ impl ScriptHost for RuleHost {
             return Err(format!("source is over {} bytes", limits.max_source_bytes));
         }
         let rules = parse(&source.source)?;
-        Ok(Compiled {
-            wants_tick: rules.handlers.contains_key(&On::Tick),
-        })
+        Ok(Compiled { wants_tick: rules.handlers.contains_key(&On::Tick) })
     }
 
     fn run(&self, ctx: &ScriptCtx<'_>, inputs: &[ScriptInput]) -> ScriptOutput {
@@ -216,10 +184,7 @@ impl ScriptHost for RuleHost {
                 return ScriptOutput {
                     state: ctx.instance.state.clone(),
                     actions: Vec::new(),
-                    error: Some(ScriptError {
-                        kind: ScriptErrorKind::Runtime,
-                        message,
-                    }),
+                    error: Some(ScriptError { kind: ScriptErrorKind::Runtime, message }),
                 };
             }
         };
@@ -229,10 +194,7 @@ impl ScriptHost for RuleHost {
             let on = match input {
                 ScriptInput::Init => {
                     for ch in &rules.listen {
-                        out.actions.push(ScriptAction::Listen {
-                            channel: *ch,
-                            on: true,
-                        });
+                        out.actions.push(ScriptAction::Listen { channel: *ch, on: true });
                     }
                     if let Some(t) = rules.timer {
                         out.actions.push(ScriptAction::SetTimer { every_ticks: t });
@@ -254,11 +216,7 @@ impl ScriptHost for RuleHost {
                 }
             }
         }
-        out.state = if counter == 0 {
-            Vec::new()
-        } else {
-            counter.to_le_bytes().to_vec()
-        };
+        out.state = if counter == 0 { Vec::new() } else { counter.to_le_bytes().to_vec() };
         out
     }
 }
@@ -270,26 +228,16 @@ fn decode_counter(state: &[u8]) -> u64 {
     u64::from_le_bytes(b)
 }
 
-fn perform(
-    a: &Action,
-    input: &ScriptInput,
-    counter: &mut u64,
-    out: &mut Vec<ScriptAction>,
-) -> Result<(), ScriptError> {
+fn perform(a: &Action, input: &ScriptInput, counter: &mut u64, out: &mut Vec<ScriptAction>) -> Result<(), ScriptError> {
     match a {
         Action::Color(c) => out.push(ScriptAction::SetColor(*c)),
         Action::Text(t) => out.push(ScriptAction::SetText(t.clone())),
-        Action::Say(channel, range, text) => out.push(ScriptAction::Say {
-            channel: *channel,
-            range: *range,
-            text: text.clone(),
-        }),
+        Action::Say(channel, range, text) => {
+            out.push(ScriptAction::Say { channel: *channel, range: *range, text: text.clone() })
+        }
         Action::Velocity(v) => out.push(ScriptAction::SetVelocity(*v)),
         Action::Impulse(v) => out.push(ScriptAction::Impulse(*v)),
-        Action::Target(t, s) => out.push(ScriptAction::SetTarget {
-            target: *t,
-            speed: *s,
-        }),
+        Action::Target(t, s) => out.push(ScriptAction::SetTarget { target: *t, speed: *s }),
         Action::Count => {
             *counter = counter.saturating_add(1);
             out.push(ScriptAction::SetText(counter.to_string()));
@@ -301,30 +249,17 @@ fn perform(
                 _ => None,
             };
             if let Some(text) = heard {
-                out.push(ScriptAction::Say {
-                    channel: 0,
-                    range: ChatRange::Say,
-                    text: format!("echo: {text}"),
-                });
+                out.push(ScriptAction::Say { channel: 0, range: ChatRange::Say, text: format!("echo: {text}") });
             }
         }
         Action::Reply(text) => {
             if let ScriptInput::Message { from, .. } = input {
-                out.push(ScriptAction::Send {
-                    to: *from,
-                    data: text.clone(),
-                });
+                out.push(ScriptAction::Send { to: *from, data: text.clone() });
             }
         }
-        Action::Send(to, text) => out.push(ScriptAction::Send {
-            to: *to,
-            data: text.clone(),
-        }),
+        Action::Send(to, text) => out.push(ScriptAction::Send { to: *to, data: text.clone() }),
         Action::Fail => {
-            return Err(ScriptError {
-                kind: ScriptErrorKind::Runtime,
-                message: "the script called fail".into(),
-            });
+            return Err(ScriptError { kind: ScriptErrorKind::Runtime, message: "the script called fail".into() });
         }
     }
     Ok(())
@@ -336,19 +271,10 @@ mod tests {
 
     #[test]
     fn parses_handlers_and_reports_line_numbers() {
-        let r = parse(
-            "listen 5\n# c\non touch: color ff0000ff; say 0 hi there\non tick: velocity 1.5 -2",
-        )
-        .unwrap();
+        let r = parse("listen 5\n# c\non touch: color ff0000ff; say 0 hi there\non tick: velocity 1.5 -2").unwrap();
         assert_eq!(r.listen, vec![5]);
-        assert_eq!(
-            r.handlers[&On::Touch][1],
-            Action::Say(0, ChatRange::Say, "hi there".into())
-        );
-        assert_eq!(
-            r.handlers[&On::Tick][0],
-            Action::Velocity(Vec2::new("1.5".parse().unwrap(), Fx::from_int(-2)))
-        );
+        assert_eq!(r.handlers[&On::Touch][1], Action::Say(0, ChatRange::Say, "hi there".into()));
+        assert_eq!(r.handlers[&On::Tick][0], Action::Velocity(Vec2::new("1.5".parse().unwrap(), Fx::from_int(-2))));
         let e = parse("on touch: color red").unwrap_err();
         assert!(e.contains("line 1"), "{e}");
         assert!(parse("on whenever: count").is_err());

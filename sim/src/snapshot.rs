@@ -42,12 +42,7 @@ pub enum SnapshotError {
 
 impl Snapshot {
     pub fn new(world: World, physics: Vec<u8>, root: Hash32) -> Snapshot {
-        Snapshot {
-            version: SNAPSHOT_VERSION,
-            world,
-            physics,
-            root,
-        }
+        Snapshot { version: SNAPSHOT_VERSION, world, physics, root }
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -57,27 +52,15 @@ impl Snapshot {
     /// Decode and validate untrusted bytes (at most `max_bytes`).
     pub fn decode(bytes: &[u8], max_bytes: u32) -> Result<Snapshot, SnapshotError> {
         if bytes.len() as u64 > u64::from(max_bytes) {
-            return Err(DecodeError::TooLarge {
-                len: bytes.len() as u64,
-                max: max_bytes,
-            }
-            .into());
+            return Err(DecodeError::TooLarge { len: bytes.len() as u64, max: max_bytes }.into());
         }
-        let (version, _) =
-            postcard::take_from_bytes::<u16>(bytes).map_err(|e| DecodeError::Malformed {
-                what: "snapshot header",
-                reason: e.to_string(),
-            })?;
+        let (version, _) = postcard::take_from_bytes::<u16>(bytes)
+            .map_err(|e| DecodeError::Malformed { what: "snapshot header", reason: e.to_string() })?;
         if version != SNAPSHOT_VERSION {
-            return Err(SnapshotError::Version {
-                got: version,
-                supported: SNAPSHOT_VERSION,
-            });
+            return Err(SnapshotError::Version { got: version, supported: SNAPSHOT_VERSION });
         }
         let mut snap: Snapshot = codec::decode(bytes, max_bytes)?;
-        snap.world
-            .validate()
-            .map_err(|reason| SnapshotError::Invalid { reason })?;
+        snap.world.validate().map_err(|reason| SnapshotError::Invalid { reason })?;
         snap.world.invalidate_caches();
         Ok(snap)
     }

@@ -52,10 +52,7 @@ impl Shape {
         let ok = |v: Fx| v > Fx::ZERO && v <= Fx::from_int(32);
         match *self {
             Shape::Circle { radius } => ok(radius),
-            Shape::Box {
-                half_width,
-                half_height,
-            } => ok(half_width) && ok(half_height),
+            Shape::Box { half_width, half_height } => ok(half_width) && ok(half_height),
         }
     }
 }
@@ -236,18 +233,9 @@ pub struct Governance {
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum Queued {
     /// A script's message to another object.
-    Message {
-        from: ObjectId,
-        to: ObjectId,
-        data: String,
-    },
+    Message { from: ObjectId, to: ObjectId, data: String },
     /// Chat heard by a listening script.
-    Heard {
-        listener: ObjectId,
-        channel: i32,
-        speaker: String,
-        text: String,
-    },
+    Heard { listener: ObjectId, channel: i32, speaker: String, text: String },
     /// A physics collision, for the owned body `object`.
     Collision { object: ObjectId, other: ObjectId },
 }
@@ -368,13 +356,7 @@ impl SubsystemRoots {
     pub fn root(&self) -> Hash32 {
         merkle::combine(
             &keys::ROOT,
-            &[
-                &self.objects.0,
-                &self.scripts.0,
-                &self.physics.0,
-                &self.governance.0,
-                &self.queue.0,
-            ],
+            &[&self.objects.0, &self.scripts.0, &self.physics.0, &self.governance.0, &self.queue.0],
         )
     }
 }
@@ -462,9 +444,7 @@ impl World {
     }
     /// Any object's script source, licence, author and provenance: readable by anyone.
     pub fn script_source(&self, object: ObjectId) -> Option<&ScriptSource> {
-        self.scripts
-            .get(&object)
-            .and_then(|i| self.sources.get(&i.script))
+        self.scripts.get(&object).and_then(|i| self.sources.get(&i.script))
     }
     pub fn queue(&self) -> &[Queued] {
         &self.queue
@@ -476,9 +456,7 @@ impl World {
 
     /// Objects whose centre lies within `radius` of `centre`, in id order.
     pub fn objects_within(&self, centre: Vec2, radius: Fx) -> impl Iterator<Item = &Object> {
-        self.objects
-            .values()
-            .filter(move |o| o.position.within(centre, radius))
+        self.objects.values().filter(move |o| o.position.within(centre, radius))
     }
 
     // ---- changing (crate-internal: the pipeline is the only writer) ----
@@ -518,8 +496,7 @@ impl World {
         let o = self.objects.remove(&id)?;
         self.cache.dirty_objects.insert(id);
         self.remove_script(id);
-        self.free_slots
-            .insert(id.slot(), id.generation().wrapping_add(1));
+        self.free_slots.insert(id.slot(), id.generation().wrapping_add(1));
         if let Some(a) = self.accounts.get_mut(&o.owner)
             && a.avatar == Some(id)
         {
@@ -566,12 +543,7 @@ impl World {
         Some(a)
     }
 
-    pub(crate) fn create_account(
-        &mut self,
-        id: AccountId,
-        name: String,
-        now_ms: u64,
-    ) -> &mut Account {
+    pub(crate) fn create_account(&mut self, id: AccountId, name: String, now_ms: u64) -> &mut Account {
         let slot = self.next_account_slot;
         self.next_account_slot += 1;
         self.cache.dirty_accounts.insert(id);
@@ -601,9 +573,7 @@ impl World {
                 return Err(format!("object {id} is stored under the wrong key"));
             }
             if id.slot() >= self.next_slot || self.free_slots.contains_key(&id.slot()) {
-                return Err(format!(
-                    "object {id} has a slot that is free or out of range"
-                ));
+                return Err(format!("object {id} has a slot that is free or out of range"));
             }
             if !o.shape.is_valid() {
                 return Err(format!("object {id} has an invalid shape"));
@@ -632,9 +602,7 @@ impl World {
         }
         for (sid, src) in &self.sources {
             if src.id() != *sid {
-                return Err(format!(
-                    "script source {sid} does not match its content hash"
-                ));
+                return Err(format!("script source {sid} does not match its content hash"));
             }
         }
         let mut slots = BTreeSet::new();
@@ -665,10 +633,7 @@ impl World {
             }
             Hash32(*h.finalize().as_bytes())
         });
-        let scripts = merkle::combine(
-            &keys::SUBSYSTEM,
-            &[b"scripts", &c.scripts.root().0, &sources_root.0],
-        );
+        let scripts = merkle::combine(&keys::SUBSYSTEM, &[b"scripts", &c.scripts.root().0, &sources_root.0]);
         let objects = merkle::combine(&keys::SUBSYSTEM, &[b"objects", &c.objects.root().0]);
         let meta = postcard::to_allocvec(&(
             self.sim,
@@ -683,20 +648,10 @@ impl World {
             &self.receipts,
         ))
         .expect("encoding to a Vec cannot fail");
-        let governance = merkle::combine(
-            &keys::SUBSYSTEM,
-            &[b"governance", &c.accounts.root().0, &meta],
-        );
-        let queue_bytes =
-            postcard::to_allocvec(&self.queue).expect("encoding to a Vec cannot fail");
+        let governance = merkle::combine(&keys::SUBSYSTEM, &[b"governance", &c.accounts.root().0, &meta]);
+        let queue_bytes = postcard::to_allocvec(&self.queue).expect("encoding to a Vec cannot fail");
         let queue = merkle::combine(&keys::SUBSYSTEM, &[b"queue", &queue_bytes]);
-        SubsystemRoots {
-            objects,
-            scripts,
-            physics,
-            governance,
-            queue,
-        }
+        SubsystemRoots { objects, scripts, physics, governance, queue }
     }
 
     fn refresh_cache(&mut self, workers: u32) {
@@ -747,18 +702,7 @@ pub(crate) trait LeafBytes {
 /// error.
 impl LeafBytes for Object {
     fn leaf_bytes(&self, b: &mut Vec<u8>) {
-        let Object {
-            id,
-            kind,
-            owner,
-            name,
-            shape,
-            position,
-            rotation,
-            velocity,
-            color,
-            text,
-        } = self;
+        let Object { id, kind, owner, name, shape, position, rotation, velocity, color, text } = self;
         let fx = |b: &mut Vec<u8>, v: Fx| b.extend_from_slice(&v.to_bits().to_le_bytes());
         let st = |b: &mut Vec<u8>, s: &str| {
             b.extend_from_slice(&(s.len() as u64).to_le_bytes());
@@ -776,10 +720,7 @@ impl LeafBytes for Object {
                 b.push(0);
                 fx(b, radius);
             }
-            Shape::Box {
-                half_width,
-                half_height,
-            } => {
+            Shape::Box { half_width, half_height } => {
                 b.push(1);
                 fx(b, half_width);
                 fx(b, half_height);
@@ -795,15 +736,13 @@ impl LeafBytes for Object {
 
 impl LeafBytes for ScriptInstance {
     fn leaf_bytes(&self, buf: &mut Vec<u8>) {
-        *buf =
-            postcard::to_extend(self, std::mem::take(buf)).expect("encoding to a Vec cannot fail");
+        *buf = postcard::to_extend(self, std::mem::take(buf)).expect("encoding to a Vec cannot fail");
     }
 }
 
 impl LeafBytes for Account {
     fn leaf_bytes(&self, buf: &mut Vec<u8>) {
-        *buf =
-            postcard::to_extend(self, std::mem::take(buf)).expect("encoding to a Vec cannot fail");
+        *buf = postcard::to_extend(self, std::mem::take(buf)).expect("encoding to a Vec cannot fail");
     }
 }
 

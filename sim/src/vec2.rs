@@ -7,19 +7,14 @@ use serde::{Deserialize, Serialize};
 use crate::fx::{FRAC_BITS, Fx};
 
 /// A point or displacement in the world plane, in metres.
-#[derive(
-    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Debug, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Debug, Serialize, Deserialize)]
 pub struct Vec2 {
     pub x: Fx,
     pub y: Fx,
 }
 
 impl Vec2 {
-    pub const ZERO: Vec2 = Vec2 {
-        x: Fx::ZERO,
-        y: Fx::ZERO,
-    };
+    pub const ZERO: Vec2 = Vec2 { x: Fx::ZERO, y: Fx::ZERO };
 
     pub const fn new(x: Fx, y: Fx) -> Vec2 {
         Vec2 { x, y }
@@ -27,10 +22,7 @@ impl Vec2 {
 
     /// From whole metres.
     pub const fn from_ints(x: i64, y: i64) -> Vec2 {
-        Vec2 {
-            x: Fx::from_int(x),
-            y: Fx::from_int(y),
-        }
+        Vec2 { x: Fx::from_int(x), y: Fx::from_int(y) }
     }
 
     /// The unit vector at `angle` radians.
@@ -44,10 +36,7 @@ impl Vec2 {
     }
 
     pub fn scale(self, k: Fx) -> Vec2 {
-        Vec2 {
-            x: self.x * k,
-            y: self.y * k,
-        }
+        Vec2 { x: self.x * k, y: self.y * k }
     }
 
     /// Dot product (saturating).
@@ -74,20 +63,13 @@ impl Vec2 {
         if len.is_zero() {
             return Vec2::ZERO;
         }
-        Vec2 {
-            x: self.x / len,
-            y: self.y / len,
-        }
+        Vec2 { x: self.x / len, y: self.y / len }
     }
 
     /// This vector shortened to at most `max` (direction kept).
     pub fn clamp_length(self, max: Fx) -> Vec2 {
         let len = self.length();
-        if len <= max {
-            self
-        } else {
-            self.normalize().scale(max)
-        }
+        if len <= max { self } else { self.normalize().scale(max) }
     }
 
     pub fn distance(self, o: Vec2) -> Fx {
@@ -118,30 +100,21 @@ impl Vec2 {
 impl Add for Vec2 {
     type Output = Vec2;
     fn add(self, o: Vec2) -> Vec2 {
-        Vec2 {
-            x: self.x + o.x,
-            y: self.y + o.y,
-        }
+        Vec2 { x: self.x + o.x, y: self.y + o.y }
     }
 }
 
 impl Sub for Vec2 {
     type Output = Vec2;
     fn sub(self, o: Vec2) -> Vec2 {
-        Vec2 {
-            x: self.x - o.x,
-            y: self.y - o.y,
-        }
+        Vec2 { x: self.x - o.x, y: self.y - o.y }
     }
 }
 
 impl Neg for Vec2 {
     type Output = Vec2;
     fn neg(self) -> Vec2 {
-        Vec2 {
-            x: -self.x,
-            y: -self.y,
-        }
+        Vec2 { x: -self.x, y: -self.y }
     }
 }
 
@@ -172,11 +145,7 @@ mod tests {
 
     #[test]
     fn normalize_gives_unit_length() {
-        for v in [
-            Vec2::from_ints(3, 4),
-            Vec2::from_ints(-1000, 7),
-            Vec2::new(Fx::DELTA, Fx::ZERO),
-        ] {
+        for v in [Vec2::from_ints(3, 4), Vec2::from_ints(-1000, 7), Vec2::new(Fx::DELTA, Fx::ZERO)] {
             let n = v.normalize();
             let err = (n.length() - Fx::ONE).abs();
             assert!(err <= Fx::from_bits(2), "{v:?} -> {n:?}");

@@ -14,23 +14,13 @@ use proptest::prelude::*;
 const EVENT_MAX: u32 = 96 * 1024;
 
 fn sample_events() -> Vec<SignedEvent> {
-    let demo = demo_world(DemoSpec {
-        seed: 4,
-        objects: 50,
-        players: 8,
-        ..DemoSpec::default()
-    });
+    let demo = demo_world(DemoSpec { seed: 4, objects: 50, players: 8, ..DemoSpec::default() });
     let mut g = EventGen::new(&demo, 4);
     g.batch(&demo.world, demo.world.tick(), 64).events
 }
 
 fn sample_snapshot() -> Vec<u8> {
-    let demo = demo_world(DemoSpec {
-        seed: 5,
-        objects: 60,
-        players: 6,
-        ..DemoSpec::default()
-    });
+    let demo = demo_world(DemoSpec { seed: 5, objects: 60, players: 6, ..DemoSpec::default() });
     let mut sim = common::sim_of(&demo, 1);
     let mut g = EventGen::new(&demo, 5);
     common::run(&mut sim, &mut g, 5, 10);
@@ -99,15 +89,9 @@ proptest! {
 fn oversized_inputs_are_refused_before_decoding() {
     let e = &sample_events()[0];
     let bytes = codec::encode(e);
-    assert!(matches!(
-        SignedEvent::decode(&bytes, 10),
-        Err(DecodeError::TooLarge { max: 10, .. })
-    ));
+    assert!(matches!(SignedEvent::decode(&bytes, 10), Err(DecodeError::TooLarge { max: 10, .. })));
     let snap = sample_snapshot();
-    assert!(matches!(
-        Snapshot::decode(&snap, 100),
-        Err(SnapshotError::Decode(DecodeError::TooLarge { .. }))
-    ));
+    assert!(matches!(Snapshot::decode(&snap, 100), Err(SnapshotError::Decode(DecodeError::TooLarge { .. }))));
 }
 
 #[test]
@@ -122,38 +106,21 @@ fn a_tampered_snapshot_is_refused_with_a_clear_error() {
     wrong_version[0] = 9;
     assert_eq!(
         Snapshot::decode(&wrong_version, MAX_SNAPSHOT_BYTES).unwrap_err(),
-        SnapshotError::Version {
-            got: 9,
-            supported: 1
-        }
+        SnapshotError::Version { got: 9, supported: 1 }
     );
 }
 
 #[test]
 fn batches_of_garbage_events_do_not_stop_the_tick() {
-    let demo = demo_world(DemoSpec {
-        seed: 6,
-        objects: 50,
-        players: 8,
-        ..DemoSpec::default()
-    });
+    let demo = demo_world(DemoSpec { seed: 6, objects: 50, players: 8, ..DemoSpec::default() });
     let mut sim = common::sim_of(&demo, 2);
     let mut events = sample_events();
     for (i, e) in events.iter_mut().enumerate() {
         e.signature.0[i % 32] ^= 0x10;
     }
-    let batch = Batch {
-        tick: sim.world().tick(),
-        time_ms: 0,
-        seed: Default::default(),
-        events,
-    };
+    let batch = Batch { tick: sim.world().tick(), time_ms: 0, seed: Default::default(), events };
     let r = sim.step(&VerifiedBatch::new(batch, 2)).unwrap();
     assert_eq!(r.accepted, 0);
     assert_eq!(r.rejected.len(), 64);
-    assert!(
-        r.rejected
-            .iter()
-            .all(|x| x.reason == metatopia_sim::RejectReason::BadSignature)
-    );
+    assert!(r.rejected.iter().all(|x| x.reason == metatopia_sim::RejectReason::BadSignature));
 }

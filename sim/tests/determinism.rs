@@ -13,23 +13,12 @@ use proptest::prelude::*;
 
 fn restore(bytes: &[u8], workers: u32) -> TestSim {
     let snap = Snapshot::decode(bytes, MAX_SNAPSHOT_BYTES).expect("our own snapshot decodes");
-    Sim::restore(
-        snap,
-        RuleHost::default(),
-        KinematicPhysics::default(),
-        workers,
-    )
-    .expect("our own snapshot restores")
+    Sim::restore(snap, RuleHost::default(), KinematicPhysics::default(), workers).expect("our own snapshot restores")
 }
 
 /// A warmed-up world and the next three batches it will see.
 fn fixture(seed: u64) -> (Vec<u8>, Vec<Batch>) {
-    let demo = demo_world(DemoSpec {
-        seed,
-        objects: 300,
-        players: 20,
-        ..DemoSpec::default()
-    });
+    let demo = demo_world(DemoSpec { seed, objects: 300, players: 20, ..DemoSpec::default() });
     let mut sim = common::sim_of(&demo, 2);
     let mut events = EventGen::new(&demo, seed);
     common::run(&mut sim, &mut events, 20, 10);
@@ -48,14 +37,7 @@ fn fixture(seed: u64) -> (Vec<u8>, Vec<Batch>) {
 
 fn run_batches(snap: &[u8], batches: &[Batch], workers: u32) -> Vec<metatopia_sim::Hash32> {
     let mut sim = restore(snap, workers);
-    batches
-        .iter()
-        .map(|b| {
-            sim.step(&VerifiedBatch::new(b.clone(), workers))
-                .unwrap()
-                .root
-        })
-        .collect()
+    batches.iter().map(|b| sim.step(&VerifiedBatch::new(b.clone(), workers)).unwrap().root).collect()
 }
 
 proptest! {
@@ -121,12 +103,7 @@ proptest! {
 
 #[test]
 fn the_incremental_root_equals_a_full_recomputation() {
-    let demo = demo_world(DemoSpec {
-        seed: 3,
-        objects: 500,
-        players: 20,
-        ..DemoSpec::default()
-    });
+    let demo = demo_world(DemoSpec { seed: 3, objects: 500, players: 20, ..DemoSpec::default() });
     let mut sim = common::sim_of(&demo, 4);
     let mut events = EventGen::new(&demo, 3);
     let roots = common::run(&mut sim, &mut events, 40, 20);
@@ -139,12 +116,7 @@ fn the_incremental_root_equals_a_full_recomputation() {
 #[test]
 fn different_seeds_give_different_roots() {
     let run = |seed| {
-        let demo = demo_world(DemoSpec {
-            seed,
-            objects: 100,
-            players: 5,
-            ..DemoSpec::default()
-        });
+        let demo = demo_world(DemoSpec { seed, objects: 100, players: 5, ..DemoSpec::default() });
         let mut sim = common::sim_of(&demo, 1);
         let mut events = EventGen::new(&demo, seed);
         *common::run(&mut sim, &mut events, 10, 5).last().unwrap()

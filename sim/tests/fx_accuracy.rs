@@ -67,10 +67,7 @@ fn sqrt_and_length_are_exact_floors() {
         );
         let want = (f(p.x).hypot(f(p.y))) / ULP;
         let got = p.length().to_bits() as f64;
-        assert!(
-            (got - want).abs() <= 1.0,
-            "length of {p:?}: {got} vs {want}"
-        );
+        assert!((got - want).abs() <= 1.0, "length of {p:?}: {got} vs {want}");
     }
 }
 
@@ -81,8 +78,7 @@ fn vectors_round_trip_through_angles() {
         let back = Vec2::from_angle(a).angle();
         let diff = f(back) - f(a);
         // Wrap-around at ±π is the same direction.
-        let wrapped =
-            (diff + std::f64::consts::PI).rem_euclid(std::f64::consts::TAU) - std::f64::consts::PI;
+        let wrapped = (diff + std::f64::consts::PI).rem_euclid(std::f64::consts::TAU) - std::f64::consts::PI;
         assert!(wrapped.abs() / ULP <= 3.0, "angle {a}: {back}");
     }
     // Keys are deterministic too (used by tests everywhere).

@@ -12,39 +12,22 @@ use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world};
 const GOLDEN_ROOT_1000: &str = "ea2c17c2fbf51c2c5fe824a412dbc8a48cb6f9aeeac3e36b4492432c3956693f";
 
 fn run(workers: u32) -> String {
-    let demo = demo_world(DemoSpec {
-        seed: 2026,
-        objects: 1_200,
-        players: 40,
-        ..DemoSpec::default()
-    });
+    let demo = demo_world(DemoSpec { seed: 2026, objects: 1_200, players: 40, ..DemoSpec::default() });
     let mut sim = common::sim_of(&demo, workers);
     let mut events = EventGen::new(&demo, 2026);
     let roots = common::run(&mut sim, &mut events, 1_000, 12);
     let world = sim.world();
-    assert!(
-        world.objects().len() >= 1_000,
-        "{} objects",
-        world.objects().len()
-    );
+    assert!(world.objects().len() >= 1_000, "{} objects", world.objects().len());
     assert_eq!(world.tick().0, 1_000);
     roots.last().unwrap().to_string()
 }
 
 #[test]
 fn golden_root_after_1000_ticks_one_worker() {
-    assert_eq!(
-        run(1),
-        GOLDEN_ROOT_1000,
-        "the golden root moved: determinism broke, or the state format changed"
-    );
+    assert_eq!(run(1), GOLDEN_ROOT_1000, "the golden root moved: determinism broke, or the state format changed");
 }
 
 #[test]
 fn golden_root_after_1000_ticks_eight_workers() {
-    assert_eq!(
-        run(8),
-        GOLDEN_ROOT_1000,
-        "the golden root moved: determinism broke, or the state format changed"
-    );
+    assert_eq!(run(8), GOLDEN_ROOT_1000, "the golden root moved: determinism broke, or the state format changed");
 }

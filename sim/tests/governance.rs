@@ -28,12 +28,7 @@ fn login(s: &mut Signer, sim: &TestSim, name: &str) -> SignedEvent {
 
 /// X = 30, Y = 7. Day 0 the admin logs in; Charlie joins day 1, Bob day 2, Dave day 3.
 fn story() -> Story {
-    let demo = demo_world(DemoSpec {
-        seed: 10,
-        objects: 0,
-        players: 0,
-        ..DemoSpec::default()
-    });
+    let demo = demo_world(DemoSpec { seed: 10, objects: 0, players: 0, ..DemoSpec::default() });
     assert_eq!(demo.world.settings().admin_absent_days, 30);
     assert_eq!(demo.world.settings().temp_admin_active_days, 7);
     let mut sim = common::sim_of(&demo, 1);
@@ -51,26 +46,12 @@ fn story() -> Story {
     let e = login(&mut dave, &sim, "dave");
     let e2 = login(&mut eve, &sim, "eve");
     at_day(&mut sim, 3, vec![e, e2]);
-    Story {
-        sim,
-        admin,
-        bob,
-        charlie,
-        dave,
-        eve,
-    }
+    Story { sim, admin, bob, charlie, dave, eve }
 }
 
 #[test]
 fn the_temp_admin_story() {
-    let Story {
-        mut sim,
-        mut admin,
-        mut bob,
-        mut charlie,
-        mut dave,
-        mut eve,
-    } = story();
+    let Story { mut sim, mut admin, mut bob, mut charlie, mut dave, mut eve } = story();
     let x = 30;
     // Bob and Dave keep logging in; Charlie and the admin do not.
     for day in [10, 20, 28] {
@@ -91,11 +72,7 @@ fn the_temp_admin_story() {
     assert_eq!(temp_admin(sim.world(), now), Some(bob.id()));
     assert_eq!(role_of(sim.world(), &bob.id(), now), Role::TempAdmin);
     assert_eq!(role_of(sim.world(), &dave.id(), now), Role::Member);
-    assert!(
-        report(sim.world(), now)
-            .reason
-            .contains("absent more than 30 days")
-    );
+    assert!(report(sim.world(), now).reason.contains("absent more than 30 days"));
 
     // Bob acts as admin; a member's act is refused.
     let admin_seen_before = sim.world().account(&admin.id()).unwrap().last_login_ms;
@@ -103,23 +80,12 @@ fn the_temp_admin_story() {
     let ban = dave.sign(&sim, Payload::Admin(AdminAct::Ban { account: eve.id() }));
     let r = at_day(&mut sim, day, vec![kick, ban]);
     assert_eq!(r.rejected.len(), 1);
-    assert_eq!(
-        r.rejected[0].reason,
-        RejectReason::NotAuthorized { act: "ban".into() }
-    );
-    assert!(
-        sim.world()
-            .governance()
-            .kicked_until_ms
-            .contains_key(&eve.id())
-    );
+    assert_eq!(r.rejected[0].reason, RejectReason::NotAuthorized { act: "ban".into() });
+    assert!(sim.world().governance().kicked_until_ms.contains_key(&eve.id()));
     assert!(!sim.world().governance().banned.contains(&eve.id()));
     // Bob's acts do not make him permanent admin nor reset the admin's days since login.
     assert_eq!(sim.world().governance().admin, admin.id());
-    assert_eq!(
-        sim.world().account(&admin.id()).unwrap().last_login_ms,
-        admin_seen_before
-    );
+    assert_eq!(sim.world().account(&admin.id()).unwrap().last_login_ms, admin_seen_before);
     assert_eq!(report(sim.world(), now).admin_days_absent, day);
 
     // Bob keeps logging in; on day X+9 Charlie logs in and is temp admin from that tick.
@@ -132,13 +98,7 @@ fn the_temp_admin_story() {
     assert_eq!(temp_admin(sim.world(), now), Some(charlie.id()));
     let late = bob.sign(&sim, Payload::Admin(AdminAct::Unban { account: eve.id() }));
     let r = at_day(&mut sim, x + 9, vec![late]);
-    assert_eq!(
-        r.rejected[0].reason,
-        RejectReason::NotAuthorized {
-            act: "unban".into()
-        },
-        "Bob lost the role"
-    );
+    assert_eq!(r.rejected[0].reason, RejectReason::NotAuthorized { act: "unban".into() }, "Bob lost the role");
 
     // The admin logs in: no temp admin any more.
     let a = login(&mut admin, &sim, "admin");
@@ -148,30 +108,17 @@ fn the_temp_admin_story() {
     assert_eq!(temp_admin(sim.world(), now), None);
     let c_act = charlie.sign(&sim, Payload::Admin(AdminAct::Unban { account: eve.id() }));
     let r = at_day(&mut sim, x + 10, vec![c_act]);
-    assert_eq!(
-        r.rejected[0].reason,
-        RejectReason::NotAuthorized {
-            act: "unban".into()
-        }
-    );
+    assert_eq!(r.rejected[0].reason, RejectReason::NotAuthorized { act: "unban".into() });
     let _ = &mut eve;
 }
 
 #[test]
 fn a_temp_admin_may_make_itself_permanent_admin() {
-    let Story {
-        mut sim,
-        admin,
-        mut bob,
-        ..
-    } = story();
+    let Story { mut sim, admin, mut bob, .. } = story();
     let b = login(&mut bob, &sim, "bob");
     at_day(&mut sim, 40, vec![b]);
     assert_eq!(temp_admin(sim.world(), 40 * DAY_MS), Some(bob.id()));
-    let t = bob.sign(
-        &sim,
-        Payload::Admin(AdminAct::TransferAdmin { to: bob.id() }),
-    );
+    let t = bob.sign(&sim, Payload::Admin(AdminAct::TransferAdmin { to: bob.id() }));
     let r = at_day(&mut sim, 40, vec![t]);
     assert!(r.rejected.is_empty());
     assert_eq!(sim.world().governance().admin, bob.id());
@@ -182,12 +129,7 @@ fn a_temp_admin_may_make_itself_permanent_admin() {
 
 #[test]
 fn ties_in_seniority_go_to_the_smallest_account_id() {
-    let demo = demo_world(DemoSpec {
-        seed: 11,
-        objects: 0,
-        players: 0,
-        ..DemoSpec::default()
-    });
+    let demo = demo_world(DemoSpec { seed: 11, objects: 0, players: 0, ..DemoSpec::default() });
     let mut sim = common::sim_of(&demo, 1);
     let mut p = Signer::new(demo_key(6, 1), &sim);
     let mut q = Signer::new(demo_key(6, 2), &sim);
@@ -199,13 +141,7 @@ fn ties_in_seniority_go_to_the_smallest_account_id() {
 
 #[test]
 fn banned_and_kicked_accounts_are_refused_and_validators_change_at_epochs() {
-    let Story {
-        mut sim,
-        mut admin,
-        mut eve,
-        mut dave,
-        ..
-    } = story();
+    let Story { mut sim, mut admin, mut eve, mut dave, .. } = story();
     let ban = admin.sign(&sim, Payload::Admin(AdminAct::Ban { account: eve.id() }));
     at_day(&mut sim, 4, vec![ban]);
     let e = login(&mut eve, &sim, "eve");
@@ -219,21 +155,11 @@ fn banned_and_kicked_accounts_are_refused_and_validators_change_at_epochs() {
     assert!(matches!(r.rejected[0].reason, RejectReason::Kicked { .. }));
     let e = login(&mut dave, &sim, "dave");
     let r = at_day(&mut sim, 5, vec![e]);
-    assert!(
-        r.rejected.is_empty(),
-        "the cooldown is over: {:?}",
-        r.rejected
-    );
+    assert!(r.rejected.is_empty(), "the cooldown is over: {:?}", r.rejected);
 
-    let admit = admin.sign(
-        &sim,
-        Payload::Admin(AdminAct::AdmitValidator { key: dave.id() }),
-    );
+    let admit = admin.sign(&sim, Payload::Admin(AdminAct::AdmitValidator { key: dave.id() }));
     at_day(&mut sim, 5, vec![admit]);
-    assert!(
-        !sim.world().governance().validators.contains(&dave.id()),
-        "waits for the epoch boundary"
-    );
+    assert!(!sim.world().governance().validators.contains(&dave.id()), "waits for the epoch boundary");
     let epoch = sim.world().settings().epoch_ticks;
     while sim.world().tick().0 % epoch != 0 {
         at_day(&mut sim, 5, vec![]);

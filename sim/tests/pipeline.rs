@@ -12,12 +12,7 @@ use metatopia_sim::{ChatRange, Fx, ObjectId, Payload, SignedEvent, SimId, Vec2};
 
 /// An empty region with two players logged in; returns the sim and their signers.
 fn two_players() -> (TestSim, Signer, Signer) {
-    let demo = demo_world(DemoSpec {
-        seed: 7,
-        objects: 0,
-        players: 0,
-        ..DemoSpec::default()
-    });
+    let demo = demo_world(DemoSpec { seed: 7, objects: 0, players: 0, ..DemoSpec::default() });
     let mut sim = common::sim_of(&demo, 2);
     let mut ann = Signer::new(demo_key(99, 1), &sim);
     let mut bob = Signer::new(demo_key(99, 2), &sim);
@@ -29,10 +24,7 @@ fn two_players() -> (TestSim, Signer, Signer) {
 }
 
 fn avatar(sim: &TestSim, s: &Signer) -> ObjectId {
-    sim.world()
-        .account(&s.id())
-        .and_then(|a| a.avatar)
-        .expect("logged in")
+    sim.world().account(&s.id()).and_then(|a| a.avatar).expect("logged in")
 }
 
 fn rez(sim: &mut TestSim, s: &mut Signer, at: Vec2) -> ObjectId {
@@ -49,11 +41,7 @@ fn rez(sim: &mut TestSim, s: &mut Signer, at: Vec2) -> ObjectId {
     );
     let r = step(sim, vec![e]);
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
-    *sim.world()
-        .objects()
-        .keys()
-        .find(|id| !before.contains(id))
-        .expect("a new object")
+    *sim.world().objects().keys().find(|id| !before.contains(id)).expect("a new object")
 }
 
 fn rez_centre(sim: &mut TestSim, s: &mut Signer) -> ObjectId {
@@ -61,12 +49,7 @@ fn rez_centre(sim: &mut TestSim, s: &mut Signer) -> ObjectId {
     rez(sim, s, c)
 }
 
-fn deploy(
-    sim: &mut TestSim,
-    s: &mut Signer,
-    object: ObjectId,
-    source: &str,
-) -> metatopia_sim::TickReport {
+fn deploy(sim: &mut TestSim, s: &mut Signer, object: ObjectId, source: &str) -> metatopia_sim::TickReport {
     let e = s.sign(
         sim,
         Payload::DeployScript {
@@ -85,20 +68,8 @@ fn login_creates_account_and_avatar_and_move_is_owner_only() {
     let a = avatar(&sim, &ann);
     assert_eq!(sim.world().object(a).unwrap().owner, ann.id());
     let v = Vec2::from_ints(3, 0);
-    let mine = ann.sign(
-        &sim,
-        Payload::Move {
-            object: a,
-            velocity: v,
-        },
-    );
-    let theirs = bob.sign(
-        &sim,
-        Payload::Move {
-            object: a,
-            velocity: Vec2::from_ints(0, 5),
-        },
-    );
+    let mine = ann.sign(&sim, Payload::Move { object: a, velocity: v });
+    let theirs = bob.sign(&sim, Payload::Move { object: a, velocity: Vec2::from_ints(0, 5) });
     let r = step(&mut sim, vec![mine, theirs]);
     assert_eq!(r.rejected.len(), 1);
     assert_eq!(r.rejected[0].reason, RejectReason::NotOwner { object: a });
@@ -106,10 +77,7 @@ fn login_creates_account_and_avatar_and_move_is_owner_only() {
     idle(&mut sim, 30);
     // 30 ticks at 30 Hz, 3 m/s: 3 m east (fixed-point dt = 1/30 truncated, so within 1 mm).
     let moved = sim.world().object(a).unwrap().position - start;
-    assert!(
-        (moved.x - Fx::from_int(3)).abs() < Fx::from_ratio(1, 1000),
-        "{moved:?}"
-    );
+    assert!((moved.x - Fx::from_int(3)).abs() < Fx::from_ratio(1, 1000), "{moved:?}");
     assert_eq!(moved.y, Fx::ZERO);
 }
 
@@ -117,54 +85,27 @@ fn login_creates_account_and_avatar_and_move_is_owner_only() {
 fn forged_replayed_and_wrong_sim_events_never_take_effect() {
     let (mut sim, mut ann, _bob) = two_players();
     let a = avatar(&sim, &ann);
-    let good = ann.sign(
-        &sim,
-        Payload::Move {
-            object: a,
-            velocity: Vec2::from_ints(1, 0),
-        },
-    );
+    let good = ann.sign(&sim, Payload::Move { object: a, velocity: Vec2::from_ints(1, 0) });
     step(&mut sim, vec![good.clone()]);
     let root_before = {
         idle(&mut sim, 1);
         sim.world().object(a).unwrap().velocity
     };
-    let mut forged = ann.sign(
-        &sim,
-        Payload::Move {
-            object: a,
-            velocity: Vec2::from_ints(9, 9),
-        },
-    );
+    let mut forged = ann.sign(&sim, Payload::Move { object: a, velocity: Vec2::from_ints(9, 9) });
     forged.signature.0[5] ^= 1;
     let wrong_sim = SignedEvent::new(
         &ann.key,
         SimId(999),
         ann.nonce + 10,
-        Payload::Move {
-            object: a,
-            velocity: Vec2::from_ints(9, 9),
-        },
+        Payload::Move { object: a, velocity: Vec2::from_ints(9, 9) },
     );
     let r = step(&mut sim, vec![good.clone(), forged, wrong_sim]);
     let reasons: Vec<_> = r.rejected.iter().map(|x| x.reason.clone()).collect();
     assert!(reasons.contains(&RejectReason::BadSignature), "{reasons:?}");
-    assert!(reasons.contains(&RejectReason::WrongSim {
-        expected: sim.world().sim(),
-        got: SimId(999)
-    }));
-    assert!(
-        reasons
-            .iter()
-            .any(|x| matches!(x, RejectReason::StaleNonce { .. })),
-        "replay refused"
-    );
+    assert!(reasons.contains(&RejectReason::WrongSim { expected: sim.world().sim(), got: SimId(999) }));
+    assert!(reasons.iter().any(|x| matches!(x, RejectReason::StaleNonce { .. })), "replay refused");
     assert_eq!(r.accepted, 0);
-    assert_eq!(
-        sim.world().object(a).unwrap().velocity,
-        root_before,
-        "nothing took effect"
-    );
+    assert_eq!(sim.world().object(a).unwrap().velocity, root_before, "nothing took effect");
     // The rejections are recorded in state, so every node records them identically.
     assert_eq!(sim.world().receipts(), &r.rejected[..]);
 }
@@ -173,14 +114,7 @@ fn forged_replayed_and_wrong_sim_events_never_take_effect() {
 fn unknown_accounts_must_log_in_first() {
     let (mut sim, _ann, _bob) = two_players();
     let mut eve = Signer::new(demo_key(99, 3), &sim);
-    let e = eve.sign(
-        &sim,
-        Payload::Chat {
-            channel: 0,
-            range: ChatRange::Say,
-            text: "hi".into(),
-        },
-    );
+    let e = eve.sign(&sim, Payload::Chat { channel: 0, range: ChatRange::Say, text: "hi".into() });
     let r = step(&mut sim, vec![e]);
     assert_eq!(r.rejected[0].reason, RejectReason::UnknownAccount);
 }
@@ -189,41 +123,13 @@ fn unknown_accounts_must_log_in_first() {
 fn oversized_fields_are_refused_with_the_limit() {
     let (mut sim, mut ann, _bob) = two_players();
     let text = "x".repeat(5_000);
-    let e = ann.sign(
-        &sim,
-        Payload::Chat {
-            channel: 0,
-            range: ChatRange::Say,
-            text,
-        },
-    );
+    let e = ann.sign(&sim, Payload::Chat { channel: 0, range: ChatRange::Say, text });
     let r = step(&mut sim, vec![e]);
-    assert_eq!(
-        r.rejected[0].reason,
-        RejectReason::FieldTooLong {
-            field: "text".into(),
-            len: 5_000,
-            max: 1_024
-        }
-    );
+    assert_eq!(r.rejected[0].reason, RejectReason::FieldTooLong { field: "text".into(), len: 5_000, max: 1_024 });
     let big = "y".repeat(200_000);
-    let e = ann.sign(
-        &sim,
-        Payload::Chat {
-            channel: 0,
-            range: ChatRange::Say,
-            text: big,
-        },
-    );
+    let e = ann.sign(&sim, Payload::Chat { channel: 0, range: ChatRange::Say, text: big });
     let r = step(&mut sim, vec![e]);
-    assert!(
-        matches!(
-            r.rejected[0].reason,
-            RejectReason::TooLarge { max: 98_304, .. }
-        ),
-        "{:?}",
-        r.rejected
-    );
+    assert!(matches!(r.rejected[0].reason, RejectReason::TooLarge { max: 98_304, .. }), "{:?}", r.rejected);
 }
 
 #[test]
@@ -236,76 +142,34 @@ fn chat_carries_by_range_to_listening_scripts() {
         let r = deploy(&mut sim, &mut ann, o, "listen 5\non chat: echo");
         assert!(r.rejected.is_empty(), "{:?}", r.rejected);
     }
-    // A say (20 m) reaches `near` (15 m) but not `far` (50 m); a shout reaches both.
-    let say = ann.sign(
-        &sim,
-        Payload::Chat {
-            channel: 5,
-            range: ChatRange::Say,
-            text: "ping".into(),
-        },
-    );
-    step(&mut sim, vec![say]);
-    let r = step(&mut sim, vec![]);
-    let echoes: Vec<_> = r
-        .chat
-        .iter()
-        .filter(|l| l.text == "echo: ping")
-        .map(|l| l.speaker)
-        .collect();
-    assert_eq!(echoes, vec![Speaker::Object(near)]);
-    let shout = ann.sign(
-        &sim,
-        Payload::Chat {
-            channel: 5,
-            range: ChatRange::Shout,
-            text: "hey".into(),
-        },
-    );
-    step(&mut sim, vec![shout]);
-    let r = step(&mut sim, vec![]);
-    let echoes: Vec<_> = r
-        .chat
-        .iter()
-        .filter(|l| l.text == "echo: hey")
-        .map(|l| l.speaker)
-        .collect();
-    assert_eq!(echoes, vec![Speaker::Object(near), Speaker::Object(far)]);
-    // Whisper (10 m) reaches neither.
-    let w = ann.sign(
-        &sim,
-        Payload::Chat {
-            channel: 5,
-            range: ChatRange::Whisper,
-            text: "psst".into(),
-        },
-    );
-    step(&mut sim, vec![w]);
-    let r = step(&mut sim, vec![]);
-    assert!(r.chat.iter().all(|l| l.text != "echo: psst"));
+    // A say (20 m) reaches `near` (15 m) but not `far` (50 m); a shout reaches both; a
+    // whisper (10 m) neither.
+    assert_eq!(echoes(&mut sim, &mut ann, ChatRange::Say, "ping"), vec![Speaker::Object(near)]);
+    assert_eq!(echoes(&mut sim, &mut ann, ChatRange::Shout, "hey"), vec![Speaker::Object(near), Speaker::Object(far)]);
+    assert_eq!(echoes(&mut sim, &mut ann, ChatRange::Whisper, "psst"), vec![]);
+}
+
+/// Say `text` on channel 5 at `range`; who echoed it on the next tick.
+fn echoes(sim: &mut TestSim, s: &mut Signer, range: ChatRange, text: &str) -> Vec<Speaker> {
+    let e = s.sign(sim, Payload::Chat { channel: 5, range, text: text.into() });
+    step(sim, vec![e]);
+    let r = step(sim, vec![]);
+    let want = format!("echo: {text}");
+    r.chat.iter().filter(|l| l.text == want).map(|l| l.speaker).collect()
 }
 
 #[test]
 fn touching_a_door_script_changes_it_and_its_state_persists() {
     let (mut sim, mut ann, mut bob) = two_players();
     let door = rez_centre(&mut sim, &mut ann);
-    deploy(
-        &mut sim,
-        &mut ann,
-        door,
-        "on touch: color ff0000ff; say 0 opened; count",
-    );
+    deploy(&mut sim, &mut ann, door, "on touch: color ff0000ff; say 0 opened; count");
     // Anyone may touch.
     let t1 = bob.sign(&sim, Payload::Touch { object: door });
     let r = step(&mut sim, vec![t1]);
     let o = sim.world().object(door).unwrap();
     assert_eq!(o.color, 0xff00_00ff);
     assert_eq!(o.text, "1");
-    assert!(
-        r.chat
-            .iter()
-            .any(|l| l.text == "opened" && l.speaker == Speaker::Object(door))
-    );
+    assert!(r.chat.iter().any(|l| l.text == "opened" && l.speaker == Speaker::Object(door)));
     let t2 = ann.sign(&sim, Payload::Touch { object: door });
     let t3 = bob.sign(&sim, Payload::Touch { object: door });
     step(&mut sim, vec![t2, t3]);
@@ -342,16 +206,9 @@ fn deploying_is_owner_only_and_needs_a_copyleft_licence_and_valid_source() {
         },
     );
     let r = step(&mut sim, vec![e]);
-    assert_eq!(
-        r.rejected[0].reason,
-        RejectReason::LicenceNotCopyleft {
-            licence: "MIT".into()
-        }
-    );
+    assert_eq!(r.rejected[0].reason, RejectReason::LicenceNotCopyleft { licence: "MIT".into() });
     let r = deploy(&mut sim, &mut ann, o, "on touch: launch rockets");
-    assert!(
-        matches!(&r.rejected[0].reason, RejectReason::CompileError { message } if message.contains("line 1"))
-    );
+    assert!(matches!(&r.rejected[0].reason, RejectReason::CompileError { message } if message.contains("line 1")));
     assert!(sim.world().script(o).is_none());
 }
 
@@ -368,11 +225,7 @@ fn script_errors_go_to_the_owner_and_suspend_after_the_limit() {
         let r = step(&mut sim, vec![]);
         if let Some(e) = r.script_errors.first() {
             assert_eq!(e.owner, ann.id());
-            assert!(
-                r.chat
-                    .iter()
-                    .any(|l| l.channel == DEBUG_CHANNEL && l.to == Some(ann.id()))
-            );
+            assert!(r.chat.iter().any(|l| l.channel == DEBUG_CHANNEL && l.to == Some(ann.id())));
             if e.suspended && suspended_at.is_none() {
                 suspended_at = Some(i);
             }
@@ -395,12 +248,7 @@ fn messages_and_timers_arrive_on_the_next_ticks() {
     let relay = rez(&mut sim, &mut ann, c);
     let sender = rez(&mut sim, &mut ann, c);
     deploy(&mut sim, &mut ann, relay, "on message: reply pong");
-    deploy(
-        &mut sim,
-        &mut ann,
-        sender,
-        &format!("timer 3\non timer: send {relay} ping\non message: count"),
-    );
+    deploy(&mut sim, &mut ann, sender, &format!("timer 3\non timer: send {relay} ping\non message: count"));
     idle(&mut sim, 10);
     // Fired at least twice (every 3 ticks), each ping answered by a pong that increments.
     let n: u64 = sim.world().object(sender).unwrap().text.parse().unwrap();
@@ -419,17 +267,10 @@ fn derez_and_logout_remove_objects_and_free_slots_for_new_generations() {
     assert!(sim.world().object(o).is_none());
     let again = rez_centre(&mut sim, &mut ann);
     assert_eq!(again.slot(), o.slot());
-    assert_eq!(
-        again.generation(),
-        o.generation() + 1,
-        "a reused slot never aliases the old id"
-    );
+    assert_eq!(again.generation(), o.generation() + 1, "a reused slot never aliases the old id");
     let touch_old = bob.sign(&sim, Payload::Touch { object: o });
     let r = step(&mut sim, vec![touch_old]);
-    assert_eq!(
-        r.rejected[0].reason,
-        RejectReason::NoSuchObject { object: o }
-    );
+    assert_eq!(r.rejected[0].reason, RejectReason::NoSuchObject { object: o });
     let out = ann.sign(&sim, Payload::Logout);
     step(&mut sim, vec![out]);
     assert!(sim.world().account(&ann.id()).unwrap().avatar.is_none());

@@ -116,53 +116,19 @@ pub struct Sim<H, P> {
 
 impl<H: ScriptHost, P: PhysicsStage> Sim<H, P> {
     /// A sim at genesis (or any world whose physics can be rebuilt from the world).
-    pub fn new(
-        world: World,
-        host: H,
-        mut physics: P,
-        workers: u32,
-    ) -> Result<Self, crate::host::PhysicsError> {
+    pub fn new(world: World, host: H, mut physics: P, workers: u32) -> Result<Self, crate::host::PhysicsError> {
         physics.load(&world, None)?;
-        Ok(Sim {
-            world,
-            host,
-            physics,
-            workers: workers.max(1),
-            roots: None,
-        })
+        Ok(Sim { world, host, physics, workers: workers.max(1), roots: None })
     }
 
     /// A sim continued from a snapshot, checked against the root it claims.
-    pub fn restore(
-        snapshot: Snapshot,
-        host: H,
-        mut physics: P,
-        workers: u32,
-    ) -> Result<Self, SnapshotError> {
-        let Snapshot {
-            world,
-            physics: saved,
-            root,
-            ..
-        } = snapshot;
-        physics
-            .load(&world, Some(&saved))
-            .map_err(|e| SnapshotError::Invalid {
-                reason: e.to_string(),
-            })?;
-        let mut sim = Sim {
-            world,
-            host,
-            physics,
-            workers: workers.max(1),
-            roots: None,
-        };
+    pub fn restore(snapshot: Snapshot, host: H, mut physics: P, workers: u32) -> Result<Self, SnapshotError> {
+        let Snapshot { world, physics: saved, root, .. } = snapshot;
+        physics.load(&world, Some(&saved)).map_err(|e| SnapshotError::Invalid { reason: e.to_string() })?;
+        let mut sim = Sim { world, host, physics, workers: workers.max(1), roots: None };
         let actual = sim.root();
         if actual != root {
-            return Err(SnapshotError::RootMismatch {
-                claimed: root,
-                actual,
-            });
+            return Err(SnapshotError::RootMismatch { claimed: root, actual });
         }
         Ok(sim)
     }
@@ -192,9 +158,7 @@ impl<H: ScriptHost, P: PhysicsStage> Sim<H, P> {
         if let Some(r) = self.roots {
             return r;
         }
-        let r = self
-            .world
-            .subsystem_roots(self.physics.root(), self.workers);
+        let r = self.world.subsystem_roots(self.physics.root(), self.workers);
         self.roots = Some(r);
         r
     }
@@ -212,13 +176,7 @@ impl<H: ScriptHost, P: PhysicsStage> Sim<H, P> {
 
     /// Execute one committed batch.
     pub fn step(&mut self, batch: &VerifiedBatch) -> Result<TickReport, StepError> {
-        let report = step(
-            &mut self.world,
-            batch,
-            &self.host,
-            &mut self.physics,
-            self.workers,
-        )?;
+        let report = step(&mut self.world, batch, &self.host, &mut self.physics, self.workers)?;
         self.roots = Some(report.roots);
         Ok(report)
     }
@@ -233,16 +191,10 @@ pub fn step(
     workers: u32,
 ) -> Result<TickReport, StepError> {
     if batch.tick != world.tick {
-        return Err(StepError::WrongTick {
-            expected: world.tick,
-            got: batch.tick,
-        });
+        return Err(StepError::WrongTick { expected: world.tick, got: batch.tick });
     }
     if batch.time_ms < world.time_ms {
-        return Err(StepError::TimeWentBack {
-            last: world.time_ms,
-            got: batch.time_ms,
-        });
+        return Err(StepError::TimeWentBack { last: world.time_ms, got: batch.time_ms });
     }
     let ctx = TickCtx {
         tick: world.tick,
@@ -354,25 +306,15 @@ fn queued_id(tick: Tick, index: u32) -> EventId {
     EventId(*h.finalize().as_bytes())
 }
 
-fn route<'a>(
-    world: &World,
-    accepted: &[&'a Checked],
-    queue: Vec<Queued>,
-    ctx: &TickCtx,
-) -> Routes<'a> {
+fn route<'a>(world: &World, accepted: &[&'a Checked], queue: Vec<Queued>, ctx: &TickCtx) -> Routes<'a> {
     let mut gov: Vec<([u8; 32], &Checked)> = Vec::new();
     let mut chat: Vec<([u8; 32], &Checked)> = Vec::new();
     let mut objects: BTreeMap<ObjectId, Vec<([u8; 32], UnitInput<'a>)>> = BTreeMap::new();
     for &c in accepted {
         match &c.event.body.payload {
-            Payload::Move { object, .. }
-            | Payload::Touch { object }
-            | Payload::DeployScript { object, .. } => {
+            Payload::Move { object, .. } | Payload::Touch { object } | Payload::DeployScript { object, .. } => {
                 let key = order_key(&ctx.seed, &object_target(*object), &c.id);
-                objects
-                    .entry(*object)
-                    .or_default()
-                    .push((key, UnitInput::Event(c)));
+                objects.entry(*object).or_default().push((key, UnitInput::Event(c)));
             }
             Payload::Chat { .. } => chat.push((order_key(&ctx.seed, CHAT_TARGET, &c.id), c)),
             Payload::Login { .. }
@@ -387,15 +329,8 @@ fn route<'a>(
     for (i, q) in queue.into_iter().enumerate() {
         let target = q.target();
         if world.objects.contains_key(&target) {
-            let key = order_key(
-                &ctx.seed,
-                &object_target(target),
-                &queued_id(made_at, i as u32),
-            );
-            objects
-                .entry(target)
-                .or_default()
-                .push((key, UnitInput::Queued(q)));
+            let key = order_key(&ctx.seed, &object_target(target), &queued_id(made_at, i as u32));
+            objects.entry(target).or_default().push((key, UnitInput::Queued(q)));
         }
     }
     let mut units = Vec::with_capacity(objects.len());
@@ -429,12 +364,7 @@ fn route<'a>(
     }
 }
 
-fn make_unit<'a>(
-    object: ObjectId,
-    mut keyed: Vec<([u8; 32], UnitInput<'a>)>,
-    tick: bool,
-    timer: bool,
-) -> Unit<'a> {
+fn make_unit<'a>(object: ObjectId, mut keyed: Vec<([u8; 32], UnitInput<'a>)>, tick: bool, timer: bool) -> Unit<'a> {
     keyed.sort_by_key(|a| a.0);
     let mut inputs = Vec::with_capacity(keyed.len() + 2);
     if tick {
@@ -452,20 +382,11 @@ fn chat_unit(world: &World, events: &[&Checked]) -> (Vec<ChatLine>, Vec<Rejectio
     let mut lines = Vec::new();
     let mut rejected = Vec::new();
     for c in events {
-        let Payload::Chat {
-            channel,
-            range,
-            text,
-        } = &c.event.body.payload
-        else {
+        let Payload::Chat { channel, range, text } = &c.event.body.payload else {
             unreachable!("routed a non-chat payload to chat")
         };
         let author = c.event.body.author;
-        let avatar = world
-            .accounts
-            .get(&author)
-            .and_then(|a| a.avatar)
-            .and_then(|id| world.objects.get(&id));
+        let avatar = world.accounts.get(&author).and_then(|a| a.avatar).and_then(|id| world.objects.get(&id));
         match avatar {
             Some(a) => lines.push(ChatLine {
                 speaker: Speaker::Account(author),
@@ -476,11 +397,7 @@ fn chat_unit(world: &World, events: &[&Checked]) -> (Vec<ChatLine>, Vec<Rejectio
                 text: text.clone(),
                 to: None,
             }),
-            None => rejected.push(Rejection {
-                event: c.id,
-                author,
-                reason: crate::state::RejectReason::NoAvatar,
-            }),
+            None => rejected.push(Rejection { event: c.id, author, reason: crate::state::RejectReason::NoAvatar }),
         }
     }
     (lines, rejected)
@@ -543,9 +460,7 @@ fn deliver_chat(world: &World, chat: &[ChatLine], queue: &mut Vec<Queued>) {
             continue;
         };
         for (id, pos) in ls {
-            if line.speaker == Speaker::Object(*id)
-                || !pos.within(line.position, line.range.metres())
-            {
+            if line.speaker == Speaker::Object(*id) || !pos.within(line.position, line.range.metres()) {
                 continue;
             }
             queue.push(Queued::Heard {

@@ -7,14 +7,12 @@ use std::borrow::Cow;
 use crate::event::{Checked, Payload};
 use crate::fx::Fx;
 use crate::host::{
-    PhysicsCommand, ScriptAction, ScriptCtx, ScriptError, ScriptErrorKind, ScriptHost, ScriptInput,
-    ScriptOutput,
+    PhysicsCommand, ScriptAction, ScriptCtx, ScriptError, ScriptErrorKind, ScriptHost, ScriptInput, ScriptOutput,
 };
 use crate::ids::{Hash32, ObjectId, ScriptId};
 use crate::merkle::keys;
 use crate::state::{
-    COPYLEFT_LICENCES, Object, Queued, RejectReason, Rejection, ScriptInstance, ScriptSource,
-    Timer, World,
+    COPYLEFT_LICENCES, Object, Queued, RejectReason, Rejection, ScriptInstance, ScriptSource, Timer, World,
 };
 
 use super::{ChatLine, ScriptErrorReport, Speaker, TickCtx};
@@ -68,12 +66,7 @@ struct Work<'w> {
     failed_this_tick: bool,
 }
 
-pub(crate) fn run(
-    world: &World,
-    host: &dyn ScriptHost,
-    unit: &Unit<'_>,
-    ctx: &TickCtx,
-) -> ObjectPart {
+pub(crate) fn run(world: &World, host: &dyn ScriptHost, unit: &Unit<'_>, ctx: &TickCtx) -> ObjectPart {
     let mut part = ObjectPart {
         object: unit.object,
         updated: None,
@@ -88,12 +81,7 @@ pub(crate) fn run(
     let Some(object) = world.objects.get(&unit.object) else {
         for input in &unit.inputs {
             if let UnitInput::Event(c) = input {
-                part.rejected.push(reject(
-                    c,
-                    RejectReason::NoSuchObject {
-                        object: unit.object,
-                    },
-                ));
+                part.rejected.push(reject(c, RejectReason::NoSuchObject { object: unit.object }));
             }
         }
         return part;
@@ -102,9 +90,7 @@ pub(crate) fn run(
     let mut w = Work {
         object: Cow::Borrowed(object),
         instance: instance.map(Cow::Borrowed),
-        source: instance
-            .and_then(|i| world.sources.get(&i.script))
-            .map(Cow::Borrowed),
+        source: instance.and_then(|i| world.sources.get(&i.script)).map(Cow::Borrowed),
         pending: Vec::new(),
         failed_this_tick: false,
     };
@@ -115,10 +101,7 @@ pub(crate) fn run(
                 if let Some(inst) = w.instance.as_mut()
                     && let Some(t) = inst.timer
                 {
-                    inst.to_mut().timer = Some(Timer {
-                        every_ticks: t.every_ticks,
-                        next: next_fire(t, ctx),
-                    });
+                    inst.to_mut().timer = Some(Timer { every_ticks: t.every_ticks, next: next_fire(t, ctx) });
                     w.pending.push(ScriptInput::Timer);
                 }
             }
@@ -149,40 +132,22 @@ fn finish(w: Work<'_>, mut part: ObjectPart) -> ObjectPart {
         && (w.failed_this_tick || inst.failures != 0)
     {
         let mut inst = inst.clone();
-        inst.failures = if w.failed_this_tick {
-            inst.failures.saturating_add(1)
-        } else {
-            0
-        };
+        inst.failures = if w.failed_this_tick { inst.failures.saturating_add(1) } else { 0 };
         part.instance = InstanceChange::Set(inst);
     }
     part
 }
 
 fn reject(c: &Checked, reason: RejectReason) -> Rejection {
-    Rejection {
-        event: c.id,
-        author: c.event.body.author,
-        reason,
-    }
+    Rejection { event: c.id, author: c.event.body.author, reason }
 }
 
 fn queued_input(q: &Queued) -> ScriptInput {
     match q {
-        Queued::Message { from, data, .. } => ScriptInput::Message {
-            from: *from,
-            data: data.clone(),
-        },
-        Queued::Heard {
-            channel,
-            speaker,
-            text,
-            ..
-        } => ScriptInput::Chat {
-            channel: *channel,
-            speaker: speaker.clone(),
-            text: text.clone(),
-        },
+        Queued::Message { from, data, .. } => ScriptInput::Message { from: *from, data: data.clone() },
+        Queued::Heard { channel, speaker, text, .. } => {
+            ScriptInput::Chat { channel: *channel, speaker: speaker.clone(), text: text.clone() }
+        }
         Queued::Collision { other, .. } => ScriptInput::Collision { other: *other },
     }
 }
@@ -197,38 +162,20 @@ fn client_event(
 ) {
     let author = c.event.body.author;
     let owner_only = |w: &Work<'_>| {
-        if w.object.owner == author {
-            Ok(())
-        } else {
-            Err(RejectReason::NotOwner {
-                object: w.object.id,
-            })
-        }
+        if w.object.owner == author { Ok(()) } else { Err(RejectReason::NotOwner { object: w.object.id }) }
     };
     let result = match &c.event.body.payload {
         Payload::Move { velocity, .. } => owner_only(w).map(|()| {
             let velocity = velocity.clamp_length(world.settings.limits.max_speed);
-            part.physics.push(PhysicsCommand::SetVelocity {
-                object: w.object.id,
-                velocity,
-            });
+            part.physics.push(PhysicsCommand::SetVelocity { object: w.object.id, velocity });
         }),
         Payload::Touch { .. } => {
             w.pending.push(ScriptInput::Touch { who: author });
             Ok(())
         }
-        Payload::DeployScript {
-            source,
-            licence,
-            derived_from,
-            ..
-        } => owner_only(w).and_then(|()| {
-            let record = ScriptSource {
-                source: source.clone(),
-                licence: licence.clone(),
-                author,
-                derived_from: *derived_from,
-            };
+        Payload::DeployScript { source, licence, derived_from, .. } => owner_only(w).and_then(|()| {
+            let record =
+                ScriptSource { source: source.clone(), licence: licence.clone(), author, derived_from: *derived_from };
             deploy(world, host, ctx, w, part, record)
         }),
         // The router sends only object payloads here.
@@ -248,15 +195,11 @@ fn deploy(
     record: ScriptSource,
 ) -> Result<(), RejectReason> {
     if !COPYLEFT_LICENCES.contains(&record.licence.as_str()) {
-        return Err(RejectReason::LicenceNotCopyleft {
-            licence: record.licence,
-        });
+        return Err(RejectReason::LicenceNotCopyleft { licence: record.licence });
     }
     let compiled = host
         .compile(&record, &world.settings.limits)
-        .map_err(|message| RejectReason::CompileError {
-            message: truncate(message, 512),
-        })?;
+        .map_err(|message| RejectReason::CompileError { message: truncate(message, 512) })?;
     // Inputs that arrived before the deployment go to the old script.
     flush(world, host, ctx, w, part);
     let id: ScriptId = record.id();
@@ -295,13 +238,7 @@ pub(crate) fn script_seed(seed: &Hash32, object: ObjectId) -> Hash32 {
 }
 
 /// Run the pending inputs through the current script and apply its output.
-fn flush(
-    world: &World,
-    host: &dyn ScriptHost,
-    ctx: &TickCtx,
-    w: &mut Work<'_>,
-    part: &mut ObjectPart,
-) {
+fn flush(world: &World, host: &dyn ScriptHost, ctx: &TickCtx, w: &mut Work<'_>, part: &mut ObjectPart) {
     if w.pending.is_empty() {
         return;
     }
@@ -329,13 +266,7 @@ fn flush(
     apply_output(world, ctx, w, part, out);
 }
 
-fn apply_output(
-    world: &World,
-    ctx: &TickCtx,
-    w: &mut Work<'_>,
-    part: &mut ObjectPart,
-    out: ScriptOutput,
-) {
+fn apply_output(world: &World, ctx: &TickCtx, w: &mut Work<'_>, part: &mut ObjectPart, out: ScriptOutput) {
     let limits = &world.settings.limits;
     let mut error = out.error;
     let max_outputs = limits.max_script_outputs as usize;
@@ -354,9 +285,7 @@ fn apply_output(
             if emitted > max_outputs {
                 error.get_or_insert(ScriptError {
                     kind: ScriptErrorKind::TooManyOutputs,
-                    message: format!(
-                        "more than {max_outputs} messages, chat lines or commands in one tick"
-                    ),
+                    message: format!("more than {max_outputs} messages, chat lines or commands in one tick"),
                 });
                 break;
             }
@@ -366,11 +295,7 @@ fn apply_output(
     if out.state.len() > limits.max_script_state_bytes as usize {
         error.get_or_insert(ScriptError {
             kind: ScriptErrorKind::TooLarge,
-            message: format!(
-                "state is {} bytes, the limit is {}",
-                out.state.len(),
-                limits.max_script_state_bytes
-            ),
+            message: format!("state is {} bytes, the limit is {}", out.state.len(), limits.max_script_state_bytes),
         });
     } else if let Some(inst) = w.instance.as_mut()
         && inst.state != out.state
@@ -392,25 +317,14 @@ fn report_error(ctx: &TickCtx, w: &mut Work<'_>, part: &mut ObjectPart, e: Scrip
         }
     }
     let suspended = w.instance.as_ref().is_some_and(|i| i.suspended);
-    part.errors.push(ScriptErrorReport {
-        object: w.object.id,
-        owner: w.object.owner,
-        error: e.clone(),
-        suspended,
-    });
+    part.errors.push(ScriptErrorReport { object: w.object.id, owner: w.object.owner, error: e.clone(), suspended });
     part.chat.push(ChatLine {
         speaker: Speaker::Object(w.object.id),
         name: w.object.name.clone(),
         channel: super::DEBUG_CHANNEL,
         range: crate::event::ChatRange::Say,
         position: w.object.position,
-        text: truncate(
-            format!(
-                "script error: {e}{}",
-                if suspended { " (suspended)" } else { "" }
-            ),
-            1024,
-        ),
+        text: truncate(format!("script error: {e}{}", if suspended { " (suspended)" } else { "" }), 1024),
         to: Some(w.object.owner),
     });
 }
@@ -430,24 +344,18 @@ fn apply_action(world: &World, w: &mut Work<'_>, part: &mut ObjectPart, action: 
                 w.object.to_mut().text = t;
             }
         }
-        ScriptAction::SetVelocity(v) => part.physics.push(PhysicsCommand::SetVelocity {
-            object: id,
-            velocity: v.clamp_length(limits.max_speed),
-        }),
+        ScriptAction::SetVelocity(v) => {
+            part.physics.push(PhysicsCommand::SetVelocity { object: id, velocity: v.clamp_length(limits.max_speed) })
+        }
         ScriptAction::SetTarget { target, speed } => part.physics.push(PhysicsCommand::SetTarget {
             object: id,
             target,
             speed: speed.clamp(Fx::ZERO, limits.max_speed),
         }),
-        ScriptAction::Impulse(i) => part.physics.push(PhysicsCommand::Impulse {
-            object: id,
-            impulse: i.clamp_length(limits.max_speed),
-        }),
-        ScriptAction::Say {
-            channel,
-            range,
-            text,
-        } => part.chat.push(ChatLine {
+        ScriptAction::Impulse(i) => {
+            part.physics.push(PhysicsCommand::Impulse { object: id, impulse: i.clamp_length(limits.max_speed) })
+        }
+        ScriptAction::Say { channel, range, text } => part.chat.push(ChatLine {
             speaker: Speaker::Object(id),
             name: w.object.name.clone(),
             channel,
@@ -456,11 +364,9 @@ fn apply_action(world: &World, w: &mut Work<'_>, part: &mut ObjectPart, action: 
             text: truncate(text, limits.max_chat_bytes as usize),
             to: None,
         }),
-        ScriptAction::Send { to, data } => part.queued.push(Queued::Message {
-            from: id,
-            to,
-            data: truncate(data, limits.max_chat_bytes as usize),
-        }),
+        ScriptAction::Send { to, data } => {
+            part.queued.push(Queued::Message { from: id, to, data: truncate(data, limits.max_chat_bytes as usize) })
+        }
         ScriptAction::Listen { channel, on } => {
             if let Some(inst) = w.instance.as_mut()
                 && inst.listen.contains(&channel) != on

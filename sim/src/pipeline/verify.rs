@@ -21,11 +21,7 @@ pub(crate) struct Verdicts<'a> {
 pub(crate) fn check<'a>(world: &World, batch: &'a VerifiedBatch) -> Verdicts<'a> {
     let mut events: Vec<&Checked> = batch.events.iter().collect();
     events.sort_by(|a, b| {
-        (a.event.body.author, a.event.body.nonce, a.id).cmp(&(
-            b.event.body.author,
-            b.event.body.nonce,
-            b.id,
-        ))
+        (a.event.body.author, a.event.body.nonce, a.id).cmp(&(b.event.body.author, b.event.body.nonce, b.id))
     });
     let mut v = Verdicts::default();
     for c in events {
@@ -34,38 +30,23 @@ pub(crate) fn check<'a>(world: &World, batch: &'a VerifiedBatch) -> Verdicts<'a>
                 v.nonces.insert(c.event.body.author, c.event.body.nonce);
                 v.accepted.push(c);
             }
-            Err(reason) => v.rejected.push(Rejection {
-                event: c.id,
-                author: c.event.body.author,
-                reason,
-            }),
+            Err(reason) => v.rejected.push(Rejection { event: c.id, author: c.event.body.author, reason }),
         }
     }
     v
 }
 
-fn check_one(
-    world: &World,
-    now_ms: u64,
-    c: &Checked,
-    nonces: &BTreeMap<AccountId, u64>,
-) -> Result<(), RejectReason> {
+fn check_one(world: &World, now_ms: u64, c: &Checked, nonces: &BTreeMap<AccountId, u64>) -> Result<(), RejectReason> {
     let body = &c.event.body;
     let limits = &world.settings.limits;
     if !c.signature_ok {
         return Err(RejectReason::BadSignature);
     }
     if c.size > limits.max_event_bytes {
-        return Err(RejectReason::TooLarge {
-            bytes: c.size,
-            max: limits.max_event_bytes,
-        });
+        return Err(RejectReason::TooLarge { bytes: c.size, max: limits.max_event_bytes });
     }
     if body.sim != world.sim {
-        return Err(RejectReason::WrongSim {
-            expected: world.sim,
-            got: body.sim,
-        });
+        return Err(RejectReason::WrongSim { expected: world.sim, got: body.sim });
     }
     let account = world.accounts.get(&body.author);
     if account.is_none() && !matches!(body.payload, Payload::Login { .. }) {
@@ -79,37 +60,20 @@ fn check_one(
     {
         return Err(RejectReason::Kicked { until_ms });
     }
-    let last = nonces
-        .get(&body.author)
-        .copied()
-        .or(account.map(|a| a.last_nonce))
-        .unwrap_or(0);
+    let last = nonces.get(&body.author).copied().or(account.map(|a| a.last_nonce)).unwrap_or(0);
     if body.nonce <= last {
-        return Err(RejectReason::StaleNonce {
-            last,
-            got: body.nonce,
-        });
+        return Err(RejectReason::StaleNonce { last, got: body.nonce });
     }
     check_fields(&body.payload, limits)
 }
 
 fn too_long(field: &str, s: &str, max: u32) -> Result<(), RejectReason> {
     let len = s.len().min(u32::MAX as usize) as u32;
-    if len > max {
-        Err(RejectReason::FieldTooLong {
-            field: field.into(),
-            len,
-            max,
-        })
-    } else {
-        Ok(())
-    }
+    if len > max { Err(RejectReason::FieldTooLong { field: field.into(), len, max }) } else { Ok(()) }
 }
 
 fn invalid(field: &str) -> RejectReason {
-    RejectReason::InvalidValue {
-        field: field.into(),
-    }
+    RejectReason::InvalidValue { field: field.into() }
 }
 
 /// Limits that depend only on the payload and the settings.
@@ -117,20 +81,12 @@ fn check_fields(p: &Payload, l: &Limits) -> Result<(), RejectReason> {
     match p {
         Payload::Login { name } => too_long("name", name, l.max_name_bytes),
         Payload::Chat { text, .. } => too_long("text", text, l.max_chat_bytes),
-        Payload::Rez {
-            name, shape, text, ..
-        } => {
+        Payload::Rez { name, shape, text, .. } => {
             too_long("name", name, l.max_name_bytes)?;
             too_long("text", text, l.max_text_bytes)?;
-            if shape.is_valid() {
-                Ok(())
-            } else {
-                Err(invalid("shape"))
-            }
+            if shape.is_valid() { Ok(()) } else { Err(invalid("shape")) }
         }
-        Payload::DeployScript {
-            source, licence, ..
-        } => {
+        Payload::DeployScript { source, licence, .. } => {
             too_long("source", source, l.max_source_bytes)?;
             too_long("licence", licence, 64)
         }
@@ -142,10 +98,8 @@ fn check_fields(p: &Payload, l: &Limits) -> Result<(), RejectReason> {
                 && s.limits.max_speed > crate::fx::Fx::ZERO;
             if ok { Ok(()) } else { Err(invalid("settings")) }
         }
-        Payload::Logout
-        | Payload::Move { .. }
-        | Payload::Touch { .. }
-        | Payload::Derez { .. }
-        | Payload::Admin(_) => Ok(()),
+        Payload::Logout | Payload::Move { .. } | Payload::Touch { .. } | Payload::Derez { .. } | Payload::Admin(_) => {
+            Ok(())
+        }
     }
 }
