@@ -337,6 +337,8 @@ pub(crate) struct RootCache {
     dirty_scripts: BTreeSet<ObjectId>,
     dirty_accounts: BTreeSet<AccountId>,
     sources_root: Option<Hash32>,
+    /// How many script instances run each source (derived; built on first use).
+    source_refs: Option<BTreeMap<ScriptId, u32>>,
     built: bool,
 }
 
@@ -508,12 +510,19 @@ impl World {
 
     pub(crate) fn put_script(&mut self, object: ObjectId, instance: ScriptInstance) {
         self.cache.dirty_scripts.insert(object);
-        if let Some(old) = self.scripts.insert(object, instance) {
-            self.release_source(old.script);
+        self.source_refs(); // build the counts before changing what they count
+        let new = instance.script;
+        let old = self.scripts.insert(object, instance).map(|o| o.script);
+        if old != Some(new) {
+            *self.source_refs().entry(new).or_insert(0) += 1;
+            if let Some(old) = old {
+                self.release_source(old);
+            }
         }
     }
 
     pub(crate) fn remove_script(&mut self, object: ObjectId) {
+        self.source_refs(); // build the counts before changing what they count
         if let Some(old) = self.scripts.remove(&object) {
             self.cache.dirty_scripts.insert(object);
             self.release_source(old.script);
@@ -529,11 +538,28 @@ impl World {
         id
     }
 
-    /// Drop a source nobody runs any more (sources are content-addressed and shared).
+    fn source_refs(&mut self) -> &mut BTreeMap<ScriptId, u32> {
+        let scripts = &self.scripts;
+        self.cache.source_refs.get_or_insert_with(|| {
+            let mut refs = BTreeMap::new();
+            for i in scripts.values() {
+                *refs.entry(i.script).or_insert(0) += 1;
+            }
+            refs
+        })
+    }
+
+    /// One instance stopped running `id`; drop the source when nobody runs it any more
+    /// (sources are content-addressed and shared).
     fn release_source(&mut self, id: ScriptId) {
-        if !self.scripts.values().any(|i| i.script == id) {
+        let refs = self.source_refs();
+        let n = refs.get(&id).copied().unwrap_or(0).saturating_sub(1);
+        if n == 0 {
+            refs.remove(&id);
             self.sources.remove(&id);
             self.cache.sources_root = None;
+        } else {
+            refs.insert(id, n);
         }
     }
 

@@ -276,3 +276,21 @@ fn derez_and_logout_remove_objects_and_free_slots_for_new_generations() {
     assert!(sim.world().account(&ann.id()).unwrap().avatar.is_none());
     assert_eq!(account_of(&ann.key), ann.id());
 }
+
+#[test]
+fn shared_sources_live_while_any_object_runs_them() {
+    let (mut sim, mut ann, _bob) = two_players();
+    let a = rez_centre(&mut sim, &mut ann);
+    let b = rez_centre(&mut sim, &mut ann);
+    deploy(&mut sim, &mut ann, a, "on touch: count");
+    deploy(&mut sim, &mut ann, b, "on touch: count");
+    let id = sim.world().script(a).unwrap().script;
+    assert_eq!(sim.world().script(b).unwrap().script, id, "content-addressed: one source");
+    assert_eq!(sim.world().sources().len(), 1);
+    let e = ann.sign(&sim, Payload::Derez { object: a });
+    step(&mut sim, vec![e]);
+    assert!(sim.world().sources().contains_key(&id), "b still runs it");
+    deploy(&mut sim, &mut ann, b, "on touch: color ff0000ff");
+    assert!(!sim.world().sources().contains_key(&id), "nobody runs it any more");
+    assert_eq!(sim.world().sources().len(), 1);
+}
