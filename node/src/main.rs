@@ -5,6 +5,7 @@
 //! (several nodes in lockstep over the network) replaces it as the main command once the
 //! agreement and node layers land.
 
+mod bench_agreement;
 mod local;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +21,15 @@ struct Cli {
 enum Command {
     /// Run one sim locally on a seeded default world, with bots, and print its progress.
     Sim(local::SimArgs),
+    /// Whole-system benchmarks (run by hand; figures go in the issue notes).
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Per-tick agreement over real loopback TCP: commit latency vs the loopback round trip.
+    Agreement(bench_agreement::AgreementArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -29,5 +39,6 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Sim(args) => local::run(args),
+        Command::Bench(Bench::Agreement(args)) => bench_agreement::run(args),
     }
 }

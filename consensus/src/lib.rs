@@ -1,0 +1,61 @@
+//! Per-tick BFT agreement for a sim: Simplex (Chan & Pass, 2023), sans-IO.
+//!
+//! `n = 3f + 1` validators with ed25519 keys; quorum `q = 2f + 1`. Time is divided into
+//! **views**; view `v` has leader `v mod n`. Each block carries one tick's batch. Rules
+//! (cited in the code as `R1`…):
+//!
+//! - **R1 (valid proposal).** A block for view `v` extends a parent at view `p < v` that is
+//!   genesis or notarized (the block embeds the parent's notarization), every view in `(p, v)`
+//!   is nullified, its tick is the parent's plus one, its BFT time is above the parent's and at
+//!   most `max_drift` ahead of the voter's clock, and its batch is within limits. The leader
+//!   proposes once it has such a parent and its clock reaches `parent.time + period`: so the
+//!   chain advances one tick per period, never faster (the pipeline: proposing tick `t+1`
+//!   needs only the notarization of tick `t`).
+//! - **R2 (notarize).** In its current view, a validator notarizes the first valid proposal,
+//!   unless it already nullified the view. The leader's proposal carries its own notarize vote.
+//! - **R3 (advance + finalize).** On `q` notarize votes for `(v, B)` (a notarization), a
+//!   validator passes the certificate on, sends `finalize(v, B)` unless it nullified `v`, and
+//!   enters `v + 1`.
+//! - **R4 (timeout).** If the current view has no proposal after `leader_timeout`, or no
+//!   notarization after `notarize_timeout`, the validator nullifies it; on `q` nullify votes
+//!   (a nullification) everyone enters `v + 1`. A crashed, slow or lying leader costs one
+//!   timeout. While stuck, a validator re-sends its votes and its latest certificates.
+//! - **R5 (commit).** On `q` finalize votes for `(v, B)`, `B` and its ancestors are committed.
+//!
+//! Safety: an honest validator never both finalizes and nullifies a view, and never notarizes
+//! two blocks in one view; any two quorums share an honest validator. So a finalized block's
+//! view is never nullified nor has a second notarized block, and every later valid block
+//! descends from it.
+//!
+//! **Deviations and additions.**
+//! - The *seed* of tick `t`'s canonical order (DESIGN §4) is `blake3(digest_t ‖ hash of the
+//!   notarization of block t embedded in block t+1)`. A node's own set of 2f+1 signatures
+//!   differs from its peers', so only the copy embedded in the committed chain is unique; and
+//!   it is unknown to the leader of `t` when it proposes. The price: tick `t` is handed out
+//!   (as [`Commit`]) when block `t+1` is committed, one tick period after its own finality.
+//! - Votes carry the voter's latest executed tick and state root; a mismatch with ours is an
+//!   [`Output::RootMismatch`] (divergence detected within a tick).
+//! - Conflicting votes from one signer are reported as [`Output::Evidence`].
+//! - Missing blocks are fetched from peers by digest; blocks are self-authenticating.
+//! - Client events are disseminated to every validator's pool on submission; each leader
+//!   proposes the oldest pooled events not already in the uncommitted ancestors, so an event
+//!   known to the honest validators is proposed within `f + 1` views.
+//! - Validator-set changes (governance, at epoch boundaries) happen above this crate: an epoch
+//!   is a new `Validator` with the new set, started at the boundary tick.
+
+#![forbid(unsafe_code)]
+
+#[cfg(feature = "mocks")]
+pub mod mocks;
+mod pool;
+pub mod types;
+mod validator;
+
+pub use types::{
+    Block, Certificate, CertificateError, DecodeError, Digest, Message, Micros, Parent, RootReport, Sig, SigCache,
+    ValidatorIndex, View, Vote, VoteKind, event_id,
+};
+pub use validator::{Commit, Config, Evidence, Output, ProposalError, Validator, genesis_digest, seed_of};
+
+/// Re-exported so callers build keys with the same ed25519 the core verifies with.
+pub use ed25519_dalek::{SigningKey, VerifyingKey};

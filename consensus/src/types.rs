@@ -1,0 +1,300 @@
+//! Wire types: blocks, votes, certificates and messages, with their signatures and bounded
+//! decoding.
+
+use std::collections::BTreeSet;
+
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+
+/// Time in microseconds (the caller's clock; virtual in simulation).
+pub type Micros = u64;
+
+/// A validator's index in the validator set.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+pub struct ValidatorIndex(pub u16);
+
+/// A view: one attempt to extend the chain, with one leader.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize, Deserialize)]
+pub struct View(pub u64);
+
+impl View {
+    pub fn next(self) -> View {
+        View(self.0 + 1)
+    }
+}
+
+/// A 32-byte blake3 digest.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+pub struct Digest(pub [u8; 32]);
+
+impl std::fmt::Debug for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Digest({:02x}{:02x}{:02x}{:02x})", self.0[0], self.0[1], self.0[2], self.0[3])
+    }
+}
+
+/// An ed25519 signature (64 bytes as two halves, for serde).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Sig(pub [u8; 32], pub [u8; 32]);
+
+impl Sig {
+    fn from_dalek(s: Signature) -> Sig {
+        let b = s.to_bytes();
+        let (mut r, mut t) = ([0u8; 32], [0u8; 32]);
+        r.copy_from_slice(&b[..32]);
+        t.copy_from_slice(&b[32..]);
+        Sig(r, t)
+    }
+
+    fn to_dalek(self) -> Signature {
+        let mut b = [0u8; 64];
+        b[..32].copy_from_slice(&self.0);
+        b[32..].copy_from_slice(&self.1);
+        Signature::from_bytes(&b)
+    }
+}
+
+/// A validator's latest executed tick and its state root, carried in votes so that a node
+/// whose state diverged is detected within a tick.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct RootReport {
+    pub tick: u64,
+    pub root: Digest,
+}
+
+/// The parent a block extends.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Parent {
+    pub view: View,
+    pub digest: Digest,
+}
+
+/// A proposed block: the batch of one tick.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Block {
+    pub view: View,
+    pub leader: ValidatorIndex,
+    pub parent: Parent,
+    /// The tick this block's batch is for: the parent's tick + 1 (genesis is tick 0's parent).
+    pub tick: u64,
+    /// BFT time in milliseconds: above the parent's, at most `max_drift` ahead of voters' clocks.
+    pub time_ms: u64,
+    /// Opaque client events (the node passes signed sim events).
+    pub events: Vec<Vec<u8>>,
+    /// The notarization of the parent (None when the parent is genesis). Its hash is the seed
+    /// of the parent tick's canonical order once this block is finalized.
+    pub parent_certificate: Option<Certificate>,
+}
+
+impl Block {
+    pub fn digest(&self) -> Digest {
+        let bytes = postcard::to_allocvec(self).expect("encoding into a Vec cannot fail");
+        let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/block/v1____");
+        h.update(&bytes);
+        Digest(*h.finalize().as_bytes())
+    }
+}
+
+/// The id of an event: blake3 of its bytes.
+pub fn event_id(bytes: &[u8]) -> Digest {
+    Digest(*blake3::keyed_hash(b"metatopia/consensus/event/v1____", bytes).as_bytes())
+}
+
+/// What a vote is for.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+pub enum VoteKind {
+    /// "This block is a valid proposal for its view."
+    Notarize,
+    /// "This view failed (timed out) for me."
+    Nullify,
+    /// "I saw the block notarized and did not time out in its view."
+    Finalize,
+}
+
+/// A signed vote.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Vote {
+    pub kind: VoteKind,
+    pub view: View,
+    /// The block voted for; zero for nullify.
+    pub digest: Digest,
+    pub signer: ValidatorIndex,
+    pub root: Option<RootReport>,
+    pub sig: Sig,
+}
+
+fn vote_message(kind: VoteKind, view: View, digest: &Digest, root: &Option<RootReport>) -> Vec<u8> {
+    let mut m = b"metatopia/consensus/vote/v1\0".to_vec();
+    m.extend_from_slice(&postcard::to_allocvec(&(kind, view, digest, root)).expect("encoding into a Vec cannot fail"));
+    m
+}
+
+/// Remembers signature verdicts (a pure function of key, message and signature), so a vote
+/// seen again inside certificates, or by several validators of a simulated cluster sharing
+/// one cache, is verified once. Bounded: cleared when full.
+#[derive(Debug, Default)]
+pub struct SigCache {
+    seen: std::sync::Mutex<std::collections::BTreeMap<[u8; 32], bool>>,
+}
+
+const SIG_CACHE_MAX: usize = 1 << 16;
+
+impl SigCache {
+    pub fn new() -> SigCache {
+        SigCache::default()
+    }
+
+    fn verify(&self, key: &VerifyingKey, msg: &[u8], sig: &Sig) -> bool {
+        let mut h = blake3::Hasher::new();
+        h.update(key.as_bytes());
+        h.update(&sig.0);
+        h.update(&sig.1);
+        h.update(msg);
+        let id = *h.finalize().as_bytes();
+        if let Some(v) = self.seen.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
+            return *v;
+        }
+        let ok = key.verify_strict(msg, &sig.to_dalek()).is_ok();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= SIG_CACHE_MAX {
+            seen.clear();
+        }
+        seen.insert(id, ok);
+        ok
+    }
+}
+
+impl Vote {
+    pub fn sign(
+        key: &SigningKey,
+        signer: ValidatorIndex,
+        kind: VoteKind,
+        view: View,
+        digest: Digest,
+        root: Option<RootReport>,
+    ) -> Vote {
+        let sig = Sig::from_dalek(key.sign(&vote_message(kind, view, &digest, &root)));
+        Vote { kind, view, digest, signer, root, sig }
+    }
+
+    /// Check the signature against the validator set.
+    pub fn verify(&self, keys: &[VerifyingKey], cache: &SigCache) -> bool {
+        let Some(key) = keys.get(self.signer.0 as usize) else {
+            return false;
+        };
+        cache.verify(key, &vote_message(self.kind, self.view, &self.digest, &self.root), &self.sig)
+    }
+}
+
+/// A quorum certificate: 2f+1 votes of one kind for one (view, digest).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Certificate {
+    pub kind: VoteKind,
+    pub view: View,
+    pub digest: Digest,
+    pub votes: Vec<Vote>,
+}
+
+/// Why a certificate is not valid.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum CertificateError {
+    #[error("{got} distinct valid votes, a quorum is {quorum}")]
+    NoQuorum { got: usize, quorum: usize },
+    #[error("a vote does not match the certificate's kind, view or digest")]
+    Mismatch,
+    #[error("a vote's signature does not verify")]
+    BadSignature,
+}
+
+impl Certificate {
+    /// Check kind, view, digest, distinct signers, every signature, and the quorum.
+    pub fn verify(&self, keys: &[VerifyingKey], quorum: usize, cache: &SigCache) -> Result<(), CertificateError> {
+        let mut signers = BTreeSet::new();
+        for v in &self.votes {
+            if v.kind != self.kind || v.view != self.view || v.digest != self.digest {
+                return Err(CertificateError::Mismatch);
+            }
+            if !v.verify(keys, cache) {
+                return Err(CertificateError::BadSignature);
+            }
+            signers.insert(v.signer);
+        }
+        if signers.len() < quorum {
+            return Err(CertificateError::NoQuorum { got: signers.len(), quorum });
+        }
+        Ok(())
+    }
+
+    /// The hash of the certificate's encoding: with the block it certifies, the order seed.
+    pub fn hash(&self) -> Digest {
+        let bytes = postcard::to_allocvec(self).expect("encoding into a Vec cannot fail");
+        Digest(*blake3::keyed_hash(b"metatopia/consensus/cert/v1_____", &bytes).as_bytes())
+    }
+}
+
+/// A consensus message between validators.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Message {
+    /// A leader's block with its own notarize vote, and the nullifications that justify
+    /// skipping the views between the parent and this one.
+    Propose {
+        block: Block,
+        vote: Vote,
+        nullifications: Vec<Certificate>,
+    },
+    Vote(Vote),
+    /// A certificate passed on, so that laggards catch up.
+    Certificate(Certificate),
+    /// Client events, disseminated to the validators' pools.
+    Events(Vec<Vec<u8>>),
+    /// Ask for a block by digest (to finish a commit or catch up).
+    Fetch(Digest),
+    /// The answer to `Fetch`, with the certificate that notarized it.
+    Block {
+        block: Block,
+        notarization: Option<Certificate>,
+    },
+}
+
+impl Message {
+    /// Bounded decoding of untrusted bytes.
+    pub fn decode(bytes: &[u8], max_bytes: usize) -> Result<Message, DecodeError> {
+        if bytes.len() > max_bytes {
+            return Err(DecodeError::TooLarge { len: bytes.len(), max: max_bytes });
+        }
+        let (m, rest) = postcard::take_from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(DecodeError::Malformed(format!("{} trailing bytes", rest.len())));
+        }
+        Ok(m)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("encoding into a Vec cannot fail")
+    }
+
+    /// A short name, for traces and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Propose { .. } => "propose",
+            Message::Vote(v) => match v.kind {
+                VoteKind::Notarize => "notarize",
+                VoteKind::Nullify => "nullify",
+                VoteKind::Finalize => "finalize",
+            },
+            Message::Certificate(_) => "certificate",
+            Message::Events(_) => "events",
+            Message::Fetch(_) => "fetch",
+            Message::Block { .. } => "block",
+        }
+    }
+}
+
+/// Why bytes are not a message.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("message is {len} bytes, the limit is {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("malformed message: {0}")]
+    Malformed(String),
+}

@@ -1,0 +1,934 @@
+//! One validator's Simplex state machine (see the crate docs for the rules, cited as `R1`…).
+//!
+//! Sans-IO, quinn-proto style: feed it [`Validator::handle_message`],
+//! [`Validator::handle_timeout`] and [`Validator::submit_event`] with the caller's `now`, then
+//! drain [`Validator::poll_output`] and arm a timer for [`Validator::poll_timeout`]. Before
+//! sending the outputs of a step, a crash-safe caller writes [`Validator::persist`] durably.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+
+use crate::pool::Pool;
+use crate::types::{
+    Block, Certificate, Digest, Message, Micros, Parent, RootReport, ValidatorIndex, View, Vote, VoteKind, event_id,
+};
+
+/// Tuning. Times are in microseconds of the caller's clock.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// A leader proposes no sooner than the parent's BFT time plus this (one tick period).
+    pub period_us: Micros,
+    /// Nullify a view whose proposal has not arrived this long after entering it.
+    pub leader_timeout_us: Micros,
+    /// Nullify a view not notarized this long after entering it.
+    pub notarize_timeout_us: Micros,
+    /// While stuck, re-send own votes and the latest certificates this often.
+    pub retry_us: Micros,
+    /// A proposal's BFT time may be at most this far ahead of the voter's clock.
+    pub max_drift_ms: u64,
+    pub max_batch_events: usize,
+    pub max_batch_bytes: usize,
+    pub max_event_bytes: usize,
+    pub max_pool_events: usize,
+    /// Committed event ids remembered (for dedup) this many ticks.
+    pub dedup_window_ticks: u64,
+    /// Finalized blocks kept to answer fetches from laggards.
+    pub keep_blocks: u64,
+    /// BFT time of genesis, in milliseconds.
+    pub genesis_time_ms: u64,
+    /// Distinguishes chains (a sim id): part of the genesis digest.
+    pub chain_id: u64,
+    /// Signature verdicts, shareable (a simulated cluster shares one; a node keeps its own).
+    pub sig_cache: std::sync::Arc<crate::types::SigCache>,
+    /// Test-only planted bug: accept 2f votes as a quorum. The Byzantine suite must catch it.
+    #[cfg(feature = "mocks")]
+    pub planted_bug_weak_quorum: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            period_us: 33_333,
+            leader_timeout_us: 200_000,
+            notarize_timeout_us: 400_000,
+            retry_us: 200_000,
+            max_drift_ms: 500,
+            max_batch_events: 4_096,
+            max_batch_bytes: 4 << 20,
+            max_event_bytes: 96 * 1024,
+            max_pool_events: 100_000,
+            dedup_window_ticks: 300,
+            keep_blocks: 2_048,
+            genesis_time_ms: 0,
+            chain_id: 0,
+            sig_cache: Default::default(),
+            #[cfg(feature = "mocks")]
+            planted_bug_weak_quorum: false,
+        }
+    }
+}
+
+/// A committed block, ready to execute.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Commit {
+    pub block: Block,
+    pub digest: Digest,
+    /// The block's notarization as embedded in its committed child: unique in the chain.
+    pub certificate: Certificate,
+    /// The seed of the tick's canonical order: blake3(digest ‖ certificate hash).
+    pub seed: Digest,
+    /// The finalization of the block (or of a descendant) that committed it.
+    pub finalization: Certificate,
+}
+
+/// Proof that a validator signed two conflicting votes.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Evidence {
+    pub first: Vote,
+    pub second: Vote,
+}
+
+/// What the caller must do.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Output {
+    Broadcast(Message),
+    Send(ValidatorIndex, Message),
+    Committed(Box<Commit>),
+    /// A block was finalized (its commit is handed out once its child is committed too).
+    Finalized {
+        view: View,
+        digest: Digest,
+    },
+    /// A peer's state root for a tick differs from ours: we or they diverged.
+    RootMismatch {
+        tick: u64,
+        mine: Digest,
+        theirs: Digest,
+        validator: ValidatorIndex,
+    },
+    Evidence(Box<Evidence>),
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct ViewState {
+    proposal: Option<Digest>,
+    notarize: BTreeMap<Digest, BTreeMap<ValidatorIndex, Vote>>,
+    nullify: BTreeMap<ValidatorIndex, Vote>,
+    finalize: BTreeMap<Digest, BTreeMap<ValidatorIndex, Vote>>,
+    /// First vote of each kind per signer, for equivocation evidence.
+    first: BTreeMap<(VoteKind, ValidatorIndex), Vote>,
+    my_notarize: Option<Vote>,
+    my_nullify: Option<Vote>,
+    my_finalize: Option<Vote>,
+    proposed: bool,
+}
+
+/// A validator's own notarize, nullify and finalize votes in one view.
+type MyVotes = (Option<Vote>, Option<Vote>, Option<Vote>);
+
+/// What survives a crash: every vote cast (so none is ever cast differently) and the chain.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Persisted {
+    view: View,
+    votes: BTreeMap<View, MyVotes>,
+    tip: (View, Digest),
+    output_tick: Option<u64>,
+    blocks: Vec<Block>,
+    notarized: Vec<Certificate>,
+    nullified: Vec<Certificate>,
+    finalized: Vec<Certificate>,
+}
+
+/// Why a proposal was not voted for.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum ProposalError {
+    #[error("not from the leader of its view")]
+    WrongLeader,
+    #[error("the leader's vote does not match or does not verify")]
+    BadVote,
+    #[error("parent is not notarized, or a view between parent and block is not nullified")]
+    BadParent,
+    #[error("parent block not known yet")]
+    UnknownParent,
+    #[error("tick {got} does not follow the parent's ({expected})")]
+    BadTick { expected: u64, got: u64 },
+    #[error("BFT time {got} ms is not after the parent's {parent} ms or is more than the drift ahead of {now} ms")]
+    BadTime { got: u64, parent: u64, now: u64 },
+    #[error("batch over its limits or with duplicate events")]
+    BadBatch,
+}
+
+/// A validator.
+#[derive(Debug)]
+pub struct Validator {
+    cfg: Config,
+    key: SigningKey,
+    me: ValidatorIndex,
+    keys: Vec<VerifyingKey>,
+    quorum: usize,
+    genesis: Digest,
+    view: View,
+    view_started: Micros,
+    views: BTreeMap<View, ViewState>,
+    blocks: BTreeMap<Digest, Stored>,
+    notarized: BTreeMap<View, Certificate>,
+    nullified: BTreeMap<View, Certificate>,
+    finalized: BTreeMap<View, Certificate>,
+    /// The highest finalized block.
+    tip: (View, Digest),
+    /// The tick of the last block output as committed.
+    output_tick: Option<u64>,
+    buffered: BTreeMap<View, (Block, Vote, Vec<Certificate>)>,
+    fetching: BTreeMap<Digest, Micros>,
+    pool: Pool,
+    root: Option<RootReport>,
+    my_roots: BTreeMap<u64, Digest>,
+    peer_roots: BTreeMap<u64, BTreeMap<ValidatorIndex, Digest>>,
+    last_retry: Micros,
+    out: VecDeque<Output>,
+}
+
+const FUTURE_VIEWS: u64 = 1_000;
+
+/// A known block with what is derived from it once: shared, never copied per use.
+#[derive(Clone, Debug)]
+struct Stored {
+    block: std::sync::Arc<Block>,
+    ids: std::sync::Arc<Vec<Digest>>,
+}
+
+impl Stored {
+    fn new(block: Block) -> Stored {
+        let ids = block.events.iter().map(|e| event_id(e)).collect();
+        Stored { block: std::sync::Arc::new(block), ids: std::sync::Arc::new(ids) }
+    }
+}
+
+impl Validator {
+    /// A validator at genesis. `keys` is the validator set, `me` this validator's index in it.
+    pub fn new(cfg: Config, key: SigningKey, keys: Vec<VerifyingKey>, now: Micros) -> Validator {
+        assert!(keys.len() >= 4, "BFT needs n = 3f+1 >= 4 validators, got {}", keys.len());
+        let me = keys
+            .iter()
+            .position(|k| *k == key.verifying_key())
+            .map(|i| ValidatorIndex(i as u16))
+            .expect("the key is in the validator set");
+        let f = (keys.len() - 1) / 3;
+        #[allow(unused_mut)]
+        let mut quorum = 2 * f + 1;
+        #[cfg(feature = "mocks")]
+        if cfg.planted_bug_weak_quorum {
+            quorum = 2 * f;
+        }
+        let genesis = genesis_digest(cfg.chain_id, &keys);
+        Validator {
+            cfg,
+            key,
+            me,
+            keys,
+            quorum,
+            genesis,
+            view: View(1),
+            view_started: now,
+            views: BTreeMap::new(),
+            blocks: BTreeMap::new(),
+            notarized: BTreeMap::new(),
+            nullified: BTreeMap::new(),
+            finalized: BTreeMap::new(),
+            tip: (View(0), genesis),
+            output_tick: None,
+            buffered: BTreeMap::new(),
+            fetching: BTreeMap::new(),
+            pool: Pool::default(),
+            root: None,
+            my_roots: BTreeMap::new(),
+            peer_roots: BTreeMap::new(),
+            last_retry: now,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Continue after a crash from what [`Validator::persist`] returned.
+    pub fn restore(
+        cfg: Config,
+        key: SigningKey,
+        keys: Vec<VerifyingKey>,
+        now: Micros,
+        saved: &[u8],
+    ) -> Result<Validator, crate::types::DecodeError> {
+        let p: Persisted =
+            postcard::from_bytes(saved).map_err(|e| crate::types::DecodeError::Malformed(e.to_string()))?;
+        let mut v = Validator::new(cfg, key, keys, now);
+        v.view = p.view;
+        for (view, (n, x, f)) in p.votes {
+            let lead = v.leader(view) == v.me;
+            let s = v.views.entry(view).or_default();
+            s.my_notarize = n;
+            s.my_nullify = x;
+            s.my_finalize = f;
+            s.proposed = s.my_notarize.is_some() && lead;
+        }
+        v.tip = p.tip;
+        v.output_tick = p.output_tick;
+        for b in p.blocks {
+            v.blocks.insert(b.digest(), Stored::new(b));
+        }
+        for c in p.notarized {
+            v.notarized.insert(c.view, c);
+        }
+        for c in p.nullified {
+            v.nullified.insert(c.view, c);
+        }
+        for c in p.finalized {
+            v.finalized.insert(c.view, c);
+        }
+        Ok(v)
+    }
+
+    /// The state that must be durable before this step's outputs are sent.
+    pub fn persist(&self) -> Vec<u8> {
+        let from = self.tip.0;
+        let p = Persisted {
+            view: self.view,
+            votes: self
+                .views
+                .range(from..)
+                .map(|(v, s)| (*v, (s.my_notarize.clone(), s.my_nullify.clone(), s.my_finalize.clone())))
+                .collect(),
+            tip: self.tip,
+            output_tick: self.output_tick,
+            blocks: self.unoutput_chain_blocks(),
+            notarized: self.notarized.range(from..).map(|(_, c)| c.clone()).collect(),
+            nullified: self.nullified.range(from..).map(|(_, c)| c.clone()).collect(),
+            finalized: self.finalized.range(from..).map(|(_, c)| c.clone()).collect(),
+        };
+        postcard::to_allocvec(&p).expect("encoding into a Vec cannot fail")
+    }
+
+    fn unoutput_chain_blocks(&self) -> Vec<Block> {
+        let after = self.output_tick;
+        self.blocks.values().filter(|s| after.is_none_or(|t| s.block.tick >= t)).map(|s| (*s.block).clone()).collect()
+    }
+
+    pub fn index(&self) -> ValidatorIndex {
+        self.me
+    }
+    pub fn view(&self) -> View {
+        self.view
+    }
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+    pub fn keys(&self) -> &[VerifyingKey] {
+        &self.keys
+    }
+    pub fn genesis(&self) -> Digest {
+        self.genesis
+    }
+    pub fn pool_len(&self) -> usize {
+        self.pool.len()
+    }
+    /// The tick of the last committed block handed out.
+    pub fn committed_tick(&self) -> Option<u64> {
+        self.output_tick
+    }
+
+    /// The leader of a view: round robin.
+    pub fn leader(&self, view: View) -> ValidatorIndex {
+        ValidatorIndex((view.0 % self.keys.len() as u64) as u16)
+    }
+
+    /// Next output to act on. Call until `None` after every input.
+    #[must_use]
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// When to call [`Validator::handle_timeout`] next.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Micros> {
+        let s = self.views.get(&self.view);
+        let timed_out = s.is_some_and(|s| s.my_nullify.is_some());
+        let mut t = if timed_out {
+            self.last_retry + self.cfg.retry_us
+        } else {
+            let has_proposal = s.is_some_and(|s| s.proposal.is_some());
+            let deadline = if has_proposal { self.cfg.notarize_timeout_us } else { self.cfg.leader_timeout_us };
+            self.view_started + deadline
+        };
+        if let Some(at) = self.propose_at() {
+            t = t.min(at);
+        }
+        if let Some(at) = self.fetching.values().min() {
+            t = t.min(at + self.cfg.retry_us);
+        }
+        Some(t)
+    }
+
+    /// A client event for the pool; disseminated to the other validators when new.
+    pub fn submit_event(&mut self, now: Micros, event: Vec<u8>) {
+        self.submit_events(now, vec![event]);
+    }
+
+    /// Client events for the pool, disseminated together (one message) to the others.
+    pub fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) {
+        let new: Vec<Vec<u8>> = events
+            .into_iter()
+            .filter(|e| e.len() <= self.cfg.max_event_bytes && self.pool.insert_ref(e, self.cfg.max_pool_events))
+            .collect();
+        if !new.is_empty() {
+            self.out.push_back(Output::Broadcast(Message::Events(new)));
+        }
+        self.try_propose(now);
+    }
+
+    /// The application executed `tick` and reached `root`; carried in later votes.
+    pub fn report_root(&mut self, tick: u64, root: Digest) {
+        self.root = Some(RootReport { tick, root });
+        self.my_roots.insert(tick, root);
+        if let Some(peers) = self.peer_roots.get(&tick) {
+            for (v, r) in peers {
+                if *r != root {
+                    self.out.push_back(Output::RootMismatch { tick, mine: root, theirs: *r, validator: *v });
+                }
+            }
+        }
+        while self.my_roots.len() > 256 {
+            self.my_roots.pop_first();
+        }
+        let horizon = tick.saturating_sub(256);
+        self.peer_roots.retain(|t, _| *t >= horizon);
+    }
+
+    /// Timers: propose when due, nullify a stuck view (R4), re-send while stuck, re-fetch.
+    pub fn handle_timeout(&mut self, now: Micros) {
+        self.try_propose(now);
+        let view = self.view;
+        let s = self.views.entry(view).or_default();
+        let deadline = if s.proposal.is_some() { self.cfg.notarize_timeout_us } else { self.cfg.leader_timeout_us };
+        if s.my_nullify.is_none() && now >= self.view_started + deadline {
+            let vote = Vote::sign(&self.key, self.me, VoteKind::Nullify, view, Digest::default(), self.root);
+            s.my_nullify = Some(vote.clone());
+            self.last_retry = now;
+            self.out.push_back(Output::Broadcast(Message::Vote(vote.clone())));
+            self.on_vote(now, vote);
+        } else if s.my_nullify.is_some() && now >= self.last_retry + self.cfg.retry_us {
+            self.last_retry = now;
+            self.resend(view);
+        }
+        let stale: Vec<Digest> =
+            self.fetching.iter().filter(|(_, t)| now >= **t + self.cfg.retry_us).map(|(d, _)| *d).collect();
+        for d in stale {
+            self.fetching.insert(d, now);
+            self.out.push_back(Output::Broadcast(Message::Fetch(d)));
+        }
+    }
+
+    /// Re-send own votes of the stuck view and the latest certificates, so a peer that lost
+    /// messages (or restarted) can catch up.
+    fn resend(&mut self, view: View) {
+        if let Some(s) = self.views.get(&view) {
+            for v in [&s.my_notarize, &s.my_nullify].into_iter().flatten() {
+                self.out.push_back(Output::Broadcast(Message::Vote(v.clone())));
+            }
+        }
+        let latest = [
+            self.notarized.last_key_value().map(|(_, c)| c.clone()),
+            self.nullified.last_key_value().map(|(_, c)| c.clone()),
+            self.finalized.last_key_value().map(|(_, c)| c.clone()),
+        ];
+        for c in latest.into_iter().flatten() {
+            self.out.push_back(Output::Broadcast(Message::Certificate(c)));
+        }
+    }
+
+    /// A message from validator `from` (authenticated by the transport as that peer).
+    pub fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
+        match msg {
+            Message::Propose { block, vote, nullifications } => {
+                self.on_proposal(now, from, block, vote, nullifications)
+            }
+            Message::Vote(v) => {
+                if v.verify(&self.keys, &self.cfg.sig_cache) {
+                    self.on_vote(now, v);
+                }
+            }
+            Message::Certificate(c) => self.on_certificate(now, c),
+            Message::Events(es) => {
+                for e in es.into_iter().take(self.cfg.max_batch_events) {
+                    if e.len() <= self.cfg.max_event_bytes {
+                        let _ = self.pool.insert(e, self.cfg.max_pool_events);
+                    }
+                }
+            }
+            Message::Fetch(d) => {
+                if let Some(s) = self.blocks.get(&d) {
+                    let notarization = self.notarized.get(&s.block.view).filter(|c| c.digest == d).cloned();
+                    let block = (*s.block).clone();
+                    self.out.push_back(Output::Send(from, Message::Block { block, notarization }));
+                }
+            }
+            Message::Block { block, notarization } => self.on_fetched(now, block, notarization),
+        }
+        self.try_propose(now);
+    }
+
+    // ---- proposals (R1, R2) ----
+
+    /// The parent a proposal for `view` must extend: the highest notarized view below it with
+    /// every view in between nullified (R1). `None` if a certificate is missing.
+    fn parent_for(&self, view: View) -> Option<Parent> {
+        let mut w = view.0;
+        while w > 0 {
+            w -= 1;
+            if w == 0 {
+                return Some(Parent { view: View(0), digest: self.genesis });
+            }
+            if let Some(c) = self.notarized.get(&View(w)) {
+                return Some(Parent { view: View(w), digest: c.digest });
+            }
+            if !self.nullified.contains_key(&View(w)) {
+                return None;
+            }
+        }
+        Some(Parent { view: View(0), digest: self.genesis })
+    }
+
+    fn parent_time_tick(&self, parent: &Parent) -> Option<(u64, u64)> {
+        if parent.view == View(0) {
+            return Some((self.cfg.genesis_time_ms, 0));
+        }
+        self.blocks.get(&parent.digest).map(|s| (s.block.time_ms, s.block.tick + 1))
+    }
+
+    /// When this validator, as leader of the current view, may propose.
+    fn propose_at(&self) -> Option<Micros> {
+        if self.leader(self.view) != self.me
+            || self.views.get(&self.view).is_some_and(|s| s.proposed || s.my_nullify.is_some())
+        {
+            return None;
+        }
+        let parent = self.parent_for(self.view)?;
+        let (time_ms, _) = self.parent_time_tick(&parent)?;
+        Some((time_ms * 1_000 + self.cfg.period_us).max(self.view_started))
+    }
+
+    fn try_propose(&mut self, now: Micros) {
+        let Some(at) = self.propose_at() else { return };
+        if now < at {
+            return;
+        }
+        let view = self.view;
+        let parent = self.parent_for(view).expect("propose_at checked");
+        let (parent_time, tick) = self.parent_time_tick(&parent).expect("propose_at checked");
+        let exclude = self.uncommitted_event_ids(&parent);
+        let events = self.pool.take(self.cfg.max_batch_events, self.cfg.max_batch_bytes, &exclude);
+        let block = Block {
+            view,
+            leader: self.me,
+            parent,
+            tick,
+            time_ms: (now / 1_000).max(parent_time + 1),
+            events,
+            parent_certificate: self.notarized.get(&parent.view).filter(|_| parent.view > View(0)).cloned(),
+        };
+        let digest = block.digest();
+        let nullifications: Vec<Certificate> =
+            self.nullified.range(parent.view.next()..view).map(|(_, c)| c.clone()).collect();
+        let vote = Vote::sign(&self.key, self.me, VoteKind::Notarize, view, digest, self.root);
+        let s = self.views.entry(view).or_default();
+        s.proposed = true;
+        s.proposal = Some(digest);
+        s.my_notarize = Some(vote.clone());
+        self.blocks.insert(digest, Stored::new(block.clone()));
+        self.out.push_back(Output::Broadcast(Message::Propose { block, vote: vote.clone(), nullifications }));
+        self.on_vote(now, vote);
+    }
+
+    /// Ids of events in notarized-but-not-yet-output ancestors, which a new batch must not repeat.
+    fn uncommitted_event_ids(&self, parent: &Parent) -> BTreeSet<Digest> {
+        let mut ids = BTreeSet::new();
+        let mut d = parent.digest;
+        for _ in 0..64 {
+            let Some(s) = self.blocks.get(&d) else { break };
+            if self.output_tick.is_some_and(|t| s.block.tick <= t) {
+                break;
+            }
+            ids.extend(s.ids.iter().copied());
+            d = s.block.parent.digest;
+        }
+        ids
+    }
+
+    fn on_proposal(&mut self, now: Micros, from: ValidatorIndex, block: Block, vote: Vote, nulls: Vec<Certificate>) {
+        let view = block.view;
+        if from != block.leader || block.leader != self.leader(view) {
+            return;
+        }
+        let digest = block.digest();
+        if vote.kind != VoteKind::Notarize
+            || vote.view != view
+            || vote.digest != digest
+            || vote.signer != block.leader
+            || !vote.verify(&self.keys, &self.cfg.sig_cache)
+        {
+            return;
+        }
+        for c in nulls {
+            self.on_certificate(now, c);
+        }
+        if view > self.view {
+            if view.0 <= self.view.0 + FUTURE_VIEWS {
+                self.buffered.insert(view, (block, vote, Vec::new()));
+            }
+            return;
+        }
+        let stored = Stored::new(block);
+        match self.check_block_ids(now, &stored.block, &stored.ids) {
+            Ok(()) => {}
+            Err(ProposalError::UnknownParent) => {
+                self.fetch(now, stored.block.parent.digest);
+                self.buffered.insert(view, ((*stored.block).clone(), vote, Vec::new()));
+                return;
+            }
+            Err(_) => return,
+        }
+        self.blocks.insert(digest, stored);
+        let s = self.views.entry(view).or_default();
+        match s.proposal {
+            Some(d) if d != digest => return, // the leader equivocated; its votes are evidence
+            _ => s.proposal = Some(digest),
+        }
+        // R2: notarize the first valid proposal of the current view, unless it timed out.
+        if view == self.view && s.my_notarize.is_none() && s.my_nullify.is_none() {
+            let mine = Vote::sign(&self.key, self.me, VoteKind::Notarize, view, digest, self.root);
+            s.my_notarize = Some(mine.clone());
+            self.out.push_back(Output::Broadcast(Message::Vote(mine.clone())));
+            self.on_vote(now, mine);
+        }
+        self.on_vote(now, vote);
+    }
+
+    /// R1: the block extends a notarized parent over nullified views, with the next tick, a
+    /// bounded BFT time and a bounded batch.
+    pub fn check_block(&self, now: Micros, b: &Block) -> Result<(), ProposalError> {
+        let ids: Vec<Digest> = b.events.iter().map(|e| event_id(e)).collect();
+        self.check_block_ids(now, b, &ids)
+    }
+
+    fn check_block_ids(&self, now: Micros, b: &Block, ids: &[Digest]) -> Result<(), ProposalError> {
+        let p = b.parent;
+        if p.view >= b.view {
+            return Err(ProposalError::BadParent);
+        }
+        if p.view == View(0) {
+            if p.digest != self.genesis || b.parent_certificate.is_some() {
+                return Err(ProposalError::BadParent);
+            }
+        } else {
+            let cert_ok = match &b.parent_certificate {
+                Some(c) => {
+                    c.kind == VoteKind::Notarize
+                        && c.view == p.view
+                        && c.digest == p.digest
+                        && c.verify(&self.keys, self.quorum, &self.cfg.sig_cache).is_ok()
+                }
+                None => false,
+            };
+            if !cert_ok {
+                return Err(ProposalError::BadParent);
+            }
+        }
+        if (p.view.0 + 1..b.view.0).any(|w| !self.nullified.contains_key(&View(w))) {
+            return Err(ProposalError::BadParent);
+        }
+        let Some((parent_time, tick)) = self.parent_time_tick(&p) else {
+            return Err(ProposalError::UnknownParent);
+        };
+        if b.tick != tick {
+            return Err(ProposalError::BadTick { expected: tick, got: b.tick });
+        }
+        let now_ms = now / 1_000;
+        if b.time_ms <= parent_time || b.time_ms > now_ms + self.cfg.max_drift_ms {
+            return Err(ProposalError::BadTime { got: b.time_ms, parent: parent_time, now: now_ms });
+        }
+        let bytes: usize = b.events.iter().map(Vec::len).sum();
+        let distinct = ids.iter().collect::<BTreeSet<_>>().len();
+        if b.events.len() > self.cfg.max_batch_events
+            || bytes > self.cfg.max_batch_bytes
+            || distinct != b.events.len()
+            || b.events.iter().any(|e| e.len() > self.cfg.max_event_bytes)
+        {
+            return Err(ProposalError::BadBatch);
+        }
+        Ok(())
+    }
+
+    // ---- votes and certificates (R3–R5) ----
+
+    fn on_vote(&mut self, now: Micros, vote: Vote) {
+        let view = vote.view;
+        if view.0 > self.view.0 + FUTURE_VIEWS || view < self.tip.0 {
+            return;
+        }
+        if let Some(r) = vote.root {
+            self.note_root(vote.signer, r);
+        }
+        if self.conflicts(&vote) {
+            return;
+        }
+        let s = self.views.entry(view).or_default();
+        let (kind, digest) = (vote.kind, vote.digest);
+        let tally = match kind {
+            VoteKind::Notarize => s.notarize.entry(digest).or_default(),
+            VoteKind::Nullify => &mut s.nullify,
+            VoteKind::Finalize => s.finalize.entry(digest).or_default(),
+        };
+        tally.insert(vote.signer, vote);
+        if tally.len() >= self.quorum {
+            let cert = Certificate { kind, view, digest, votes: tally.values().take(self.quorum).cloned().collect() };
+            self.on_certified(now, cert);
+        }
+    }
+
+    /// Remember a signer's first vote of each kind in a view; a second, different one is
+    /// evidence of equivocation (reported, and not counted).
+    fn conflicts(&mut self, vote: &Vote) -> bool {
+        let s = self.views.entry(vote.view).or_default();
+        match s.first.get(&(vote.kind, vote.signer)) {
+            Some(first) if first.digest != vote.digest => {
+                let e = Evidence { first: first.clone(), second: vote.clone() };
+                self.out.push_back(Output::Evidence(Box::new(e)));
+                true
+            }
+            Some(_) => false,
+            None => {
+                s.first.insert((vote.kind, vote.signer), vote.clone());
+                false
+            }
+        }
+    }
+
+    fn note_root(&mut self, from: ValidatorIndex, r: RootReport) {
+        if let Some(mine) = self.my_roots.get(&r.tick)
+            && *mine != r.root
+        {
+            self.out.push_back(Output::RootMismatch { tick: r.tick, mine: *mine, theirs: r.root, validator: from });
+        }
+        let oldest = self.my_roots.first_key_value().map_or(0, |(t, _)| *t);
+        if r.tick >= oldest {
+            self.peer_roots.entry(r.tick).or_default().insert(from, r.root);
+            while self.peer_roots.len() > 512 {
+                self.peer_roots.pop_first();
+            }
+        }
+    }
+
+    fn on_certificate(&mut self, now: Micros, c: Certificate) {
+        let known = match c.kind {
+            VoteKind::Notarize => self.notarized.contains_key(&c.view),
+            VoteKind::Nullify => self.nullified.contains_key(&c.view),
+            VoteKind::Finalize => self.finalized.contains_key(&c.view),
+        };
+        if c.view.0 > self.view.0 + FUTURE_VIEWS || c.view < self.tip.0 {
+            return;
+        }
+        if known {
+            // Already certified here: only a vote that contradicts one we hold needs checking,
+            // as evidence (a leader's other proposal shows up this way).
+            for v in &c.votes {
+                let differs = self
+                    .views
+                    .get(&v.view)
+                    .and_then(|s| s.first.get(&(v.kind, v.signer)))
+                    .is_some_and(|first| first.digest != v.digest);
+                if differs && v.verify(&self.keys, &self.cfg.sig_cache) {
+                    let _ = self.conflicts(v);
+                }
+            }
+            return;
+        }
+        if c.verify(&self.keys, self.quorum, &self.cfg.sig_cache).is_err() {
+            return;
+        }
+        for v in &c.votes {
+            let _ = self.conflicts(v);
+        }
+        self.on_certified(now, c);
+    }
+
+    /// A certificate is new and valid: record it, pass it on, and act (R3–R5).
+    fn on_certified(&mut self, now: Micros, c: Certificate) {
+        let view = c.view;
+        match c.kind {
+            VoteKind::Notarize => {
+                if self.notarized.contains_key(&view) {
+                    return;
+                }
+                self.notarized.insert(view, c.clone());
+                self.out.push_back(Output::Broadcast(Message::Certificate(c.clone())));
+                if !self.blocks.contains_key(&c.digest) {
+                    self.fetch(now, c.digest);
+                }
+                // R3: seeing the notarization, finalize unless this view timed out, and move on.
+                let s = self.views.entry(view).or_default();
+                // (Safe for any view: finalize and nullify quorums would meet in an honest
+                // validator that did both, which never happens.)
+                if s.my_nullify.is_none() && s.my_finalize.is_none() {
+                    let fin = Vote::sign(&self.key, self.me, VoteKind::Finalize, view, c.digest, self.root);
+                    s.my_finalize = Some(fin.clone());
+                    self.out.push_back(Output::Broadcast(Message::Vote(fin.clone())));
+                    self.on_vote(now, fin);
+                }
+                self.enter_view(now, view.next());
+            }
+            VoteKind::Nullify => {
+                if self.nullified.contains_key(&view) {
+                    return;
+                }
+                self.nullified.insert(view, c.clone());
+                self.out.push_back(Output::Broadcast(Message::Certificate(c)));
+                self.enter_view(now, view.next());
+            }
+            VoteKind::Finalize => {
+                if self.finalized.contains_key(&view) {
+                    return;
+                }
+                self.finalized.insert(view, c.clone());
+                self.out.push_back(Output::Finalized { view, digest: c.digest });
+                self.out.push_back(Output::Broadcast(Message::Certificate(c.clone())));
+                if view > self.tip.0 {
+                    self.tip = (view, c.digest);
+                }
+                if !self.blocks.contains_key(&c.digest) {
+                    self.fetch(now, c.digest);
+                }
+                self.enter_view(now, view.next());
+                self.advance_commits(now);
+            }
+        }
+    }
+
+    fn enter_view(&mut self, now: Micros, view: View) {
+        if view <= self.view {
+            return;
+        }
+        self.view = view;
+        self.view_started = now;
+        self.last_retry = now;
+        if let Some((b, v, n)) = self.buffered.remove(&view) {
+            self.on_proposal(now, b.leader, b, v, n);
+        }
+        self.buffered.retain(|w, _| *w > view);
+        self.try_propose(now);
+    }
+
+    // ---- fetching and committing ----
+
+    fn fetch(&mut self, now: Micros, d: Digest) {
+        if d == self.genesis || self.blocks.contains_key(&d) || self.fetching.contains_key(&d) {
+            return;
+        }
+        self.fetching.insert(d, now);
+        self.out.push_back(Output::Broadcast(Message::Fetch(d)));
+    }
+
+    fn on_fetched(&mut self, now: Micros, block: Block, notarization: Option<Certificate>) {
+        let d = block.digest();
+        if self.fetching.remove(&d).is_none() {
+            return; // unsolicited
+        }
+        if let Some(c) = notarization {
+            self.on_certificate(now, c);
+        }
+        if block.parent.view != View(0) && !self.blocks.contains_key(&block.parent.digest) {
+            self.fetch(now, block.parent.digest);
+        }
+        self.blocks.insert(d, Stored::new(block));
+        if let Some((view, _)) =
+            self.buffered.iter().find(|(_, (b, _, _))| b.parent.digest == d).map(|(v, x)| (*v, x.0.view))
+            && view == self.view
+            && let Some((b, v, n)) = self.buffered.remove(&view)
+        {
+            self.on_proposal(now, b.leader, b, v, n);
+        }
+        self.advance_commits(now);
+    }
+
+    /// Output every block whose committed child is known, in tick order (R5). A block is
+    /// committed when it or a descendant is finalized; its seed comes from the certificate
+    /// its child embeds, so the newest finalized block waits for its child.
+    fn advance_commits(&mut self, now: Micros) {
+        let (tip_view, tip) = self.tip;
+        if tip_view == View(0) {
+            return;
+        }
+        let Some(fin) = self.finalized.get(&tip_view).cloned() else { return };
+        // Walk back from the tip to the last output block, collecting the chain.
+        let mut chain = Vec::new();
+        let mut d = tip;
+        loop {
+            let Some(s) = self.blocks.get(&d) else {
+                self.fetch(now, d);
+                return;
+            };
+            if self.output_tick.is_some_and(|t| s.block.tick <= t) {
+                break;
+            }
+            chain.push((d, s.clone()));
+            if s.block.parent.view == View(0) {
+                break;
+            }
+            d = s.block.parent.digest;
+        }
+        chain.reverse();
+        for pair in chain.windows(2) {
+            let ((digest, stored), (_, child)) = (&pair[0], &pair[1]);
+            let Some(certificate) = child.block.parent_certificate.clone() else { return };
+            let seed = seed_of(digest, &certificate);
+            let block = &stored.block;
+            self.pool.committed(block.tick, &stored.ids, self.cfg.dedup_window_ticks);
+            self.output_tick = Some(block.tick);
+            self.out.push_back(Output::Committed(Box::new(Commit {
+                block: (**block).clone(),
+                digest: *digest,
+                certificate,
+                seed,
+                finalization: fin.clone(),
+            })));
+        }
+        self.prune();
+    }
+
+    fn prune(&mut self) {
+        let Some(out) = self.output_tick else { return };
+        let keep_from = out.saturating_sub(self.cfg.keep_blocks);
+        self.blocks.retain(|_, s| s.block.tick >= keep_from);
+        let tip_view = self.tip.0;
+        let horizon = View(tip_view.0.saturating_sub(64));
+        self.views.retain(|v, _| *v >= horizon);
+        self.notarized.retain(|v, _| *v >= horizon);
+        self.nullified.retain(|v, _| *v >= horizon);
+        self.finalized.retain(|v, _| *v >= horizon);
+    }
+}
+
+/// The seed of a committed tick's canonical order.
+pub fn seed_of(digest: &Digest, certificate: &Certificate) -> Digest {
+    let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/seed/v1_____");
+    h.update(&digest.0);
+    h.update(&certificate.hash().0);
+    Digest(*h.finalize().as_bytes())
+}
+
+/// The digest standing for the genesis block of a chain.
+pub fn genesis_digest(chain_id: u64, keys: &[VerifyingKey]) -> Digest {
+    let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/genesis/v1__");
+    h.update(&chain_id.to_le_bytes());
+    for k in keys {
+        h.update(k.as_bytes());
+    }
+    Digest(*h.finalize().as_bytes())
+}

@@ -1,0 +1,429 @@
+//! The agreement suite's harness: validators (honest, Byzantine mocks, twins) as processes of
+//! the deterministic cluster, random fault schedules, and the invariants checked every step.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use metatopia_consensus::mocks::{Behaviour, Byzantine};
+use metatopia_consensus::{
+    Commit, Config, Digest, Message, Micros, Output, SigCache, SigningKey, Validator, ValidatorIndex, VerifyingKey,
+};
+use metatopia_scenarios::{Cluster, Fault, NetConfig, NodeId, Outbox, Partition, Process, Time};
+use metatopia_sim::rng::DetRng;
+
+pub const MS: Time = 1_000;
+pub const SEC: Time = 1_000_000;
+
+pub fn key(i: u16) -> SigningKey {
+    let mut b = [7u8; 32];
+    b[..2].copy_from_slice(&i.to_le_bytes());
+    SigningKey::from_bytes(&b)
+}
+
+/// The cluster's roles.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Role {
+    Honest,
+    Byzantine(Behaviour),
+    /// Shares its key (and index) with another node; both count as the one faulty validator.
+    Twin,
+}
+
+pub enum Actor {
+    Honest(Box<Validator>),
+    Byz(Box<Byzantine>),
+}
+
+/// One validator process.
+pub struct Node {
+    pub actor: Actor,
+    pub index: ValidatorIndex,
+    pub role: Role,
+    /// Node ids per validator index (twins share an index).
+    pub nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>>,
+    pub commits: Vec<(Time, Commit)>,
+    pub evidence: u32,
+    pub mismatches: u32,
+    pub incarnation: u32,
+    /// State root stand-in: a hash chain over committed digests, reported back to consensus.
+    pub app_root: Digest,
+    saved: Vec<u8>,
+}
+
+pub fn config(sig_cache: &Arc<SigCache>) -> Config {
+    Config {
+        period_us: 50 * MS,
+        leader_timeout_us: 250 * MS,
+        notarize_timeout_us: 500 * MS,
+        retry_us: 250 * MS,
+        max_drift_ms: 500,
+        sig_cache: sig_cache.clone(),
+        ..Config::default()
+    }
+}
+
+impl Node {
+    fn drain(&mut self, now: Micros, out: &mut Outbox<Message>) {
+        loop {
+            let o = match &mut self.actor {
+                Actor::Honest(v) => v.poll_output(),
+                Actor::Byz(b) => b.poll_output(),
+            };
+            let Some(o) = o else { break };
+            match o {
+                Output::Broadcast(m) => out.broadcast(m),
+                Output::Send(to, m) => {
+                    for n in self.nodes_of.get(&to.0).into_iter().flatten() {
+                        out.send(*n, m.clone());
+                    }
+                }
+                Output::Committed(c) => {
+                    let mut h = blake3::Hasher::new();
+                    h.update(&self.app_root.0);
+                    h.update(&c.digest.0);
+                    self.app_root = Digest(*h.finalize().as_bytes());
+                    let (tick, root) = (c.block.tick, self.app_root);
+                    self.commits.push((now, *c));
+                    if let Actor::Honest(v) = &mut self.actor {
+                        v.report_root(tick, root);
+                    }
+                }
+                Output::Evidence(_) => self.evidence += 1,
+                Output::Finalized { .. } => {}
+                Output::RootMismatch { .. } => self.mismatches += 1,
+            }
+        }
+        if let Actor::Honest(v) = &self.actor {
+            self.saved = v.persist();
+        }
+    }
+
+    pub fn honest(&self) -> bool {
+        self.role == Role::Honest
+    }
+
+    pub fn submit(&mut self, now: Micros, event: Vec<u8>, out: &mut Outbox<Message>) {
+        match &mut self.actor {
+            Actor::Honest(v) => v.submit_event(now, event),
+            Actor::Byz(b) => b.submit_event(now, event),
+        }
+        self.drain(now, out);
+    }
+}
+
+impl Process for Node {
+    type Msg = Message;
+
+    fn on_message(&mut self, now: Time, from: NodeId, msg: Message, out: &mut Outbox<Message>) {
+        let from_index = self.nodes_of.iter().find(|(_, ns)| ns.contains(&from)).map(|(i, _)| ValidatorIndex(*i));
+        let Some(from) = from_index else { return };
+        match &mut self.actor {
+            Actor::Honest(v) => v.handle_message(now, from, msg),
+            Actor::Byz(b) => b.handle_message(now, from, msg),
+        }
+        self.drain(now, out);
+    }
+
+    fn on_timer(&mut self, now: Time, out: &mut Outbox<Message>) {
+        match &mut self.actor {
+            Actor::Honest(v) => v.handle_timeout(now),
+            Actor::Byz(b) => b.handle_timeout(now),
+        }
+        self.drain(now, out);
+    }
+
+    fn next_timer(&self) -> Option<Time> {
+        match &self.actor {
+            Actor::Honest(v) => v.poll_timeout(),
+            Actor::Byz(b) => b.poll_timeout(),
+        }
+    }
+
+    fn persisted(&self) -> Option<Vec<u8>> {
+        // Nothing was written before the first step: the node restarts from genesis.
+        (!self.saved.is_empty()).then(|| self.saved.clone())
+    }
+
+    fn fingerprint(msg: &Message) -> [u8; 32] {
+        *blake3::hash(&msg.encode()).as_bytes()
+    }
+}
+
+/// A cluster to build: roles per node id (the twin, if any, is the last node and shares the
+/// key of validator `twin_of`).
+#[derive(Clone, Debug)]
+pub struct Setup {
+    pub n: u16,
+    pub roles: Vec<Role>,
+    pub twin_of: Option<u16>,
+    pub planted_bug: bool,
+}
+
+impl Setup {
+    pub fn honest(n: u16) -> Setup {
+        Setup { n, roles: vec![Role::Honest; n as usize], twin_of: None, planted_bug: false }
+    }
+
+    pub fn f(&self) -> u16 {
+        (self.n - 1) / 3
+    }
+}
+
+pub fn build(setup: &Setup, seed: u64, net: NetConfig, cache: &Arc<SigCache>) -> Cluster<Node> {
+    let keys: Vec<VerifyingKey> = (0..setup.n).map(|i| key(i).verifying_key()).collect();
+    let mut nodes_of: BTreeMap<u16, Vec<NodeId>> = (0..setup.n).map(|i| (i, vec![u32::from(i)])).collect();
+    if let Some(t) = setup.twin_of {
+        nodes_of.get_mut(&t).expect("twin of a validator").push(u32::from(setup.n));
+    }
+    let nodes_of = Arc::new(nodes_of);
+    let mut cfg = config(cache);
+    cfg.planted_bug_weak_quorum = setup.planted_bug;
+    let (n, twin_of) = (setup.n, setup.twin_of);
+    let make = move |id: NodeId, role: Role, now: Time, saved: Option<Vec<u8>>| -> Node {
+        let index = if id == u32::from(n) { twin_of.expect("twin") } else { id as u16 };
+        let k = key(index);
+        let actor = match (role, saved) {
+            (Role::Byzantine(b), _) => Actor::Byz(Box::new(Byzantine::new(cfg.clone(), k, keys.clone(), now, b))),
+            (_, Some(bytes)) => Actor::Honest(Box::new(
+                Validator::restore(cfg.clone(), k, keys.clone(), now, &bytes).expect("own persisted state"),
+            )),
+            (_, None) => Actor::Honest(Box::new(Validator::new(cfg.clone(), k, keys.clone(), now))),
+        };
+        Node {
+            actor,
+            index: ValidatorIndex(index),
+            role,
+            nodes_of: nodes_of.clone(),
+            commits: Vec::new(),
+            evidence: 0,
+            mismatches: 0,
+            incarnation: 0,
+            app_root: Digest::default(),
+            saved: Vec::new(),
+        }
+    };
+    let mut roles = setup.roles.clone();
+    if setup.twin_of.is_some() {
+        roles.push(Role::Twin);
+        if let Some(t) = setup.twin_of {
+            roles[t as usize] = Role::Twin;
+        }
+    }
+    let make = Arc::new(make);
+    let nodes: Vec<Node> = roles.iter().enumerate().map(|(i, r)| make(i as NodeId, *r, 0, None)).collect();
+    let mut cluster = Cluster::new(seed, net, nodes);
+    let roles_for_restart = roles.clone();
+    let mut incarnations: BTreeMap<NodeId, u32> = BTreeMap::new();
+    cluster.set_restarter(Box::new(move |id, now, saved| {
+        let mut node = make(id, roles_for_restart[id as usize], now, saved);
+        let inc = incarnations.entry(id).or_insert(0);
+        *inc += 1;
+        node.incarnation = *inc;
+        node
+    }));
+    cluster
+}
+
+/// Submit a client event at a node (by hand, outside the network).
+pub fn submit(cluster: &mut Cluster<Node>, node: NodeId, event: Vec<u8>) {
+    cluster.with_node(node, |n, now, out| n.submit(now, event, out));
+}
+
+/// Per node: incarnation, commits checked so far, and the last (tick, digest) seen.
+type Cursor = (u32, usize, Option<(u64, Digest)>);
+
+/// The invariants, checked after every step (DESIGN §13).
+#[derive(Debug, Default)]
+pub struct Checker {
+    /// The digest every honest node committed at each tick.
+    by_tick: BTreeMap<u64, Digest>,
+    /// Per node id: (incarnation, commits checked, last (tick, digest)).
+    cursor: BTreeMap<NodeId, Cursor>,
+    pub violations: Vec<String>,
+    pub quorum: usize,
+    pub keys: Vec<VerifyingKey>,
+    cache: Arc<SigCache>,
+}
+
+impl Checker {
+    pub fn new(n: u16, cache: &Arc<SigCache>) -> Checker {
+        let f = (n as usize - 1) / 3;
+        Checker {
+            quorum: 2 * f + 1,
+            keys: (0..n).map(|i| key(i).verifying_key()).collect(),
+            cache: cache.clone(),
+            ..Checker::default()
+        }
+    }
+
+    pub fn check(&mut self, cluster: &Cluster<Node>) {
+        for id in 0..cluster.len() as NodeId {
+            let Some(node) = cluster.node(id) else { continue };
+            if !node.honest() {
+                continue;
+            }
+            let entry = self.cursor.entry(id).or_insert((node.incarnation, 0, None));
+            if entry.0 != node.incarnation {
+                *entry = (node.incarnation, 0, entry.2);
+            }
+            while entry.1 < node.commits.len() {
+                let c = &node.commits[entry.1].1;
+                entry.1 += 1;
+                let tick = c.block.tick;
+                if let Some((t, d)) = entry.2 {
+                    if tick != t + 1 || c.block.parent.digest != d {
+                        self.violations
+                            .push(format!("node {id}: tick {tick} does not extend ({t}, {d:?}): not a chain"));
+                    }
+                } else if tick != 0 && node.incarnation == 0 {
+                    self.violations.push(format!("node {id}: first commit is tick {tick}"));
+                }
+                entry.2 = Some((tick, c.digest));
+                if c.certificate.digest != c.digest
+                    || c.certificate.verify(&self.keys, self.quorum, &self.cache).is_err()
+                    || c.finalization.verify(&self.keys, self.quorum, &self.cache).is_err()
+                {
+                    self.violations.push(format!("node {id}: tick {tick} committed without a valid certificate"));
+                }
+                match self.by_tick.get(&tick) {
+                    Some(d) if *d != c.digest => self
+                        .violations
+                        .push(format!("SAFETY: tick {tick}: node {id} committed {:?}, another {d:?}", c.digest)),
+                    Some(_) => {}
+                    None => {
+                        self.by_tick.insert(tick, c.digest);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn highest_tick(&self) -> Option<u64> {
+        self.by_tick.last_key_value().map(|(t, _)| *t)
+    }
+}
+
+/// A random fault schedule for one seed: network faults, partitions, crashes with restarts,
+/// clock skew and up to f Byzantine validators (each kind, or twins). Faults end by `heal`.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    pub setup: Setup,
+    pub net: NetConfig,
+    pub partitions: Vec<Partition>,
+    pub crashes: Vec<(Time, Time, NodeId)>,
+    pub skews: Vec<(NodeId, i64)>,
+    pub heal: Time,
+}
+
+pub fn random_schedule(seed: u64, n: u16, planted_bug: bool) -> Schedule {
+    let mut rng = DetRng::from_u64(seed ^ 0xfa17);
+    let mut setup = Setup::honest(n);
+    setup.planted_bug = planted_bug;
+    let f = setup.f();
+    let heal = 2 * SEC;
+    // Byzantine validators: 0..=f of them, each a random kind; sometimes twins instead.
+    let byz = rng.below(u64::from(f) + 1) as u16;
+    let mut faulty: BTreeSet<u16> = BTreeSet::new();
+    while faulty.len() < byz as usize {
+        faulty.insert(rng.below(u64::from(n)) as u16);
+    }
+    for i in &faulty {
+        let b = Behaviour::ALL[rng.below(5) as usize % 4];
+        setup.roles[*i as usize] = Role::Byzantine(b);
+    }
+    if byz == 0 && rng.chance(1, 4) {
+        setup.twin_of = Some(rng.below(u64::from(n)) as u16);
+    }
+    let net = NetConfig {
+        delay_min_us: 200 + rng.below(2_000),
+        delay_max_us: 3_000 + rng.below(20_000),
+        loss_ppm: if rng.chance(1, 2) { rng.below(150_000) as u32 } else { 0 },
+        duplicate_ppm: if rng.chance(1, 3) { rng.below(100_000) as u32 } else { 0 },
+    };
+    let mut partitions = Vec::new();
+    if rng.chance(1, 2) {
+        let from = rng.below(heal / 2);
+        let until = from + 100 * MS + rng.below(heal / 2);
+        let cut: BTreeSet<NodeId> = (0..u32::from(n)).filter(|_| rng.chance(1, 2)).collect();
+        let rest: BTreeSet<NodeId> = (0..u32::from(n) + 1).filter(|i| !cut.contains(i)).collect();
+        partitions.push(Partition { from, until: until.min(heal), groups: vec![cut, rest] });
+    }
+    // Crash (and restart) honest validators so that at most f are faulty at once.
+    let mut crashes = Vec::new();
+    let crashable: Vec<u16> = (0..n).filter(|i| !faulty.contains(i) && setup.twin_of != Some(*i)).collect();
+    let spare = f - byz - u16::from(setup.twin_of.is_some()).min(f - byz);
+    for _ in 0..spare {
+        if rng.chance(1, 2) {
+            let who = crashable[rng.below(crashable.len() as u64) as usize];
+            let at = rng.below(heal / 2);
+            let back = at + 50 * MS + rng.below(heal / 2);
+            crashes.push((at, back.min(heal), u32::from(who)));
+        }
+    }
+    let skews = (0..u32::from(n)).map(|i| (i, rng.range_i64(-100_000, 100_000))).collect();
+    Schedule { setup, net, partitions, crashes, skews, heal }
+}
+
+/// The result of one seed.
+#[derive(Debug)]
+pub struct RunResult {
+    pub violations: Vec<String>,
+    pub ticks_at_heal: Option<u64>,
+    pub ticks_at_end: Option<u64>,
+    /// Virtual time from heal to the first new commit by every honest node (None if some
+    /// honest node never committed after heal).
+    pub resume_after_heal: Option<Time>,
+    pub trace: [u8; 32],
+    pub evidence: u32,
+}
+
+/// Run a schedule: faults until `heal`, then `after` more of a healthy network, with events
+/// submitted throughout. Checks invariants at every step.
+pub fn run_schedule(s: &Schedule, seed: u64, after: Time, cache: &Arc<SigCache>) -> RunResult {
+    let mut cluster = build(&s.setup, seed, s.net, cache);
+    for p in &s.partitions {
+        cluster.add_partition(p.clone());
+    }
+    for (at, back, who) in &s.crashes {
+        cluster.schedule_fault(*at, Fault::Crash(*who));
+        cluster.schedule_fault(*back, Fault::Restart(*who));
+    }
+    for (who, skew) in &s.skews {
+        cluster.set_skew(*who, *skew);
+    }
+    let mut checker = Checker::new(s.setup.n, cache);
+    let end = s.heal + after;
+    let mut next_event = 0u64;
+    let mut t = 0;
+    while t < end {
+        t += 20 * MS;
+        let len = cluster.len() as u64;
+        let who = cluster.rng().below(len) as NodeId;
+        next_event += 1;
+        submit(&mut cluster, who, format!("event {seed}/{next_event}").into_bytes());
+        cluster.run_until(t, |c| checker.check(c));
+        if t == s.heal {
+            checker.check(&cluster);
+        }
+    }
+    let honest: Vec<&Node> =
+        (0..cluster.len() as NodeId).filter_map(|i| cluster.node(i)).filter(|n| n.honest()).collect();
+    let resume = honest
+        .iter()
+        .map(|n| n.commits.iter().find(|(at, _)| *at > s.heal).map(|(at, _)| at.saturating_sub(s.heal)))
+        .collect::<Option<Vec<_>>>()
+        .and_then(|v| v.into_iter().max());
+    let ticks_at_heal = honest
+        .iter()
+        .filter_map(|n| n.commits.iter().rev().find(|(at, _)| *at <= s.heal).map(|(_, c)| c.block.tick))
+        .max();
+    RunResult {
+        violations: checker.violations.clone(),
+        ticks_at_heal,
+        ticks_at_end: checker.highest_tick(),
+        resume_after_heal: resume,
+        trace: cluster.trace_hash(),
+        evidence: honest.iter().map(|n| n.evidence).sum(),
+    }
+}

@@ -1,0 +1,370 @@
+//! `metatopia bench agreement`: 4 validators in this process, connected over real loopback TCP
+//! (tokio, length-prefixed frames, `TCP_NODELAY`), committing one tick per period with a load
+//! of signed sim events. Reports the commit latency per tick (leader proposes → each validator
+//! holds the finalization) and its ratio to the loopback round trip measured on the same
+//! connections in the same run.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use metatopia_consensus::{Config, Digest, Message, Output, SigningKey, Validator, ValidatorIndex, VerifyingKey};
+use metatopia_sim::genesis::demo_key;
+use metatopia_sim::{Payload, SignedEvent, SimId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+#[derive(Debug, clap::Args)]
+pub struct AgreementArgs {
+    /// Validators (n = 3f+1).
+    #[arg(long, default_value_t = 4)]
+    validators: u16,
+    /// Tick rate.
+    #[arg(long, default_value_t = 60)]
+    rate_hz: u32,
+    /// Ticks to measure (after a one-second warm-up).
+    #[arg(long, default_value_t = 600)]
+    ticks: u64,
+    /// Signed events submitted per tick.
+    #[arg(long, default_value_t = 1_000)]
+    events_per_tick: usize,
+}
+
+const MAX_FRAME: usize = 16 << 20;
+
+type Frame = Arc<Vec<u8>>;
+
+struct Shared {
+    start: Instant,
+    proposed: Mutex<BTreeMap<Digest, Duration>>,
+    /// (validator, digest) -> when it learned of the finalization.
+    finalized: Mutex<Vec<(u16, Digest, Duration)>>,
+    committed: Mutex<Vec<(u16, u64, Duration, usize)>>,
+    /// Time spent handling each kind of input: (count, total, max).
+    handling: Mutex<BTreeMap<&'static str, (u64, Duration, Duration)>>,
+}
+
+pub fn run(args: AgreementArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.validators >= 4, "--validators must be at least 4");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().worker_threads(2).build()?;
+    rt.block_on(bench(args))
+}
+
+async fn bench(args: AgreementArgs) -> anyhow::Result<()> {
+    let n = args.validators;
+    let keys: Vec<SigningKey> = (0..n).map(|i| demo_key(777, u64::from(i))).collect();
+    let vks: Vec<VerifyingKey> = keys.iter().map(|k| k.verifying_key()).collect();
+    let total_ticks = args.ticks + u64::from(args.rate_hz) + 5;
+    println!(
+        "bench agreement: {n} validators on loopback TCP, {} Hz, {} signed events per tick, {} ticks measured",
+        args.rate_hz, args.events_per_tick, args.ticks
+    );
+    print!("signing {} events ... ", total_ticks as usize * args.events_per_tick);
+    let events = sign_events(total_ticks as usize * args.events_per_tick);
+    println!("done ({} bytes each)", events.first().map_or(0, Vec::len));
+
+    // Full mesh: listeners first, then every pair connects once.
+    let mut listeners = Vec::new();
+    for _ in 0..n {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await?);
+    }
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
+    let mut streams: BTreeMap<(u16, u16), TcpStream> = BTreeMap::new();
+    for (i, listener) in listeners.iter().enumerate() {
+        for j in (i + 1)..n as usize {
+            let out = TcpStream::connect(addrs[i]).await?;
+            let (inc, _) = listener.accept().await?;
+            out.set_nodelay(true)?;
+            inc.set_nodelay(true)?;
+            streams.insert((j as u16, i as u16), out); // j's end towards i
+            streams.insert((i as u16, j as u16), inc); // i's end towards j
+        }
+    }
+    let rtt = measure_rtt(&mut streams).await?;
+    println!(
+        "loopback round trip (64-byte ping-pong over the same TCP connections): p50 {:.1} µs",
+        rtt.as_secs_f64() * 1e6
+    );
+
+    let shared = Arc::new(Shared {
+        start: Instant::now(),
+        proposed: Mutex::new(BTreeMap::new()),
+        finalized: Mutex::new(Vec::new()),
+        committed: Mutex::new(Vec::new()),
+        handling: Mutex::new(BTreeMap::new()),
+    });
+    let period_us = 1_000_000 / u64::from(args.rate_hz);
+    let cfg = Config {
+        period_us,
+        leader_timeout_us: 200_000,
+        notarize_timeout_us: 400_000,
+        retry_us: 200_000,
+        max_batch_events: args.events_per_tick * 2,
+        ..Config::default()
+    };
+    let mut inboxes = Vec::new();
+    let mut event_txs = Vec::new();
+    let mut writers: BTreeMap<u16, BTreeMap<u16, mpsc::UnboundedSender<Frame>>> = BTreeMap::new();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (tx, rx) = mpsc::unbounded_channel::<(ValidatorIndex, Message)>();
+        inboxes.push((tx, Some(rx)));
+        let (etx, erx) = mpsc::unbounded_channel::<Vec<Vec<u8>>>();
+        event_txs.push((etx, Some(erx)));
+        writers.insert(i, BTreeMap::new());
+    }
+    for ((me, peer), stream) in streams {
+        let (mut r, w) = stream.into_split();
+        let inbox = inboxes[me as usize].0.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Ok(frame) = read_frame(&mut r).await {
+                match Message::decode(&frame, MAX_FRAME) {
+                    Ok(m) => {
+                        if inbox.send((ValidatorIndex(peer), m)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => tracing::warn!(peer, "dropping a bad frame: {e}"),
+                }
+            }
+        }));
+        let (wtx, mut wrx) = mpsc::unbounded_channel::<Frame>();
+        writers.get_mut(&me).expect("every validator").insert(peer, wtx);
+        tasks.push(tokio::spawn(async move {
+            let mut w = BufWriter::new(w);
+            while let Some(f) = wrx.recv().await {
+                if write_frame(&mut w, &f).await.is_err() {
+                    break;
+                }
+                while let Ok(f) = wrx.try_recv() {
+                    if write_frame(&mut w, &f).await.is_err() {
+                        return;
+                    }
+                }
+                if w.flush().await.is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    for i in 0..n {
+        let inbox = inboxes[i as usize].1.take().expect("once");
+        let evs = event_txs[i as usize].1.take().expect("once");
+        let peers = writers.remove(&i).expect("every validator");
+        // Each validator verifies signatures itself (its own cache), as separate machines would.
+        let own = Config { sig_cache: Default::default(), ..cfg.clone() };
+        let v = Validator::new(own, keys[i as usize].clone(), vks.clone(), 0);
+        tasks.push(tokio::spawn(validator_loop(v, inbox, evs, peers, shared.clone(), total_ticks)));
+    }
+
+    // Load: events_per_tick per period, spread round-robin over the validators.
+    let etx: Vec<_> = event_txs.iter().map(|(t, _)| t.clone()).collect();
+    let period = Duration::from_micros(period_us);
+    let mut next = Instant::now();
+    let mut events = events.into_iter();
+    for _ in 0..total_ticks {
+        // Each validator receives its share of the tick's events, as clients would send them.
+        for (i, tx) in etx.iter().enumerate() {
+            let share = args.events_per_tick / etx.len() + usize::from(i < args.events_per_tick % etx.len());
+            let batch: Vec<Vec<u8>> = events.by_ref().take(share).collect();
+            let _ = tx.send(batch);
+        }
+        next += period;
+        tokio::time::sleep_until(next.into()).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    report(&shared, &args, rtt);
+    for t in tasks {
+        t.abort();
+    }
+    Ok(())
+}
+
+async fn validator_loop(
+    mut v: Validator,
+    mut inbox: mpsc::UnboundedReceiver<(ValidatorIndex, Message)>,
+    mut events: mpsc::UnboundedReceiver<Vec<Vec<u8>>>,
+    peers: BTreeMap<u16, mpsc::UnboundedSender<Frame>>,
+    shared: Arc<Shared>,
+    until_tick: u64,
+) {
+    let me = v.index().0;
+    let micros = |s: &Shared| s.start.elapsed().as_micros() as u64;
+    loop {
+        let deadline = v.poll_timeout().unwrap_or(u64::MAX);
+        let wait = Duration::from_micros(deadline.saturating_sub(micros(&shared)));
+        let t0 = Instant::now();
+        let kind = tokio::select! {
+            m = inbox.recv() => match m {
+                Some((from, msg)) => {
+                    let kind = msg.kind();
+                    v.handle_message(micros(&shared), from, msg);
+                    kind
+                }
+                None => return,
+            },
+            e = events.recv() => match e {
+                Some(batch) => {
+                    v.submit_events(micros(&shared), batch);
+                    "submit"
+                }
+                None => return,
+            },
+            _ = tokio::time::sleep(wait) => {
+                v.handle_timeout(micros(&shared));
+                "timeout"
+            }
+        };
+        let took = t0.elapsed();
+        {
+            let mut h = shared.handling.lock().expect("not poisoned");
+            let e = h.entry(kind).or_insert((0, Duration::ZERO, Duration::ZERO));
+            e.0 += 1;
+            e.1 += took;
+            e.2 = e.2.max(took);
+        }
+        while let Some(o) = v.poll_output() {
+            let at = shared.start.elapsed();
+            match o {
+                Output::Broadcast(m) => {
+                    if let Message::Propose { block, .. } = &m {
+                        shared.proposed.lock().expect("not poisoned").insert(block.digest(), at);
+                    }
+                    let frame = Arc::new(m.encode());
+                    for tx in peers.values() {
+                        let _ = tx.send(frame.clone());
+                    }
+                }
+                Output::Send(to, m) => {
+                    if let Some(tx) = peers.get(&to.0) {
+                        let _ = tx.send(Arc::new(m.encode()));
+                    }
+                }
+                Output::Finalized { digest, .. } => {
+                    shared.finalized.lock().expect("not poisoned").push((me, digest, at))
+                }
+                Output::Committed(c) => {
+                    shared.committed.lock().expect("not poisoned").push((me, c.block.tick, at, c.block.events.len()));
+                    if c.block.tick >= until_tick {
+                        return;
+                    }
+                }
+                Output::RootMismatch { .. } | Output::Evidence(_) => {}
+            }
+        }
+    }
+}
+
+fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
+    let proposed = shared.proposed.lock().expect("not poisoned").clone();
+    let committed = shared.committed.lock().expect("not poisoned").clone();
+    let warmup = Duration::from_secs(1);
+    let mut lat: Vec<f64> = shared
+        .finalized
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .filter_map(|(_, d, at)| {
+            proposed.get(d).filter(|p| **p > warmup).map(|p| at.saturating_sub(*p).as_secs_f64() * 1e3)
+        })
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    let pct = |v: &[f64], p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(f64::NAN);
+    let ticks = committed.iter().filter(|(v, ..)| *v == 0).count();
+    let events: usize = committed.iter().filter(|(v, ..)| *v == 0).map(|c| c.3).sum();
+    let rtt_ms = rtt.as_secs_f64() * 1e3;
+    println!("ticks committed (validator 0): {ticks}, events committed: {events}");
+    println!(
+        "commit latency (proposal -> finalization, every validator, {} samples): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        lat.len(),
+        pct(&lat, 0.5),
+        pct(&lat, 0.99),
+        lat.last().copied().unwrap_or(f64::NAN)
+    );
+    println!(
+        "ratio to the loopback round trip: p50 {:.1}x, p99 {:.1}x (targets: p50 <= 0.5 ms, p99 <= 2 ms at {} Hz with {} events/tick)",
+        pct(&lat, 0.5) / rtt_ms,
+        pct(&lat, 0.99) / rtt_ms,
+        args.rate_hz,
+        args.events_per_tick
+    );
+    for (kind, (count, total, max)) in shared.handling.lock().expect("not poisoned").iter() {
+        println!(
+            "  handling {kind:<12} {count:>7} times, mean {:>8.1} µs, max {:>8.1} µs",
+            total.as_secs_f64() * 1e6 / *count as f64,
+            max.as_secs_f64() * 1e6
+        );
+    }
+    println!(
+        "(a tick's batch is handed to the sim one period later: its order seed is the certificate its child embeds)"
+    );
+}
+
+fn sign_events(count: usize) -> Vec<Vec<u8>> {
+    let keys: Vec<SigningKey> = (0..64).map(|i| demo_key(4242, i)).collect();
+    let chunk = count.div_ceil(2).max(1);
+    let parts: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..count)
+            .collect::<Vec<_>>()
+            .chunks(chunk)
+            .map(|c| {
+                let keys = &keys;
+                let c = c.to_vec();
+                s.spawn(move || {
+                    c.into_iter()
+                        .map(|i| {
+                            let k = &keys[i % keys.len()];
+                            let payload = Payload::Chat {
+                                channel: 0,
+                                range: metatopia_sim::ChatRange::Say,
+                                text: format!("load {i}"),
+                            };
+                            metatopia_sim::codec::encode(&SignedEvent::new(
+                                k,
+                                SimId(1),
+                                (i / keys.len()) as u64 + 1,
+                                payload,
+                            ))
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("signing thread")).collect()
+    });
+    parts.into_iter().flatten().collect()
+}
+
+async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result<Vec<u8>> {
+    let len = r.read_u32_le().await? as usize;
+    anyhow::ensure!(len <= MAX_FRAME, "frame of {len} bytes is over the limit");
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+async fn write_frame(w: &mut (impl AsyncWriteExt + Unpin), f: &[u8]) -> std::io::Result<()> {
+    w.write_u32_le(f.len() as u32).await?;
+    w.write_all(f).await
+}
+
+/// Median round trip of a 64-byte frame over each connection (pairs in turn).
+async fn measure_rtt(streams: &mut BTreeMap<(u16, u16), TcpStream>) -> anyhow::Result<Duration> {
+    let pairs: Vec<(u16, u16)> = streams.keys().copied().filter(|(a, b)| a < b).collect();
+    let mut samples = Vec::new();
+    let payload = [7u8; 64];
+    for (a, b) in pairs {
+        for _ in 0..200 {
+            let t = Instant::now();
+            write_frame(streams.get_mut(&(a, b)).context("stream")?, &payload).await?;
+            let got = read_frame(streams.get_mut(&(b, a)).context("stream")?).await?;
+            write_frame(streams.get_mut(&(b, a)).context("stream")?, &got).await?;
+            read_frame(streams.get_mut(&(a, b)).context("stream")?).await?;
+            samples.push(t.elapsed());
+        }
+    }
+    samples.sort();
+    Ok(samples[samples.len() / 2])
+}
