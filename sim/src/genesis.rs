@@ -142,15 +142,31 @@ fn put(world: &mut World, owner: AccountId, kind: ObjectKind, name: String, posi
     id
 }
 
-/// Attach a rules script to an object at genesis (runs `Init` handlers only when deployed by
-/// an event; genesis scripts start with their directives applied).
+/// Attach a rules script to an object at genesis.
 fn attach(world: &mut World, object: ObjectId, author: AccountId, source: &str) {
-    let record =
-        ScriptSource { source: source.to_string(), licence: "AGPL-3.0-or-later".into(), author, derived_from: None };
-    let compiled = RuleHost::default().compile(&record, &world.settings.limits).expect("demo scripts compile");
-    let (channels, every) = crate::rules::directives(source).expect("demo scripts compile");
-    let listen = channels.into_iter().collect();
-    let timer = every.map(|every_ticks| crate::state::Timer { every_ticks, next: Tick(u64::from(every_ticks)) });
+    attach_script(world, &RuleHost::default(), object, author, source, "AGPL-3.0-or-later")
+        .expect("demo scripts compile");
+}
+
+/// Attach a script to an object of a world being built (genesis, scenario files), compiled by
+/// `host`. Its `on_init` handler runs on the first tick, as after a deployment. Worlds in
+/// flight change scripts only through signed `DeployScript` events.
+pub fn attach_script(
+    world: &mut World,
+    host: &dyn ScriptHost,
+    object: ObjectId,
+    author: AccountId,
+    source: &str,
+    licence: &str,
+) -> Result<(), String> {
+    if world.object(object).is_none() {
+        return Err(format!("no object {object}"));
+    }
+    if !crate::state::COPYLEFT_LICENCES.contains(&licence) {
+        return Err(format!("licence {licence:?} is not on the copyleft list"));
+    }
+    let record = ScriptSource { source: source.to_string(), licence: licence.into(), author, derived_from: None };
+    let compiled = host.compile(&record, &world.settings.limits)?;
     let script = world.add_source(record);
     world.put_script(
         object,
@@ -158,12 +174,14 @@ fn attach(world: &mut World, object: ObjectId, author: AccountId, source: &str) 
             script,
             state: Vec::new(),
             wants_tick: compiled.wants_tick,
-            listen,
-            timer,
+            listen: Default::default(),
+            timer: None,
             failures: 0,
             suspended: false,
         },
     );
+    world.pending_init.insert(object);
+    Ok(())
 }
 
 /// A seeded stream of signed events against a demo world, with a share of bad ones

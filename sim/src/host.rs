@@ -48,9 +48,17 @@ pub struct ScriptCtx<'a> {
     pub source: &'a ScriptSource,
     pub tick: Tick,
     pub time_ms: u64,
-    /// Seed for the script's deterministic RNG: blake3(tick seed ‖ object).
-    pub rng_seed: Hash32,
+    /// The tick's order seed (from the commit certificate); see [`ScriptCtx::rng_seed`].
+    pub tick_seed: Hash32,
     pub limits: &'a Limits,
+}
+
+impl ScriptCtx<'_> {
+    /// Seed of this script's deterministic RNG for this tick: blake3(tick seed ‖ object).
+    /// Computed on demand: most scripts never draw a random number.
+    pub fn rng_seed(&self) -> Hash32 {
+        crate::pipeline::script_seed(&self.tick_seed, self.object.id)
+    }
 }
 
 /// What a script asks for. Only its own object changes; the rest are messages and commands.

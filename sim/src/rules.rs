@@ -129,11 +129,6 @@ fn parse(src: &str) -> Result<Rules, String> {
     Ok(r)
 }
 
-/// A script's `listen` channels and `timer` period, as `Init` would set them.
-pub(crate) fn directives(src: &str) -> Result<(Vec<i32>, Option<u32>), String> {
-    parse(src).map(|r| (r.listen, r.timer))
-}
-
 fn parse_action(a: &str) -> Result<Action, String> {
     let words: Vec<&str> = a.split_whitespace().collect();
     let rest = |from: usize| words.get(from..).map(|w| w.join(" ")).unwrap_or_default();

@@ -319,6 +319,8 @@ pub struct World {
     pub(crate) next_account_slot: u32,
     /// Events for the next tick.
     pub(crate) queue: Vec<Queued>,
+    /// Scripts attached outside a tick (genesis, scenario files) whose `on_init` runs next tick.
+    pub(crate) pending_init: BTreeSet<ObjectId>,
     /// Rejections of the last executed tick.
     pub(crate) receipts: Vec<Rejection>,
     #[serde(skip)]
@@ -398,6 +400,7 @@ impl World {
             free_slots: BTreeMap::new(),
             next_account_slot: 0,
             queue: Vec::new(),
+            pending_init: BTreeSet::new(),
             receipts: Vec::new(),
             cache: RootCache::default(),
         }
@@ -626,6 +629,9 @@ impl World {
                 return Err(format!("script state on {id} is over the limit"));
             }
         }
+        if self.pending_init.iter().any(|id| !self.scripts.contains_key(id)) {
+            return Err("an init is pending for an object without a script".into());
+        }
         for (sid, src) in &self.sources {
             if src.id() != *sid {
                 return Err(format!("script source {sid} does not match its content hash"));
@@ -672,6 +678,7 @@ impl World {
             &self.free_slots,
             self.next_account_slot,
             &self.receipts,
+            &self.pending_init,
         ))
         .expect("encoding to a Vec cannot fail");
         let governance = merkle::combine(&keys::SUBSYSTEM, &[b"governance", &c.accounts.root().0, &meta]);

@@ -9,7 +9,7 @@ mod common;
 
 use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world};
 
-const GOLDEN_ROOT_1000: &str = "ea2c17c2fbf51c2c5fe824a412dbc8a48cb6f9aeeac3e36b4492432c3956693f";
+const GOLDEN_ROOT_1000: &str = "451ff9b3187ac366e12b35b85c23edc5fbc9958607bf616c8e0784385d242e27";
 
 fn run(workers: u32) -> String {
     let demo = demo_world(DemoSpec { seed: 2026, objects: 1_200, players: 40, ..DemoSpec::default() });

@@ -15,7 +15,8 @@
 //! the commands the merge collects (and the spawns of the governance unit). The governance
 //! unit runs sequentially inside the merge: it allocates object slots and its events are few;
 //! its permission checks use the roles of `World_t`, so its result does not depend on order.
-//! Synthetic inputs come first in a unit: `Tick`, then `Timer`, then ordered events.
+//! Synthetic inputs come first in a unit: `Init` (scripts attached at genesis), `Tick`, then
+//! `Timer`, then ordered events.
 
 mod unit;
 mod verify;
@@ -34,6 +35,7 @@ use crate::snapshot::{Snapshot, SnapshotError};
 use crate::state::{Queued, Rejection, SubsystemRoots, World};
 use crate::vec2::Vec2;
 
+pub use unit::script_seed;
 use unit::{InstanceChange, ObjectPart, Unit, UnitInput};
 
 /// The channel script errors go out on, addressed to the object's owner.
@@ -208,12 +210,14 @@ pub fn step(
     let verdicts = verify::check(world, batch);
     // 2. route + 3. order
     let queue = std::mem::take(&mut world.queue);
-    let routes = route(world, &verdicts.accepted, queue, &ctx);
+    let (routes, units) = route(world, &verdicts.accepted, queue, &ctx);
+    let unit_count = units.len() as u32;
     // 4. run, in parallel over the immutable World_t
     let w: &World = world;
-    let parts: Vec<ObjectPart> = crate::par::map_chunks(&routes.units, workers, 64, |units| {
+    let parts: Vec<ObjectPart> = crate::par::map_chunks(&units, workers, 64, |units| {
         units.iter().map(|u| unit::run(w, host, u, &ctx)).collect()
     });
+    drop(units);
     let client_chat = chat_unit(w, &routes.chat);
 
     // 5. merge: objects in id order, then chat, then governance
@@ -252,6 +256,7 @@ pub fn step(
         queue.push(Queued::Collision { object, other });
     }
     world.queue = queue;
+    world.pending_init.clear();
     world.receipts = rejected.clone();
     world.tick = world.tick.next();
     world.time_ms = ctx.time_ms;
@@ -267,18 +272,17 @@ pub fn step(
         rejected,
         chat,
         script_errors: merged.errors,
-        units: routes.units.len() as u32,
+        units: unit_count,
         bodies_moved,
     })
 }
 
-/// Where each accepted event goes, already in canonical order.
+/// Where each accepted event goes, already in canonical order (object units, in object-id
+/// order, are returned beside it).
 #[derive(Debug)]
 struct Routes<'a> {
     governance: Vec<&'a Checked>,
     chat: Vec<&'a Checked>,
-    /// In object-id order.
-    units: Vec<Unit<'a>>,
 }
 
 /// The order key of an event at a target: blake3(seed ‖ target ‖ event id), keyed.
@@ -306,7 +310,12 @@ fn queued_id(tick: Tick, index: u32) -> EventId {
     EventId(*h.finalize().as_bytes())
 }
 
-fn route<'a>(world: &World, accepted: &[&'a Checked], queue: Vec<Queued>, ctx: &TickCtx) -> Routes<'a> {
+fn route<'a, 'w>(
+    world: &'w World,
+    accepted: &[&'a Checked],
+    queue: Vec<Queued>,
+    ctx: &TickCtx,
+) -> (Routes<'a>, Vec<Unit<'a, 'w>>) {
     let mut gov: Vec<([u8; 32], &Checked)> = Vec::new();
     let mut chat: Vec<([u8; 32], &Checked)> = Vec::new();
     let mut objects: BTreeMap<ObjectId, Vec<([u8; 32], UnitInput<'a>)>> = BTreeMap::new();
@@ -341,40 +350,67 @@ fn route<'a>(world: &World, accepted: &[&'a Checked], queue: Vec<Queued>, ctx: &
             && *oid < id
         {
             let (oid, inputs) = ordered.next().expect("peeked");
-            units.push(make_unit(oid, inputs, false, false));
+            units.push(make_unit(oid, inputs, Synthetic::default()));
         }
+        let init = world.pending_init.contains(&id);
         let wants_tick = inst.wants_tick && !inst.suspended;
         let timer_due = !inst.suspended && inst.timer.is_some_and(|t| t.next <= ctx.tick);
         let inputs = match ordered.peek() {
             Some((oid, _)) if *oid == id => ordered.next().expect("peeked").1,
-            _ if wants_tick || timer_due => Vec::new(),
+            _ if init || wants_tick || timer_due => Vec::new(),
             _ => continue,
         };
-        units.push(make_unit(id, inputs, wants_tick, timer_due));
+        units.push(make_unit(id, inputs, Synthetic { init, tick: wants_tick, timer: timer_due }));
     }
     for (oid, inputs) in ordered {
-        units.push(make_unit(oid, inputs, false, false));
+        units.push(make_unit(oid, inputs, Synthetic::default()));
     }
+    resolve(world, &mut units);
     gov.sort_by_key(|a| a.0);
     chat.sort_by_key(|a| a.0);
-    Routes {
+    let routes = Routes {
         governance: gov.into_iter().map(|(_, c)| c).collect(),
         chat: chat.into_iter().map(|(_, c)| c).collect(),
-        units,
+    };
+    (routes, units)
+}
+
+/// Attach each unit's object and script from `World_t`: units, objects and scripts are all in
+/// id order, so one merged pass replaces a map lookup per unit.
+fn resolve<'a, 'w>(world: &'w World, units: &mut [Unit<'a, 'w>]) {
+    let mut objects = world.objects.iter().peekable();
+    let mut scripts = world.scripts.iter().peekable();
+    for u in units.iter_mut() {
+        while objects.next_if(|(id, _)| **id < u.object).is_some() {}
+        while scripts.next_if(|(id, _)| **id < u.object).is_some() {}
+        let object = objects.peek().filter(|(id, _)| **id == u.object).map(|(_, o)| *o);
+        let script = scripts.peek().filter(|(id, _)| **id == u.object).map(|(_, s)| *s);
+        u.resolved = object.map(|o| (o, script));
     }
 }
 
-fn make_unit<'a>(object: ObjectId, mut keyed: Vec<([u8; 32], UnitInput<'a>)>, tick: bool, timer: bool) -> Unit<'a> {
+/// Inputs a unit gets from the script's own state rather than from events.
+#[derive(Clone, Copy, Debug, Default)]
+struct Synthetic {
+    init: bool,
+    tick: bool,
+    timer: bool,
+}
+
+fn make_unit<'a, 'w>(object: ObjectId, mut keyed: Vec<([u8; 32], UnitInput<'a>)>, s: Synthetic) -> Unit<'a, 'w> {
     keyed.sort_by_key(|a| a.0);
-    let mut inputs = Vec::with_capacity(keyed.len() + 2);
-    if tick {
+    let mut inputs = Vec::with_capacity(keyed.len() + 3);
+    if s.init {
+        inputs.push(UnitInput::Init);
+    }
+    if s.tick {
         inputs.push(UnitInput::Tick);
     }
-    if timer {
+    if s.timer {
         inputs.push(UnitInput::Timer);
     }
     inputs.extend(keyed.into_iter().map(|(_, i)| i));
-    Unit { object, inputs }
+    Unit { object, inputs, resolved: None }
 }
 
 /// The chat unit: client chat, spoken by the author's avatar.

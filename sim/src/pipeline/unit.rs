@@ -20,6 +20,8 @@ use super::{ChatLine, ScriptErrorReport, Speaker, TickCtx};
 /// One input of a unit, after canonical ordering.
 #[derive(Debug)]
 pub(crate) enum UnitInput<'a> {
+    /// The script was attached outside a tick: run its `on_init` first.
+    Init,
     /// The object's script has a tick handler.
     Tick,
     /// The object's timer is due.
@@ -30,9 +32,12 @@ pub(crate) enum UnitInput<'a> {
 
 /// Everything addressed to one object this tick.
 #[derive(Debug)]
-pub(crate) struct Unit<'a> {
+pub(crate) struct Unit<'a, 'w> {
     pub object: ObjectId,
     pub inputs: Vec<UnitInput<'a>>,
+    /// The object and its script in `World_t`, resolved by the router in one ordered pass
+    /// (cheaper than a map lookup per unit).
+    pub resolved: Option<(&'w Object, Option<&'w ScriptInstance>)>,
 }
 
 /// A change to an object's script instance.
@@ -66,7 +71,7 @@ struct Work<'w> {
     failed_this_tick: bool,
 }
 
-pub(crate) fn run(world: &World, host: &dyn ScriptHost, unit: &Unit<'_>, ctx: &TickCtx) -> ObjectPart {
+pub(crate) fn run(world: &World, host: &dyn ScriptHost, unit: &Unit<'_, '_>, ctx: &TickCtx) -> ObjectPart {
     let mut part = ObjectPart {
         object: unit.object,
         updated: None,
@@ -78,7 +83,7 @@ pub(crate) fn run(world: &World, host: &dyn ScriptHost, unit: &Unit<'_>, ctx: &T
         rejected: Vec::new(),
         errors: Vec::new(),
     };
-    let Some(object) = world.objects.get(&unit.object) else {
+    let Some((object, instance)) = unit.resolved else {
         for input in &unit.inputs {
             if let UnitInput::Event(c) = input {
                 part.rejected.push(reject(c, RejectReason::NoSuchObject { object: unit.object }));
@@ -86,7 +91,6 @@ pub(crate) fn run(world: &World, host: &dyn ScriptHost, unit: &Unit<'_>, ctx: &T
         }
         return part;
     };
-    let instance = world.scripts.get(&unit.object);
     let mut w = Work {
         object: Cow::Borrowed(object),
         instance: instance.map(Cow::Borrowed),
@@ -96,6 +100,7 @@ pub(crate) fn run(world: &World, host: &dyn ScriptHost, unit: &Unit<'_>, ctx: &T
     };
     for input in &unit.inputs {
         match input {
+            UnitInput::Init => w.pending.push(ScriptInput::Init),
             UnitInput::Tick => w.pending.push(ScriptInput::Tick),
             UnitInput::Timer => {
                 if let Some(inst) = w.instance.as_mut()
@@ -230,7 +235,7 @@ fn truncate(mut s: String, max: usize) -> String {
 }
 
 /// Seed of a script's RNG for this tick: blake3(tick seed ‖ object).
-pub(crate) fn script_seed(seed: &Hash32, object: ObjectId) -> Hash32 {
+pub fn script_seed(seed: &Hash32, object: ObjectId) -> Hash32 {
     let mut h = blake3::Hasher::new_keyed(&keys::RNG);
     h.update(&seed.0);
     h.update(&object.0.to_le_bytes());
@@ -258,7 +263,7 @@ fn flush(world: &World, host: &dyn ScriptHost, ctx: &TickCtx, w: &mut Work<'_>, 
             source,
             tick: ctx.tick,
             time_ms: ctx.time_ms,
-            rng_seed: script_seed(&ctx.seed, w.object.id),
+            tick_seed: ctx.seed,
             limits,
         },
         &inputs,

@@ -1,0 +1,168 @@
+//! The script API: what a script may read and ask for. Nothing else is registered (no I/O, no
+//! clock, no OS randomness). Functions reach the running script's context through scoped
+//! thread-locals set for the duration of one object's handlers.
+
+use std::cell::RefCell;
+
+use metatopia_sim::host::ScriptAction;
+use metatopia_sim::rng::DetRng;
+use metatopia_sim::state::Object;
+use metatopia_sim::{ChatRange, Fx, ObjectId, Tick, Vec2, World};
+use rhai::{Array, Dynamic, Engine, INT, ImmutableString, Map};
+
+use crate::numbers::{RhaiResult, fx_dyn, to_fx, to_int, vec_map};
+
+/// The running script's own, mutable context.
+#[derive(Debug)]
+pub(crate) struct Call {
+    pub tick: Tick,
+    /// The tick seed; the RNG is made from it on the first `random` call.
+    pub tick_seed: metatopia_sim::Hash32,
+    pub rng: Option<DetRng>,
+    pub actions: Vec<ScriptAction>,
+    pub max_nearby: usize,
+}
+
+scoped_tls::scoped_thread_local!(pub(crate) static WORLD: World);
+scoped_tls::scoped_thread_local!(pub(crate) static OBJECT: Object);
+scoped_tls::scoped_thread_local!(pub(crate) static CALL: RefCell<Call>);
+
+fn with_object<R>(f: impl FnOnce(&Object) -> R) -> RhaiResult<R> {
+    if !OBJECT.is_set() {
+        return Err("the script API is only available inside a handler".into());
+    }
+    Ok(OBJECT.with(f))
+}
+
+fn with_call<R>(f: impl FnOnce(&mut Call) -> R) -> RhaiResult<R> {
+    if !CALL.is_set() {
+        return Err("the script API is only available inside a handler".into());
+    }
+    CALL.with(|c| Ok(f(&mut c.borrow_mut())))
+}
+
+fn push(a: ScriptAction) -> RhaiResult<()> {
+    with_call(|c| c.actions.push(a))
+}
+
+fn object_map(o: &Object) -> Map {
+    let mut m = Map::new();
+    m.insert("id".into(), o.id.to_string().into());
+    m.insert("name".into(), o.name.clone().into());
+    m.insert("owner".into(), o.owner.to_string().into());
+    m.insert("avatar".into(), (o.kind == metatopia_sim::state::ObjectKind::Avatar).into());
+    m.insert("position".into(), vec_map(o.position).into());
+    m.insert("velocity".into(), vec_map(o.velocity).into());
+    m.insert("color".into(), INT::from(o.color).into());
+    m.insert("text".into(), o.text.clone().into());
+    m
+}
+
+fn parse_id(s: &str) -> RhaiResult<ObjectId> {
+    let (slot, generation) =
+        s.split_once('v').ok_or_else(|| format!("not an object id: {s:?} (ids look like 12v0)"))?;
+    match (slot.parse(), generation.parse()) {
+        (Ok(slot), Ok(generation)) => Ok(ObjectId::new(slot, generation)),
+        _ => Err(format!("not an object id: {s:?}").into()),
+    }
+}
+
+fn say(channel: INT, range: ChatRange, text: ImmutableString) -> RhaiResult<()> {
+    let channel = i32::try_from(channel).map_err(|_| format!("channel {channel} is out of range"))?;
+    push(ScriptAction::Say { channel, range, text: text.to_string() })
+}
+
+fn vec_of(x: &Dynamic, y: &Dynamic) -> RhaiResult<Vec2> {
+    Ok(Vec2::new(to_fx("x", x)?, to_fx("y", y)?))
+}
+
+/// Register the API on an engine.
+pub(crate) fn register(engine: &mut Engine) {
+    // Reading.
+    engine.register_fn("me", || -> RhaiResult<Map> { with_object(object_map) });
+    engine.register_fn("tick", || -> RhaiResult<INT> { with_call(|c| c.tick.0 as INT) });
+    engine.register_fn("nearby", |radius: Dynamic| -> RhaiResult<Array> {
+        let r = to_fx("radius", &radius)?;
+        let (me, pos) = with_object(|o| (o.id, o.position))?;
+        let max = with_call(|c| c.max_nearby)?;
+        if !WORLD.is_set() {
+            return Err("no world".into());
+        }
+        Ok(WORLD.with(|w| {
+            w.objects_within(pos, r)
+                .filter(|o| o.id != me)
+                .take(max)
+                .map(|o| Dynamic::from_map(object_map(o)))
+                .collect()
+        }))
+    });
+    engine.register_fn("get_object", |id: ImmutableString| -> RhaiResult<Dynamic> {
+        let id = parse_id(&id)?;
+        if !WORLD.is_set() {
+            return Err("no world".into());
+        }
+        Ok(WORLD.with(|w| w.object(id).map_or(Dynamic::UNIT, |o| Dynamic::from_map(object_map(o)))))
+    });
+    engine.register_fn("script_source", |id: ImmutableString| -> RhaiResult<Dynamic> {
+        let id = parse_id(&id)?;
+        Ok(WORLD.with(|w| w.script_source(id).map_or(Dynamic::UNIT, |s| s.source.clone().into())))
+    });
+
+    // Own object.
+    engine.register_fn("set_color", |c: INT| push(ScriptAction::SetColor(c as u32)));
+    engine.register_fn("set_text", |t: ImmutableString| push(ScriptAction::SetText(t.to_string())));
+    engine.register_fn("set_velocity", |x: Dynamic, y: Dynamic| push(ScriptAction::SetVelocity(vec_of(&x, &y)?)));
+    engine.register_fn("apply_impulse", |x: Dynamic, y: Dynamic| push(ScriptAction::Impulse(vec_of(&x, &y)?)));
+    engine.register_fn("set_target", |x: Dynamic, y: Dynamic, speed: Dynamic| {
+        push(ScriptAction::SetTarget { target: vec_of(&x, &y)?, speed: to_fx("speed", &speed)? })
+    });
+
+    // Talking.
+    engine.register_fn("say", |ch: INT, t: ImmutableString| say(ch, ChatRange::Say, t));
+    engine.register_fn("whisper", |ch: INT, t: ImmutableString| say(ch, ChatRange::Whisper, t));
+    engine.register_fn("shout", |ch: INT, t: ImmutableString| say(ch, ChatRange::Shout, t));
+    engine.register_fn("listen", |ch: INT| {
+        let channel = i32::try_from(ch).map_err(|_| format!("channel {ch} is out of range"))?;
+        push(ScriptAction::Listen { channel, on: true })
+    });
+    engine.register_fn("unlisten", |ch: INT| {
+        let channel = i32::try_from(ch).map_err(|_| format!("channel {ch} is out of range"))?;
+        push(ScriptAction::Listen { channel, on: false })
+    });
+    engine.register_fn("send", |to: ImmutableString, data: ImmutableString| {
+        push(ScriptAction::Send { to: parse_id(&to)?, data: data.to_string() })
+    });
+
+    // Time and chance, deterministic.
+    engine.register_fn("start_timer", |ticks: INT| {
+        let every_ticks = u32::try_from(ticks.max(1)).map_err(|_| format!("timer of {ticks} ticks is out of range"))?;
+        push(ScriptAction::SetTimer { every_ticks })
+    });
+    engine.register_fn("stop_timer", || push(ScriptAction::SetTimer { every_ticks: 0 }));
+    engine.register_fn("random", |n: INT| -> RhaiResult<INT> {
+        if n <= 0 {
+            return Err(format!("random({n}): the bound must be positive").into());
+        }
+        let id = with_object(|o| o.id)?;
+        with_call(|c| {
+            let seed = c.tick_seed;
+            let rng = c.rng.get_or_insert_with(|| DetRng::from_seed(metatopia_sim::pipeline::script_seed(&seed, id)));
+            rng.below(n as u64) as INT
+        })
+    });
+
+    // Deterministic math on numbers (integers or decimals), through Fx.
+    engine.register_fn("sqrt", |x: Dynamic| -> RhaiResult<Dynamic> { Ok(fx_dyn(to_fx("x", &x)?.sqrt())) });
+    engine.register_fn("sin", |x: Dynamic| -> RhaiResult<Dynamic> { Ok(fx_dyn(to_fx("x", &x)?.sin())) });
+    engine.register_fn("cos", |x: Dynamic| -> RhaiResult<Dynamic> { Ok(fx_dyn(to_fx("x", &x)?.cos())) });
+    engine.register_fn("atan2", |y: Dynamic, x: Dynamic| -> RhaiResult<Dynamic> {
+        Ok(fx_dyn(Fx::atan2(to_fx("y", &y)?, to_fx("x", &x)?)))
+    });
+    engine.register_fn("distance", |a: Map, b: Map| -> RhaiResult<Dynamic> {
+        let get = |m: &Map, k: &str| m.get(k).cloned().unwrap_or(Dynamic::UNIT);
+        let pa = vec_of(&get(&a, "x"), &get(&a, "y"))?;
+        let pb = vec_of(&get(&b, "x"), &get(&b, "y"))?;
+        Ok(fx_dyn(pa.distance(pb)))
+    });
+    engine.register_fn("to_int", |x: Dynamic| to_int("x", &x));
+}
