@@ -7,6 +7,7 @@
 
 mod bench_agreement;
 mod local;
+mod raynet_sim;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +22,8 @@ struct Cli {
 enum Command {
     /// Run one sim locally on a seeded default world, with bots, and print its progress.
     Sim(local::SimArgs),
+    /// Simulate the Raynet overlay with N peers and measure it against exact Delaunay.
+    Raynet(raynet_sim::RaynetArgs),
     /// Whole-system benchmarks (run by hand; figures go in the issue notes).
     #[command(subcommand)]
     Bench(Bench),
@@ -39,6 +42,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Sim(args) => local::run(args),
+        Command::Raynet(args) => raynet_sim::run(args),
         Command::Bench(Bench::Agreement(args)) => bench_agreement::run(args),
     }
 }
