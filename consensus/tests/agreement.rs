@@ -139,6 +139,19 @@ fn a_diverged_state_root_is_detected_by_peers_within_a_tick() {
     assert!(cluster.node(3).unwrap().mismatches > 0, "the diverged node learns it too");
 }
 
+/// Found by the by-hand sweep (seed 1002941, n = 7): a validator restarted and crashed again
+/// before its first step came back from genesis and re-committed tick 0. The harness now keeps
+/// what the restarted node was restored from, as a disk would.
+#[test]
+fn issue_sweep_1002941_crash_right_after_restart_keeps_persisted_state() {
+    let cache = Arc::new(SigCache::new());
+    let s = random_schedule(1_002_941, 7, false);
+    assert_eq!(s.crashes.len(), 2, "the schedule that found it: two crashes of node 4");
+    let r = run_schedule(&s, 1_002_941, 2 * SEC, &cache);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert!(r.resume_after_heal.is_some_and(|t| t <= RESUME_BOUND));
+}
+
 #[test]
 fn same_seed_same_trace_different_seed_different_trace() {
     let cache = Arc::new(SigCache::new());

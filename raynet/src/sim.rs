@@ -133,7 +133,7 @@ impl Simulator {
         }
         // A random bootstrap: each peer knows a few peers picked at random.
         for id in &ids {
-            let contacts = sim.random_entries(sim.cfg.bootstrap_contacts);
+            let contacts = sim.random_entries_from(&ids, sim.cfg.bootstrap_contacts);
             if let Some(p) = sim.peers.get_mut(id) {
                 p.bootstrap(&contacts);
             }
@@ -168,6 +168,10 @@ impl Simulator {
 
     fn random_entries(&mut self, n: usize) -> Vec<Entry> {
         let ids: Vec<PeerId> = self.peers.keys().copied().collect();
+        self.random_entries_from(&ids, n)
+    }
+
+    fn random_entries_from(&mut self, ids: &[PeerId], n: usize) -> Vec<Entry> {
         (0..n.min(ids.len()))
             .map(|_| {
                 let id = ids[self.rng.below(ids.len() as u64) as usize];
@@ -272,9 +276,9 @@ impl Simulator {
 
     fn churn(&mut self) {
         let n = self.peers.len() * self.cfg.churn_per_mille as usize / 1000;
-        for _ in 0..n {
-            let ids: Vec<PeerId> = self.peers.keys().copied().collect();
-            let gone = ids[self.rng.below(ids.len() as u64) as usize];
+        let mut ids: Vec<PeerId> = self.peers.keys().copied().collect();
+        for _ in 0..n.min(ids.len().saturating_sub(4)) {
+            let gone = ids.swap_remove(self.rng.below(ids.len() as u64) as usize);
             self.peers.remove(&gone);
         }
         for _ in 0..n {

@@ -141,7 +141,6 @@ impl Process for Node {
     }
 
     fn persisted(&self) -> Option<Vec<u8>> {
-        // Nothing was written before the first step: the node restarts from genesis.
         (!self.saved.is_empty()).then(|| self.saved.clone())
     }
 
@@ -190,6 +189,12 @@ pub fn build(setup: &Setup, seed: u64, net: NetConfig, cache: &Arc<SigCache>) ->
             )),
             (_, None) => Actor::Honest(Box::new(Validator::new(cfg.clone(), k, keys.clone(), now))),
         };
+        // What a crash would leave on disk right now: the state the node starts from (a node
+        // that crashes again before its first step must not fall back to genesis).
+        let saved = match &actor {
+            Actor::Honest(v) => v.persist(),
+            Actor::Byz(_) => Vec::new(),
+        };
         Node {
             actor,
             index: ValidatorIndex(index),
@@ -200,7 +205,7 @@ pub fn build(setup: &Setup, seed: u64, net: NetConfig, cache: &Arc<SigCache>) ->
             mismatches: 0,
             incarnation: 0,
             app_root: Digest::default(),
-            saved: Vec::new(),
+            saved,
         }
     };
     let mut roles = setup.roles.clone();
