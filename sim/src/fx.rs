@@ -9,7 +9,7 @@
 //!   the same way on every machine.
 //! - `sqrt` is exact: the floor of the true square root of the represented value.
 //! - `sin`, `cos` and `atan2` use CORDIC (the `cordic` crate) in a 56-fraction-bit type and
-//!   round to the nearest `Fx`. Measured against an f64 reference over the whole range
+//!   round to the nearest `Fx`. Measured against a 64-bit floating-point reference over the whole range
 //!   (`sim/tests/fx_accuracy.rs`): **max error 0.5 ULP measured, 1 ULP asserted**
 //!   (1 ULP = 2⁻¹⁶ ≈ 1.53e-5) for angles within ±2²⁰ rad; larger angles add at most
 //!   |angle|·2⁻⁵⁶ from range reduction. `Vec2::length` is exact (floor), `normalize` within 2 ULP.
