@@ -8,6 +8,13 @@ use std::time::Instant;
 use anyhow::Context;
 use metatopia_raynet::sim::{Placement, SimConfig, Simulator};
 
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum PlacementArg {
+    Uniform,
+    /// Ten Gaussian clusters.
+    Clustered,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct RaynetArgs {
     /// Peers.
@@ -16,9 +23,9 @@ pub struct RaynetArgs {
     /// Gossip rounds.
     #[arg(long, default_value_t = 20)]
     rounds: u32,
-    /// Placement: uniform or clustered.
-    #[arg(long, default_value = "uniform")]
-    placement: String,
+    /// How peers are placed.
+    #[arg(long, value_enum, default_value_t = PlacementArg::Uniform)]
+    placement: PlacementArg,
     /// Peers replaced per round, per mille (after the first `--churn-after` rounds).
     #[arg(long, default_value_t = 0)]
     churn: u32,
@@ -48,10 +55,9 @@ fn rss_kib() -> Option<u64> {
 }
 
 pub fn run(args: RaynetArgs) -> anyhow::Result<()> {
-    let placement = match args.placement.as_str() {
-        "uniform" => Placement::Uniform,
-        "clustered" => Placement::Clustered,
-        other => anyhow::bail!("--placement must be uniform or clustered, not {other:?}"),
+    let placement = match args.placement {
+        PlacementArg::Uniform => Placement::Uniform,
+        PlacementArg::Clustered => Placement::Clustered,
     };
     anyhow::ensure!(args.peers >= 4, "--peers must be at least 4");
     anyhow::ensure!(args.churn <= 1000 && args.loss <= 1000, "--churn and --loss are per mille (0..=1000)");
