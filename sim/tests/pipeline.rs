@@ -294,3 +294,20 @@ fn shared_sources_live_while_any_object_runs_them() {
     assert!(!sim.world().sources().contains_key(&id), "nobody runs it any more");
     assert_eq!(sim.world().sources().len(), 1);
 }
+
+#[test]
+fn touching_a_suspended_script_leaves_it_untouched() {
+    let (mut sim, mut ann, mut bob) = two_players();
+    let o = rez_centre(&mut sim, &mut ann);
+    deploy(&mut sim, &mut ann, o, "on tick: fail");
+    let limit = sim.world().settings().limits.script_failure_limit;
+    idle(&mut sim, u64::from(limit) + 1);
+    let before = sim.world().script(o).unwrap().clone();
+    assert!(before.suspended);
+    let root = sim.roots().scripts;
+    let t = bob.sign(&sim, Payload::Touch { object: o });
+    let r = step(&mut sim, vec![t]);
+    assert!(r.script_errors.is_empty());
+    assert_eq!(sim.world().script(o).unwrap(), &before, "the failure streak is kept while suspended");
+    assert_eq!(sim.roots().scripts, root, "no script state changed");
+}

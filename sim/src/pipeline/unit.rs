@@ -126,18 +126,20 @@ fn finish(w: Work<'_>, mut part: ObjectPart) -> ObjectPart {
     if let Cow::Owned(o) = w.object {
         part.updated = Some(o);
     }
-    if let Some(Cow::Owned(mut inst)) = w.instance {
-        if w.failed_this_tick {
-            inst.failures = inst.failures.saturating_add(1);
-        } else if !inst.suspended {
-            inst.failures = 0;
-        }
-        part.instance = InstanceChange::Set(inst);
-    } else if let Some(Cow::Borrowed(inst)) = w.instance
-        && (w.failed_this_tick || inst.failures != 0)
-    {
-        let mut inst = inst.clone();
-        inst.failures = if w.failed_this_tick { inst.failures.saturating_add(1) } else { 0 };
+    let Some(mut inst) = w.instance else { return part };
+    // One rule for the failure streak: a failing tick adds one, a clean run resets it, and a
+    // suspended script (which did not run) keeps its count. Written back only if it changed.
+    let failures = if w.failed_this_tick {
+        inst.failures.saturating_add(1)
+    } else if inst.suspended {
+        inst.failures
+    } else {
+        0
+    };
+    if failures != inst.failures {
+        inst.to_mut().failures = failures;
+    }
+    if let Cow::Owned(inst) = inst {
         part.instance = InstanceChange::Set(inst);
     }
     part
