@@ -9,10 +9,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world};
+use metatopia_physics::RegionStage;
+use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world, tick_time_ms};
+use metatopia_sim::host::{PhysicsCommand, PhysicsError, PhysicsOutput, PhysicsStage};
 use metatopia_sim::kinematic::KinematicPhysics;
 use metatopia_sim::rules::RuleHost;
-use metatopia_sim::{Batch, Hash32, Sim, VerifiedBatch};
+use metatopia_sim::{Batch, Fx, Hash32, Sim, VerifiedBatch, World};
 
 #[derive(Debug, clap::Args)]
 pub struct SimArgs {
@@ -34,9 +36,54 @@ pub struct SimArgs {
     /// Worker threads for the parallel stages.
     #[arg(long, default_value_t = 2)]
     workers: u32,
-    /// Run as fast as possible instead of at the sim's tick rate.
+    /// Run as fast as possible instead of at the sim's tick rate, on virtual time (BFT time is
+    /// tick × period, so two runs of the same world end on the same root).
     #[arg(long)]
     unpaced: bool,
+    /// The physics stage: rapier2d (bodies collide) or kinematic (bodies pass through each
+    /// other and bounce off the region's edges; cheaper).
+    #[arg(long, value_enum, default_value_t = PhysicsKind::Rapier)]
+    physics: PhysicsKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PhysicsKind {
+    Rapier,
+    Kinematic,
+}
+
+/// Either physics stage behind one type, so the loop below is written once.
+#[derive(Debug)]
+enum AnyPhysics {
+    Rapier(Box<RegionStage>),
+    Kinematic(KinematicPhysics),
+}
+
+impl PhysicsStage for AnyPhysics {
+    fn load(&mut self, world: &World, saved: Option<&[u8]>) -> Result<(), PhysicsError> {
+        match self {
+            AnyPhysics::Rapier(p) => p.load(world, saved),
+            AnyPhysics::Kinematic(p) => p.load(world, saved),
+        }
+    }
+    fn step(&mut self, world: &World, commands: &[PhysicsCommand], dt: Fx) -> PhysicsOutput {
+        match self {
+            AnyPhysics::Rapier(p) => p.step(world, commands, dt),
+            AnyPhysics::Kinematic(p) => p.step(world, commands, dt),
+        }
+    }
+    fn save(&self) -> Vec<u8> {
+        match self {
+            AnyPhysics::Rapier(p) => p.save(),
+            AnyPhysics::Kinematic(p) => p.save(),
+        }
+    }
+    fn root(&self) -> Hash32 {
+        match self {
+            AnyPhysics::Rapier(p) => p.root(),
+            AnyPhysics::Kinematic(p) => p.root(),
+        }
+    }
 }
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
@@ -46,21 +93,26 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         demo_world(DemoSpec { seed: args.seed, objects: args.objects, players: args.players, ..DemoSpec::default() });
     let mut bots = EventGen::new(&demo, args.seed);
     let rate_hz = demo.world.settings().tick_rate_hz;
-    let mut sim = Sim::new(demo.world, RuleHost::default(), KinematicPhysics::default(), args.workers)
+    let physics = match args.physics {
+        PhysicsKind::Rapier => AnyPhysics::Rapier(Box::new(RegionStage::single())),
+        PhysicsKind::Kinematic => AnyPhysics::Kinematic(KinematicPhysics::default()),
+    };
+    let mut sim = Sim::new(demo.world, RuleHost::default(), physics, args.workers)
         .context("loading the default world's physics")?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
 
     println!(
-        "metatopia sim: {} on a {} m region, {} objects, {} bots, {} Hz, {} events/tick, {} workers",
+        "metatopia sim: {} on a {} m region, {} objects, {} bots, {} Hz, {} events/tick, {} workers, {:?} physics",
         sim.world().sim(),
         sim.world().region().size,
         sim.world().objects().len(),
         args.players,
         rate_hz,
         args.events_per_tick,
-        args.workers
+        args.workers,
+        args.physics
     );
     println!("genesis root {}", sim.root());
     println!(
@@ -78,7 +130,11 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         let tick = sim.world().tick();
         // Stand-ins for consensus: BFT time from the local clock, seed from a hash chain.
         seed = Hash32(*blake3::hash(&seed.0).as_bytes());
-        let time_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let time_ms = if args.unpaced {
+            tick_time_ms(tick, rate_hz)
+        } else {
+            u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+        };
         let mut batch: Batch = bots.batch(sim.world(), tick, args.events_per_tick);
         batch.time_ms = time_ms.max(sim.world().time_ms());
         batch.seed = seed;

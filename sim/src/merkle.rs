@@ -12,7 +12,7 @@
 use crate::ids::Hash32;
 
 /// Domain keys: blake3 keyed mode, one per role. Derived once from readable contexts.
-pub(crate) mod keys {
+pub mod keys {
     pub const LEAF: [u8; 32] = *b"metatopia/merkle/leaf/v1________";
     pub const NODE: [u8; 32] = *b"metatopia/merkle/node/v1________";
     pub const SUBSYSTEM: [u8; 32] = *b"metatopia/state/subsystem/v1____";
