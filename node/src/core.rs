@@ -1,0 +1,325 @@
+//! The node core: agreement and the sim in lockstep, sans-IO.
+//!
+//! Everything a node does between its sockets and its clock happens here, so the same code runs
+//! on the real network and inside `scenarios`' deterministic cluster ([`crate::simnet`]):
+//!
+//! 1. events from clients go into the consensus pool ([`NodeCore::submit_event`]);
+//! 2. consensus commits the batch of tick t ([`Output::Committed`]);
+//! 3. the sim executes it (signatures checked ahead on the worker threads, DESIGN §4);
+//! 4. the state root of tick t is reported back and travels in this validator's later votes;
+//! 5. when f+1 validators report a different root for a tick (so at least one honest one
+//!    disagrees), this node has diverged: it stops executing and hands out a
+//!    [`DesyncReport`] (its snapshot, the peers' roots, its per-subsystem roots and the last
+//!    inputs) for the I/O shell to write as `desync-report-<tick>/`. Fewer disagreements mean a
+//!    faulty peer: counted, never obeyed.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use metatopia_consensus::{Commit, Digest, Message, Micros, Output, Validator, ValidatorIndex};
+use metatopia_sim::host::{PhysicsStage, ScriptHost};
+use metatopia_sim::state::SubsystemRoots;
+use metatopia_sim::{Batch, Hash32, SignedEvent, Sim, Snapshot, Tick, VerifiedBatch};
+
+/// Largest signed event accepted from a client or a block.
+pub const MAX_EVENT_BYTES: u32 = 64 * 1024;
+/// Committed inputs kept for a desync report.
+const KEEP_INPUTS: usize = 8;
+
+/// The agreement a node runs: the honest [`Validator`], or (in tests) a Byzantine mock.
+pub trait Agreement {
+    fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message);
+    fn handle_timeout(&mut self, now: Micros);
+    fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>);
+    fn poll_output(&mut self) -> Option<Output>;
+    fn poll_timeout(&self) -> Option<Micros>;
+    fn report_root(&mut self, tick: u64, root: Digest);
+    fn validators(&self) -> usize;
+}
+
+impl Agreement for Validator {
+    fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
+        Validator::handle_message(self, now, from, msg);
+    }
+    fn handle_timeout(&mut self, now: Micros) {
+        Validator::handle_timeout(self, now);
+    }
+    fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) {
+        Validator::submit_events(self, now, events);
+    }
+    fn poll_output(&mut self) -> Option<Output> {
+        Validator::poll_output(self)
+    }
+    fn poll_timeout(&self) -> Option<Micros> {
+        Validator::poll_timeout(self)
+    }
+    fn report_root(&mut self, tick: u64, root: Digest) {
+        Validator::report_root(self, tick, root);
+    }
+    fn validators(&self) -> usize {
+        self.keys().len()
+    }
+}
+
+/// What the I/O shell must do.
+#[derive(Debug)]
+pub enum CoreOutput {
+    Broadcast(Message),
+    Send(ValidatorIndex, Message),
+    /// Tick `tick` was executed and reached `root`.
+    Executed {
+        tick: Tick,
+        root: Hash32,
+        accepted: u32,
+        rejected: u32,
+    },
+    /// A peer reported a different root for a tick, but fewer than f+1 did: the peer is faulty.
+    PeerDiverged {
+        tick: u64,
+        validator: ValidatorIndex,
+    },
+    /// This node diverged: it has stopped executing. Write the report, then resync.
+    Desync(Box<DesyncReport>),
+}
+
+/// Everything needed to find out why a node diverged (DESIGN §4).
+#[derive(Debug)]
+pub struct DesyncReport {
+    pub tick: u64,
+    pub mine: Hash32,
+    /// The roots the peers reported for `tick`.
+    pub theirs: BTreeMap<ValidatorIndex, Hash32>,
+    /// This node's per-subsystem roots after executing `tick` (if still remembered).
+    pub subsystems: Option<SubsystemRoots>,
+    /// This node's snapshot after `tick`, encoded.
+    pub snapshot: Vec<u8>,
+    /// The last committed batches executed, oldest first.
+    pub last_inputs: Vec<Batch>,
+}
+
+/// Counters for `stats` and `/metrics`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CoreStats {
+    pub executed: u64,
+    pub accepted: u64,
+    pub rejected: u64,
+    pub undecodable: u64,
+    pub refused_submissions: u64,
+    pub peer_divergences: u64,
+}
+
+/// A node's core for one sim.
+pub struct NodeCore<A, H, P> {
+    agreement: A,
+    sim: Sim<H, P>,
+    workers: u32,
+    /// Roots this node computed, by tick (recent).
+    roots: BTreeMap<u64, (Hash32, SubsystemRoots)>,
+    /// Peers' disagreeing roots, by tick.
+    disagreements: BTreeMap<u64, BTreeMap<ValidatorIndex, Hash32>>,
+    last_inputs: VecDeque<Batch>,
+    desynced: Option<u64>,
+    stats: CoreStats,
+    out: VecDeque<CoreOutput>,
+}
+
+impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for NodeCore<A, H, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeCore")
+            .field("tick", &self.sim.world().tick())
+            .field("desynced", &self.desynced)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
+    pub fn new(agreement: A, sim: Sim<H, P>, workers: u32) -> Self {
+        NodeCore {
+            agreement,
+            sim,
+            workers: workers.max(1),
+            roots: BTreeMap::new(),
+            disagreements: BTreeMap::new(),
+            last_inputs: VecDeque::new(),
+            desynced: None,
+            stats: CoreStats::default(),
+            out: VecDeque::new(),
+        }
+    }
+
+    pub fn sim(&self) -> &Sim<H, P> {
+        &self.sim
+    }
+
+    pub fn agreement(&self) -> &A {
+        &self.agreement
+    }
+
+    pub fn stats(&self) -> CoreStats {
+        self.stats
+    }
+
+    /// The tick this node diverged at, if it did.
+    pub fn desynced(&self) -> Option<u64> {
+        self.desynced
+    }
+
+    /// The root this node computed for `tick`, if still remembered.
+    pub fn root_of(&self, tick: u64) -> Option<Hash32> {
+        self.roots.get(&tick).map(|r| r.0)
+    }
+
+    pub fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
+        self.agreement.handle_message(now, from, msg);
+        self.pump();
+    }
+
+    pub fn handle_timeout(&mut self, now: Micros) {
+        self.agreement.handle_timeout(now);
+        self.pump();
+    }
+
+    pub fn poll_timeout(&self) -> Option<Micros> {
+        self.agreement.poll_timeout()
+    }
+
+    pub fn poll_output(&mut self) -> Option<CoreOutput> {
+        self.out.pop_front()
+    }
+
+    /// Signed events from clients. Events that do not decode, are for another sim or do not
+    /// verify are refused here (counted), before they cost the validators anything.
+    pub fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) -> usize {
+        let sim = self.sim.world().sim();
+        let good: Vec<Vec<u8>> = events
+            .into_iter()
+            .filter(|bytes| {
+                let ok = SignedEvent::decode(bytes, MAX_EVENT_BYTES).is_ok_and(|e| e.body.sim == sim && e.verify());
+                if !ok {
+                    self.stats.refused_submissions += 1;
+                }
+                ok
+            })
+            .collect();
+        let n = good.len();
+        if n > 0 {
+            self.agreement.submit_events(now, good);
+            self.pump();
+        }
+        n
+    }
+
+    /// Drain consensus: forward messages, execute commits, judge root mismatches.
+    fn pump(&mut self) {
+        while let Some(o) = self.agreement.poll_output() {
+            match o {
+                Output::Broadcast(m) => self.out.push_back(CoreOutput::Broadcast(m)),
+                Output::Send(to, m) => self.out.push_back(CoreOutput::Send(to, m)),
+                Output::Committed(c) => self.execute(&c),
+                Output::RootMismatch { tick, theirs, validator, .. } => {
+                    self.mismatch(tick, validator, Hash32(theirs.0))
+                }
+                Output::Finalized { .. } | Output::Evidence(_) => {}
+            }
+        }
+    }
+
+    fn execute(&mut self, c: &Commit) {
+        if self.desynced.is_some() {
+            return;
+        }
+        let tick = Tick(c.block.tick);
+        let at = self.sim.world().tick();
+        if tick < at {
+            return; // already executed (a restart replays what it has)
+        }
+        if tick > at {
+            // Consensus hands commits out in order; a gap is a bug, not bad input.
+            tracing::error!(%tick, %at, "commit out of order; stopping this sim");
+            self.desynced = Some(at.0);
+            return;
+        }
+        let mut events = Vec::with_capacity(c.block.events.len());
+        for bytes in &c.block.events {
+            match SignedEvent::decode(bytes, MAX_EVENT_BYTES) {
+                Ok(e) => events.push(e),
+                Err(_) => self.stats.undecodable += 1, // the same on every node: skipped
+            }
+        }
+        let batch = Batch { tick, time_ms: c.block.time_ms, seed: Hash32(c.seed.0), events };
+        let verified = VerifiedBatch::new(batch.clone(), self.workers);
+        match self.sim.step(&verified) {
+            Ok(report) => {
+                self.stats.executed += 1;
+                self.stats.accepted += u64::from(report.accepted);
+                self.stats.rejected += report.rejected.len() as u64;
+                self.roots.insert(tick.0, (report.root, report.roots));
+                while self.roots.len() > 512 {
+                    self.roots.pop_first();
+                }
+                self.last_inputs.push_back(batch);
+                while self.last_inputs.len() > KEEP_INPUTS {
+                    self.last_inputs.pop_front();
+                }
+                self.agreement.report_root(tick.0, Digest(report.root.0));
+                self.out.push_back(CoreOutput::Executed {
+                    tick,
+                    root: report.root,
+                    accepted: report.accepted,
+                    rejected: report.rejected.len() as u32,
+                });
+            }
+            Err(e) => {
+                tracing::error!(%tick, error = %e, "a committed batch did not execute; stopping this sim");
+                self.desynced = Some(tick.0);
+            }
+        }
+    }
+
+    fn mismatch(&mut self, tick: u64, validator: ValidatorIndex, theirs: Hash32) {
+        if self.desynced.is_some() {
+            return;
+        }
+        let f = (self.agreement.validators().saturating_sub(1)) / 3;
+        let against = self.disagreements.entry(tick).or_default();
+        against.insert(validator, theirs);
+        let count = against.len();
+        self.stats.peer_divergences += 1;
+        self.out.push_back(CoreOutput::PeerDiverged { tick, validator });
+        let horizon = tick.saturating_sub(512);
+        self.disagreements.retain(|t, _| *t >= horizon);
+        if count > f {
+            self.desync(tick);
+        }
+    }
+
+    fn desync(&mut self, tick: u64) {
+        self.desynced = Some(tick);
+        let (mine, subsystems) = match self.roots.get(&tick) {
+            Some((root, subs)) => (*root, Some(*subs)),
+            None => (self.sim.root(), None),
+        };
+        let theirs = self.disagreements.get(&tick).cloned().unwrap_or_default();
+        tracing::error!(tick, %mine, peers = theirs.len(), "this node diverged; it stops executing this sim");
+        let snapshot = self.sim.snapshot().encode();
+        self.out.push_back(CoreOutput::Desync(Box::new(DesyncReport {
+            tick,
+            mine,
+            theirs,
+            subsystems,
+            snapshot,
+            last_inputs: self.last_inputs.iter().cloned().collect(),
+        })));
+    }
+
+    /// Validators (by index) that reported roots different from this node's, over all ticks
+    /// remembered.
+    pub fn disagreeing_peers(&self) -> BTreeSet<ValidatorIndex> {
+        self.disagreements.values().flat_map(|m| m.keys().copied()).collect()
+    }
+
+    /// The snapshot of the sim now (for storage and joiners).
+    pub fn snapshot(&mut self) -> Snapshot {
+        self.sim.snapshot()
+    }
+}

@@ -1,0 +1,81 @@
+//! The node core as a process of `scenarios`' deterministic cluster: the same code as on the
+//! real network, with the network and the clock simulated (DESIGN §3, §13).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use metatopia_consensus::{Message, ValidatorIndex};
+use metatopia_scenarios::{NodeId, Outbox, Process, Time};
+use metatopia_sim::host::{PhysicsStage, ScriptHost};
+
+use crate::core::{Agreement, CoreOutput, NodeCore};
+
+/// One node of a simulated sim.
+pub struct CoreProcess<A, H, P> {
+    pub core: NodeCore<A, H, P>,
+    /// Cluster node ids per validator index (twins share an index).
+    pub nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>>,
+    /// What the core handed out besides messages, in order (executed ticks, divergences).
+    pub log: Vec<CoreOutput>,
+}
+
+impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for CoreProcess<A, H, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreProcess").field("core", &self.core).field("log", &self.log.len()).finish()
+    }
+}
+
+impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
+    pub fn new(core: NodeCore<A, H, P>, nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>>) -> Self {
+        CoreProcess { core, nodes_of, log: Vec::new() }
+    }
+
+    /// Forward the core's outputs: messages to the network, the rest to the log.
+    pub fn drain(&mut self, out: &mut Outbox<Message>) {
+        while let Some(o) = self.core.poll_output() {
+            match o {
+                CoreOutput::Broadcast(m) => out.broadcast(m),
+                CoreOutput::Send(to, m) => {
+                    for n in self.nodes_of.get(&to.0).into_iter().flatten() {
+                        out.send(*n, m.clone());
+                    }
+                }
+                other => self.log.push(other),
+            }
+        }
+    }
+
+    /// Client events arriving at this node.
+    pub fn submit(&mut self, now: Time, events: Vec<Vec<u8>>, out: &mut Outbox<Message>) -> usize {
+        let n = self.core.submit_events(now, events);
+        self.drain(out);
+        n
+    }
+
+    fn index_of(&self, node: NodeId) -> Option<ValidatorIndex> {
+        self.nodes_of.iter().find(|(_, ns)| ns.contains(&node)).map(|(i, _)| ValidatorIndex(*i))
+    }
+}
+
+impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H, P> {
+    type Msg = Message;
+
+    fn on_message(&mut self, now: Time, from: NodeId, msg: Message, out: &mut Outbox<Message>) {
+        let Some(from) = self.index_of(from) else { return };
+        self.core.handle_message(now, from, msg);
+        self.drain(out);
+    }
+
+    fn on_timer(&mut self, now: Time, out: &mut Outbox<Message>) {
+        self.core.handle_timeout(now);
+        self.drain(out);
+    }
+
+    fn next_timer(&self) -> Option<Time> {
+        self.core.poll_timeout()
+    }
+
+    fn fingerprint(msg: &Message) -> [u8; 32] {
+        *blake3::hash(&msg.encode()).as_bytes()
+    }
+}

@@ -1,0 +1,240 @@
+//! Whole nodes (agreement + sim) in lockstep on the deterministic simulated network: honest
+//! runs with faults, the Byzantine kinds of the agreement suite against whole nodes, and a node
+//! whose state diverges detecting it and writing its report.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use metatopia_consensus::mocks::{Behaviour, Byzantine};
+use metatopia_consensus::{Config, Digest, Message, Micros, Output, SigCache, SigningKey, Validator, ValidatorIndex};
+use metatopia_node::core::{Agreement, CoreOutput, NodeCore};
+use metatopia_node::simnet::CoreProcess;
+use metatopia_scenarios::{Cluster, NetConfig, NodeId, Partition, Time};
+use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen, demo_world};
+use metatopia_sim::kinematic::KinematicPhysics;
+use metatopia_sim::rules::RuleHost;
+use metatopia_sim::{Hash32, Sim, Snapshot, Tick};
+
+const MS: Time = 1_000;
+const SEC: Time = 1_000_000;
+
+/// Honest or a Byzantine mock, behind the node's agreement trait.
+enum Actor {
+    Honest(Box<Validator>),
+    Byz(Box<Byzantine>, usize),
+}
+
+impl Agreement for Actor {
+    fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
+        match self {
+            Actor::Honest(v) => v.handle_message(now, from, msg),
+            Actor::Byz(b, _) => b.handle_message(now, from, msg),
+        }
+    }
+    fn handle_timeout(&mut self, now: Micros) {
+        match self {
+            Actor::Honest(v) => v.handle_timeout(now),
+            Actor::Byz(b, _) => b.handle_timeout(now),
+        }
+    }
+    fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) {
+        match self {
+            Actor::Honest(v) => v.submit_events(now, events),
+            Actor::Byz(b, _) => events.into_iter().for_each(|e| b.submit_event(now, e)),
+        }
+    }
+    fn poll_output(&mut self) -> Option<Output> {
+        match self {
+            Actor::Honest(v) => v.poll_output(),
+            Actor::Byz(b, _) => b.poll_output(),
+        }
+    }
+    fn poll_timeout(&self) -> Option<Micros> {
+        match self {
+            Actor::Honest(v) => v.poll_timeout(),
+            Actor::Byz(b, _) => b.poll_timeout(),
+        }
+    }
+    fn report_root(&mut self, tick: u64, root: Digest) {
+        if let Actor::Honest(v) = self {
+            v.report_root(tick, root);
+        }
+    }
+    fn validators(&self) -> usize {
+        match self {
+            Actor::Honest(v) => v.keys().len(),
+            Actor::Byz(_, n) => *n,
+        }
+    }
+}
+
+type Node = CoreProcess<Actor, RuleHost, KinematicPhysics>;
+
+fn key(i: u16) -> SigningKey {
+    let mut b = [9u8; 32];
+    b[..2].copy_from_slice(&i.to_le_bytes());
+    SigningKey::from_bytes(&b)
+}
+
+fn demo(seed: u64) -> DemoWorld {
+    demo_world(DemoSpec { seed, objects: 150, players: 10, ..DemoSpec::default() })
+}
+
+/// `n` nodes; `byzantine` maps a node to its behaviour; `world_of` gives each node its genesis.
+fn cluster(
+    n: u16,
+    seed: u64,
+    net: NetConfig,
+    byzantine: &BTreeMap<u16, Behaviour>,
+    world_of: impl Fn(u16) -> DemoWorld,
+) -> Cluster<Node> {
+    let keys: Vec<_> = (0..n).map(|i| key(i).verifying_key()).collect();
+    let nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>> = Arc::new((0..n).map(|i| (i, vec![u32::from(i)])).collect());
+    let cache = Arc::new(SigCache::default());
+    let cfg = Config {
+        period_us: 50 * MS,
+        leader_timeout_us: 250 * MS,
+        notarize_timeout_us: 500 * MS,
+        retry_us: 250 * MS,
+        sig_cache: cache,
+        ..Config::default()
+    };
+    let nodes = (0..n)
+        .map(|i| {
+            let actor = match byzantine.get(&i) {
+                Some(b) => Actor::Byz(Box::new(Byzantine::new(cfg.clone(), key(i), keys.clone(), 0, *b)), n as usize),
+                None => Actor::Honest(Box::new(Validator::new(cfg.clone(), key(i), keys.clone(), 0))),
+            };
+            let sim = Sim::new(world_of(i).world, RuleHost::default(), KinematicPhysics::default(), 1).unwrap();
+            CoreProcess::new(NodeCore::new(actor, sim, 1), nodes_of.clone())
+        })
+        .collect();
+    Cluster::new(seed, net, nodes)
+}
+
+/// Run for `secs` of virtual time with bots (on `bot_node`) submitting signed events every tick.
+fn run_with_bots(c: &mut Cluster<Node>, bot_node: NodeId, secs: u64, events_per_tick: usize) {
+    let world = demo(1);
+    let mut bots = EventGen::new(&world, 3);
+    let mut t = c.now();
+    let end = t + secs * SEC;
+    while t < end {
+        t += 50 * MS;
+        c.run_until(t, |_| {});
+        if c.is_up(bot_node) {
+            c.with_node(bot_node, |p, now, out| {
+                let w = p.core.sim().world();
+                let batch = bots.batch(w, w.tick(), events_per_tick);
+                let bytes = batch.events.iter().map(metatopia_sim::codec::encode).collect();
+                p.submit(now, bytes, out);
+            });
+        }
+    }
+}
+
+/// Every tick's root, per node.
+fn roots(c: &Cluster<Node>, n: u16) -> Vec<BTreeMap<Tick, Hash32>> {
+    (0..u32::from(n))
+        .map(|i| {
+            c.node(i)
+                .unwrap()
+                .log
+                .iter()
+                .filter_map(|o| match o {
+                    CoreOutput::Executed { tick, root, .. } => Some((*tick, *root)),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The honest nodes executed the same ticks with the same roots (each a prefix of the longest).
+fn assert_lockstep(all: &[BTreeMap<Tick, Hash32>], honest: &[usize], at_least: usize) {
+    let longest = honest.iter().map(|i| &all[*i]).max_by_key(|m| m.len()).unwrap();
+    for i in honest {
+        let mine = &all[*i];
+        assert!(mine.len() >= at_least, "node {i} executed only {} ticks", mine.len());
+        for (t, r) in mine {
+            assert_eq!(longest.get(t), Some(r), "node {i} differs at {t}");
+        }
+        // Consecutive ticks from 0: nothing skipped.
+        assert_eq!(mine.keys().next_back().map(|t| t.0 + 1), Some(mine.len() as u64), "node {i} skipped a tick");
+    }
+}
+
+#[test]
+fn four_nodes_run_in_lockstep_through_delay_loss_duplication_and_a_partition() {
+    let net = NetConfig { delay_min_us: 300, delay_max_us: 8 * MS, loss_ppm: 20_000, duplicate_ppm: 20_000 };
+    let mut c = cluster(4, 11, net, &BTreeMap::new(), |_| demo(1));
+    c.add_partition(Partition {
+        from: 3 * SEC,
+        until: 5 * SEC,
+        groups: vec![[0, 1].into_iter().collect(), [2, 3].into_iter().collect()],
+    });
+    run_with_bots(&mut c, 0, 12, 6);
+    let all = roots(&c, 4);
+    assert_lockstep(&all, &[0, 1, 2, 3], 80);
+    for i in 0..4 {
+        let p = c.node(i).unwrap();
+        assert_eq!(p.core.desynced(), None);
+        assert!(p.core.stats().accepted > 100, "node {i}: {:?}", p.core.stats());
+        assert_eq!(p.core.stats().peer_divergences, 0);
+    }
+}
+
+#[test]
+fn each_byzantine_kind_against_whole_nodes_leaves_the_honest_ones_in_lockstep() {
+    for (k, behaviour) in Behaviour::ALL.into_iter().enumerate() {
+        // n = 4, f = 1: node 1 is the Byzantine one (it leads every fourth view).
+        let byz = BTreeMap::from([(1u16, behaviour)]);
+        let net = NetConfig { delay_min_us: 300, delay_max_us: 5 * MS, loss_ppm: 0, duplicate_ppm: 0 };
+        let mut c = cluster(4, 100 + k as u64, net, &byz, |_| demo(1));
+        run_with_bots(&mut c, 0, 6, 4);
+        let all = roots(&c, 4);
+        assert_lockstep(&all, &[0, 2, 3], 40);
+        for i in [0, 2, 3] {
+            assert_eq!(c.node(i).unwrap().core.desynced(), None, "{behaviour:?}: node {i}");
+        }
+    }
+}
+
+#[test]
+fn a_node_whose_state_diverges_detects_it_and_reports_while_the_others_carry_on() {
+    // Node 3 starts from another world: its roots differ from the first tick.
+    let net = NetConfig { delay_min_us: 300, delay_max_us: 5 * MS, loss_ppm: 0, duplicate_ppm: 0 };
+    let mut c = cluster(4, 7, net, &BTreeMap::new(), |i| if i == 3 { demo(2) } else { demo(1) });
+    run_with_bots(&mut c, 0, 5, 4);
+    let all = roots(&c, 4);
+    assert_lockstep(&all, &[0, 1, 2], 40);
+
+    let bad = c.node(3).unwrap();
+    let tick = bad.core.desynced().expect("node 3 noticed it diverged");
+    assert!(tick < 5, "within a few ticks: {tick}");
+    let report = bad
+        .log
+        .iter()
+        .find_map(|o| match o {
+            CoreOutput::Desync(r) => Some(r),
+            _ => None,
+        })
+        .expect("a desync report");
+    assert_eq!(report.tick, tick);
+    assert!(report.theirs.len() >= 2, "f+1 = 2 peers disagreed: {:?}", report.theirs);
+    for r in report.theirs.values() {
+        assert_eq!(Some(r), all[0].get(&Tick(tick)), "the peers' root is the honest one");
+    }
+    assert_ne!(Some(&report.mine), all[0].get(&Tick(tick)));
+    assert!(report.subsystems.is_some() && !report.last_inputs.is_empty());
+    let snap = Snapshot::decode(&report.snapshot, 1 << 30).expect("the report's snapshot decodes");
+    // The snapshot is of the state the node stopped in: its last executed tick.
+    assert_eq!(Some(&snap.root), all[3].values().next_back());
+    // Node 3 stopped; the honest nodes saw one faulty peer and did not stop.
+    assert!(all[3].len() <= tick as usize + 3, "node 3 stopped executing: {}", all[3].len());
+    for i in 0..3 {
+        let p = c.node(i).unwrap();
+        assert_eq!(p.core.desynced(), None);
+        assert!(p.core.disagreeing_peers().iter().all(|v| *v == ValidatorIndex(3)));
+        assert!(p.core.stats().peer_divergences > 0, "node {i} noticed node 3");
+    }
+}
