@@ -65,6 +65,8 @@ impl Agreement for Validator {
 pub enum CoreOutput {
     Broadcast(Message),
     Send(ValidatorIndex, Message),
+    /// Tick `tick` was committed: log it (before its root is reported to peers).
+    Committed(Box<crate::store::LogRecord>),
     /// Tick `tick` was executed and reached `root`.
     Executed {
         tick: Tick,
@@ -246,7 +248,32 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 Err(_) => self.stats.undecodable += 1, // the same on every node: skipped
             }
         }
-        let batch = Batch { tick, time_ms: c.block.time_ms, seed: Hash32(c.seed.0), events };
+        self.out.push_back(CoreOutput::Committed(Box::new(crate::store::LogRecord {
+            tick: tick.0,
+            time_ms: c.block.time_ms,
+            seed: c.seed.0,
+            events: c.block.events.clone(),
+            certificate: postcard::to_allocvec(&c.certificate).unwrap_or_default(),
+        })));
+        self.run_batch(Batch { tick, time_ms: c.block.time_ms, seed: Hash32(c.seed.0), events }, true);
+    }
+
+    /// Re-execute a logged tick (after a restart, before consensus resumes). Returns the root.
+    pub fn replay(&mut self, rec: &crate::store::LogRecord) -> Result<Hash32, String> {
+        let at = self.sim.world().tick();
+        if Tick(rec.tick) != at {
+            return Err(format!("the log's tick {} is not the sim's next tick {at}", rec.tick));
+        }
+        let events = rec.events.iter().filter_map(|b| SignedEvent::decode(b, MAX_EVENT_BYTES).ok()).collect();
+        self.run_batch(Batch { tick: at, time_ms: rec.time_ms, seed: Hash32(rec.seed), events }, false);
+        if self.desynced.is_some() {
+            return Err(format!("tick {} did not execute", rec.tick));
+        }
+        self.roots.get(&rec.tick).map(|r| r.0).ok_or_else(|| "no root".to_owned())
+    }
+
+    fn run_batch(&mut self, batch: Batch, live: bool) {
+        let tick = batch.tick;
         let verified = VerifiedBatch::new(batch.clone(), self.workers);
         match self.sim.step(&verified) {
             Ok(report) => {
@@ -262,6 +289,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     self.last_inputs.pop_front();
                 }
                 self.agreement.report_root(tick.0, Digest(report.root.0));
+                if !live {
+                    return;
+                }
                 self.out.push_back(CoreOutput::Executed {
                     tick,
                     root: report.root,
@@ -316,6 +346,11 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// remembered.
     pub fn disagreeing_peers(&self) -> BTreeSet<ValidatorIndex> {
         self.disagreements.values().flat_map(|m| m.keys().copied()).collect()
+    }
+
+    /// The sim's state root now.
+    pub fn root(&mut self) -> Hash32 {
+        self.sim.root()
     }
 
     /// The snapshot of the sim now (for storage and joiners).

@@ -6,8 +6,10 @@
 //! agreement and node layers land.
 
 mod bench_agreement;
+mod devnet;
 mod local;
 mod raynet_sim;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +22,15 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Several validators of one sim on loopback, with bots: the quickest way to see it run.
+    Devnet(devnet::DevnetArgs),
+    /// Create a data directory: a node key and a commented config.
+    Init(run::InitArgs),
+    /// Run a validator of the sim its config describes.
+    Run(run::RunArgs),
+    /// Configuration tools.
+    #[command(subcommand)]
+    Config(ConfigCmd),
     /// Run one sim locally on a seeded default world, with bots, and print its progress.
     Sim(local::SimArgs),
     /// Simulate the Raynet overlay with N peers and measure it against exact Delaunay.
@@ -27,6 +38,12 @@ enum Command {
     /// Whole-system benchmarks (run by hand; figures go in the issue notes).
     #[command(subcommand)]
     Bench(Bench),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCmd {
+    /// Read and check the config (unknown keys and bad values are errors naming the line).
+    Check(run::DirArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -41,6 +58,10 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Devnet(args) => devnet::run(args),
+        Command::Init(args) => run::init(args),
+        Command::Run(args) => run::run(args),
+        Command::Config(ConfigCmd::Check(args)) => run::config_check(args),
         Command::Sim(args) => local::run(args),
         Command::Raynet(args) => raynet_sim::run(args),
         Command::Bench(Bench::Agreement(args)) => bench_agreement::run(args),

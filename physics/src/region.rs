@@ -44,7 +44,9 @@ use crate::msg::{BodyMsg, Envelope, Msg, RegionId, Target};
 /// Most bytes a saved region may have (a bound for untrusted snapshots).
 pub const MAX_SAVED_BYTES: u32 = 256 << 20;
 const SAVE_VERSION: u16 = 1;
-/// The whole carried state is hashed into the root at every multiple of this many ticks.
+/// The whole carried state is hashed into the root at every multiple of this many ticks. A
+/// region saved at such a tick is checked against that hash when restored, so snapshots meant
+/// to be trusted (certified by their root) are taken at these ticks.
 pub const FULL_ROOT_EVERY: u64 = 64;
 /// Walls and other fixed geometry carry this in `user_data`.
 const NO_OBJECT: u128 = u128::MAX;
@@ -349,6 +351,7 @@ impl Region {
         if &saved.config != config {
             return Err(RegionError::ConfigMismatch { saved: saved.config.summary(), configured: config.summary() });
         }
+        let full_tick = saved.tick > 0 && saved.tick.is_multiple_of(FULL_ROOT_EVERY);
         let region = Region {
             config: saved.config,
             tick: saved.tick,
@@ -364,6 +367,13 @@ impl Region {
             inbox: Vec::new(),
         };
         region.check()?;
+        // At a full-hash tick the root covers every byte of the carried state: check it.
+        if full_tick && region.full_hash() != region.full_digest {
+            return Err(RegionError::Inconsistent(format!(
+                "the state saved at tick {} does not match its full hash (tampered or corrupt)",
+                region.tick
+            )));
+        }
         Ok(region)
     }
 
@@ -959,6 +969,10 @@ impl Region {
     /// The carried state: rapier's world (bodies, colliders, islands, broad and narrow phase,
     /// contacts), the ownership table, handoffs in flight, targets and feed ticks.
     pub fn save(&self) -> Vec<u8> {
+        self.encode(self.full_digest)
+    }
+
+    fn encode(&self, full_digest: Hash32) -> Vec<u8> {
         let saved = SavedRef {
             version: SAVE_VERSION,
             config: &self.config,
@@ -970,15 +984,16 @@ impl Region {
             targets: &self.targets,
             stopping: &self.stopping,
             next_nonce: self.next_nonce,
-            full_digest: self.full_digest,
+            full_digest,
             last_feed: &self.last_feed,
         };
         postcard::to_allocvec(&saved).expect("a region's state encodes")
     }
 
-    /// The hash of the whole carried state ([`Region::save`]).
+    /// The hash of the whole carried state ([`Region::save`], with the stored full digest left
+    /// out so that it can be checked against the state it describes).
     pub fn full_hash(&self) -> Hash32 {
-        Hash32(*blake3::keyed_hash(&keys::SUBSYSTEM, &self.save()).as_bytes())
+        Hash32(*blake3::keyed_hash(&keys::SUBSYSTEM, &self.encode(Hash32([0; 32]))).as_bytes())
     }
 
     /// The physics root: every tick, each body's exact state (pose, velocities, sleep), its

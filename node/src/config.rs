@@ -1,0 +1,186 @@
+//! `config.toml`: what a node runs. Unknown keys and bad values are errors that name the line.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::Context;
+use metatopia_consensus::VerifyingKey;
+use serde::{Deserialize, Serialize};
+
+/// The node's configuration file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Where this node listens for its peers.
+    pub listen: SocketAddr,
+    /// The sim's tick rate.
+    #[serde(default = "default_rate")]
+    pub tick_rate_hz: u32,
+    /// Write a snapshot every this many ticks.
+    #[serde(default = "default_snapshot_every")]
+    pub snapshot_every: u64,
+    /// The genesis world (a seeded demo world for now).
+    #[serde(default)]
+    pub world: WorldConfig,
+    /// Bots this node runs (signed events it submits every tick).
+    #[serde(default)]
+    pub bots: BotsConfig,
+    /// The sim's validators, in index order (every node of the sim lists the same ones).
+    pub validators: Vec<ValidatorEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorldConfig {
+    pub seed: u64,
+    pub objects: u32,
+    pub players: u32,
+    /// A distinct number per sim (goes into every signed event).
+    pub sim_id: u32,
+}
+
+impl Default for WorldConfig {
+    fn default() -> Self {
+        WorldConfig { seed: 1, objects: 300, players: 20, sim_id: 1 }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BotsConfig {
+    /// Signed events per tick (0: no bots on this node).
+    pub events_per_tick: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidatorEntry {
+    /// The validator's public key, 64 hex digits.
+    pub key: String,
+    pub address: SocketAddr,
+}
+
+fn default_rate() -> u32 {
+    20
+}
+
+fn default_snapshot_every() -> u64 {
+    640
+}
+
+impl NodeConfig {
+    pub fn load(path: &Path) -> anyhow::Result<NodeConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let cfg: NodeConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        cfg.check().with_context(|| format!("checking {}", path.display()))?;
+        Ok(cfg)
+    }
+
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (1..=240).contains(&self.tick_rate_hz),
+            "tick_rate_hz must be 1..=240, not {}",
+            self.tick_rate_hz
+        );
+        let every = metatopia_physics::region::FULL_ROOT_EVERY;
+        anyhow::ensure!(
+            self.snapshot_every >= every && self.snapshot_every.is_multiple_of(every),
+            "snapshot_every must be a multiple of {every} (the ticks whose root covers the whole physics state), not {}",
+            self.snapshot_every
+        );
+        anyhow::ensure!(
+            self.validators.len() >= 4,
+            "validators: a sim needs at least 4 (n = 3f + 1 with f >= 1), this config lists {}; add the others' keys and addresses",
+            self.validators.len()
+        );
+        anyhow::ensure!(self.validators.len() <= 100, "validators: at most 100");
+        anyhow::ensure!(self.world.players >= 1, "world.players must be at least 1");
+        for (i, v) in self.validators.iter().enumerate() {
+            parse_public(&v.key).with_context(|| format!("validators[{i}].key"))?;
+        }
+        Ok(())
+    }
+
+    pub fn keys(&self) -> anyhow::Result<Vec<VerifyingKey>> {
+        self.validators.iter().map(|v| parse_public(&v.key)).collect()
+    }
+
+    /// A commented config for a new node (`metatopia init`).
+    pub fn commented(&self) -> String {
+        let body = toml::to_string_pretty(self).expect("a config serializes");
+        format!(
+            "# Metatopia node config. Precedence: command-line flags > METATOPIA_* environment > this file.\n\
+             # listen: address for peers. tick_rate_hz: the sim's rate. snapshot_every: ticks between snapshots.\n\
+             # [world]: the seeded genesis world. [bots]: signed events per tick this node submits.\n\
+             # [[validators]]: the sim's validator set, in index order, the same on every node.\n\n{body}"
+        )
+    }
+}
+
+pub fn parse_public(hex: &str) -> anyhow::Result<VerifyingKey> {
+    anyhow::ensure!(hex.len() == 64, "a public key is 64 hex digits, this one has {}", hex.len());
+    let mut b = [0u8; 32];
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).context("a public key is hex digits")?;
+    }
+    VerifyingKey::from_bytes(&b).map_err(|e| anyhow::anyhow!("not an ed25519 public key: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+listen = "127.0.0.1:7000"
+tick_rate_hz = 30
+[world]
+seed = 5
+objects = 10
+players = 2
+sim_id = 1
+[[validators]]
+key = "3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29"
+address = "127.0.0.1:7000"
+[[validators]]
+key = "3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29"
+address = "127.0.0.1:7001"
+[[validators]]
+key = "3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29"
+address = "127.0.0.1:7002"
+[[validators]]
+key = "3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29"
+address = "127.0.0.1:7003"
+"#;
+
+    #[test]
+    fn a_good_config_loads_with_defaults() {
+        let c: NodeConfig = toml::from_str(GOOD).unwrap();
+        c.check().unwrap();
+        assert_eq!(c.tick_rate_hz, 30);
+        assert_eq!(c.snapshot_every, 640);
+        assert_eq!(c.bots.events_per_tick, 0);
+        // What `init` writes reads back the same.
+        let again: NodeConfig = toml::from_str(&c.commented()).unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn an_unknown_key_is_an_error_naming_it_and_its_line() {
+        let bad = GOOD.replace("tick_rate_hz = 30", "tick_rate_hz = 30\ntick_rat = 4");
+        let e = toml::from_str::<NodeConfig>(&bad).unwrap_err().to_string();
+        assert!(e.contains("tick_rat") && e.contains("line 4"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_errors_that_say_what_is_wrong() {
+        let e = toml::from_str::<NodeConfig>(&GOOD.replace("127.0.0.1:7000\"\ntick", "nowhere\"\ntick")).unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        let c: NodeConfig = toml::from_str(&GOOD.replace("tick_rate_hz = 30", "tick_rate_hz = 0")).unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("tick_rate_hz"));
+        let c: NodeConfig = toml::from_str(&GOOD.replacen("3b6a27bc", "zz6a27bc", 1)).unwrap();
+        assert!(format!("{:#}", c.check().unwrap_err()).contains("validators[0].key"));
+        let mut c: NodeConfig = toml::from_str(GOOD).unwrap();
+        c.validators.truncate(1);
+        assert!(c.check().unwrap_err().to_string().contains("at least 4"));
+    }
+}

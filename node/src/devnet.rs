@@ -1,0 +1,132 @@
+//! `metatopia devnet`: several validators of one sim on loopback, each a real `metatopia run`
+//! process with its own data directory, bots on the first. Ctrl-C stops them all cleanly.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use metatopia_node::config::{BotsConfig, NodeConfig, ValidatorEntry, WorldConfig};
+use metatopia_node::store::{DataDir, write_atomic};
+
+#[derive(Debug, clap::Args)]
+pub struct DevnetArgs {
+    /// Validators (n = 3f + 1 tolerates f faulty).
+    #[arg(long, default_value_t = 4)]
+    nodes: u16,
+    /// Where the nodes' data directories go (reused: a second devnet resumes the first).
+    #[arg(long, default_value_os_t = std::env::temp_dir().join("metatopia-devnet"))]
+    dir: PathBuf,
+    /// Start from genesis: delete the nodes' data first.
+    #[arg(long)]
+    fresh: bool,
+    /// First port; node i listens on port + i.
+    #[arg(long, default_value_t = 7400)]
+    port: u16,
+    /// Bots' signed events per tick (submitted through node 0).
+    #[arg(long, default_value_t = 20)]
+    bots: u32,
+    /// Tick rate.
+    #[arg(long, default_value_t = 20)]
+    rate: u32,
+    /// Stop after this many ticks (default: until Ctrl-C).
+    #[arg(long)]
+    ticks: Option<u64>,
+}
+
+pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
+    anyhow::ensure!((4..=31).contains(&args.nodes), "--nodes must be 4..=31 (n = 3f + 1 with f >= 1)");
+    if args.fresh && args.dir.exists() {
+        std::fs::remove_dir_all(&args.dir).with_context(|| format!("removing {}", args.dir.display()))?;
+    }
+    let dirs: Vec<DataDir> =
+        (0..args.nodes).map(|i| DataDir::open(&args.dir.join(format!("node-{i}")))).collect::<Result<_, _>>()?;
+    let mut validators = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let key = d.key()?;
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], args.port + i as u16));
+        validators.push(ValidatorEntry { key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()), address });
+    }
+    for (i, d) in dirs.iter().enumerate() {
+        let cfg = NodeConfig {
+            listen: validators[i].address,
+            tick_rate_hz: args.rate,
+            snapshot_every: 640,
+            world: WorldConfig::default(),
+            bots: BotsConfig { events_per_tick: if i == 0 { args.bots } else { 0 } },
+            validators: validators.clone(),
+        };
+        write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
+    }
+    println!(
+        "devnet: {} validators of one sim on 127.0.0.1:{}..{}, {} Hz, {} bot events per tick; data in {}",
+        args.nodes,
+        args.port,
+        args.port + args.nodes - 1,
+        args.rate,
+        args.bots,
+        args.dir.display()
+    );
+    println!("join address: {}@{}", validators[0].key, validators[0].address);
+    println!("web viewer: not built yet (issue 9); Ctrl-C stops the devnet");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+    let exe = std::env::current_exe().context("finding this program")?;
+    let mut children: Vec<(u16, Child)> = Vec::new();
+    let mut printers = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("run").arg("--data-dir").arg(d.root());
+        if let Some(t) = args.ticks {
+            cmd.arg("--ticks").arg(t.to_string());
+        }
+        let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("starting node {i}"))?;
+        let out = child.stdout.take().expect("piped");
+        printers.push(std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                println!("[node {i}] {line}");
+            }
+        }));
+        children.push((i as u16, child));
+    }
+    // Wait for the nodes to finish, or for Ctrl-C (which the terminal also sends them).
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            for (_, c) in &mut children {
+                interrupt(c);
+            }
+        }
+        let mut running = 0;
+        for (i, c) in &mut children {
+            match c.try_wait()? {
+                Some(status) if !status.success() && !stop.load(Ordering::SeqCst) => {
+                    eprintln!("node {i} exited with {status}");
+                }
+                Some(_) => {}
+                None => running += 1,
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for p in printers {
+        let _ = p.join();
+    }
+    if stop.load(Ordering::SeqCst) {
+        println!("devnet stopped cleanly by Ctrl-C; run it again to resume from {}", args.dir.display());
+    } else {
+        println!("devnet finished");
+    }
+    Ok(())
+}
+
+/// Ask a child to stop as Ctrl-C would (SIGINT), so it syncs its log.
+fn interrupt(c: &mut Child) {
+    let _ = Command::new("kill").arg("-INT").arg(c.id().to_string()).status();
+}

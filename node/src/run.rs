@@ -1,0 +1,323 @@
+//! `metatopia init`, `metatopia config check` and `metatopia run`: a validator of one sim, with
+//! its data directory, on the validators' mesh.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use metatopia_consensus::{Config, Validator};
+use metatopia_node::config::{NodeConfig, ValidatorEntry};
+use metatopia_node::core::{CoreOutput, DesyncReport, NodeCore};
+use metatopia_node::net::Mesh;
+use metatopia_node::store::{CommitLog, DataDir};
+use metatopia_physics::RegionStage;
+use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen, demo_world};
+use metatopia_sim::rules::RuleHost;
+use metatopia_sim::{SimId, Snapshot};
+
+#[derive(Debug, clap::Args)]
+pub struct DirArgs {
+    /// The node's data directory.
+    #[arg(long, env = "METATOPIA_HOME", default_value = "metatopia-data")]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub dir: DirArgs,
+    /// Address to listen on for peers.
+    #[arg(long, env = "METATOPIA_LISTEN", default_value = "127.0.0.1:7100")]
+    pub listen: std::net::SocketAddr,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub dir: DirArgs,
+    /// Listen here instead of the config's `listen`.
+    #[arg(long, env = "METATOPIA_LISTEN")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Bots' signed events per tick, instead of the config's `bots.events_per_tick`.
+    #[arg(long, env = "METATOPIA_BOTS")]
+    pub bots: Option<u32>,
+    /// Stop after this tick has executed.
+    #[arg(long)]
+    pub ticks: Option<u64>,
+    /// Print a status line every this many ticks (default: once a second).
+    #[arg(long)]
+    pub report_every: Option<u64>,
+}
+
+/// `metatopia init`: a key and a commented config naming this node as the only validator.
+pub fn init(args: InitArgs) -> anyhow::Result<()> {
+    let dir = DataDir::open(&args.dir.data_dir)?;
+    let key = dir.key()?;
+    let public = metatopia_sim::ids::hex(key.verifying_key().as_bytes());
+    let path = dir.config_path();
+    if path.exists() {
+        println!("{} exists; left as it is", path.display());
+    } else {
+        let cfg = NodeConfig {
+            listen: args.listen,
+            tick_rate_hz: 20,
+            snapshot_every: 640,
+            world: Default::default(),
+            bots: Default::default(),
+            validators: vec![ValidatorEntry { key: public.clone(), address: args.listen }],
+        };
+        metatopia_node::store::write_atomic(&path, cfg.commented().as_bytes())?;
+        println!("wrote {}: add the sim's other validators (at least 4 in all) before `metatopia run`", path.display());
+    }
+    println!("peer id (public key): {public}");
+    println!("join address: {public}@{}", args.listen);
+    Ok(())
+}
+
+/// `metatopia config check`.
+pub fn config_check(args: DirArgs) -> anyhow::Result<()> {
+    let dir = DataDir::open(&args.data_dir)?;
+    let cfg = NodeConfig::load(&dir.config_path())?;
+    let key = dir.key()?;
+    let me = cfg.keys()?.iter().position(|k| *k == key.verifying_key());
+    println!(
+        "{}: ok. listen {}, {} Hz, snapshot every {} ticks, world seed {} ({} objects, {} players), {} validators; this node is {}",
+        dir.config_path().display(),
+        cfg.listen,
+        cfg.tick_rate_hz,
+        cfg.snapshot_every,
+        cfg.world.seed,
+        cfg.world.objects,
+        cfg.world.players,
+        cfg.validators.len(),
+        me.map_or("not a validator".to_owned(), |i| format!("validator {i}"))
+    );
+    Ok(())
+}
+
+fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+pub fn demo_of(cfg: &NodeConfig) -> DemoWorld {
+    demo_world(DemoSpec {
+        seed: cfg.world.seed,
+        sim: SimId(cfg.world.sim_id),
+        objects: cfg.world.objects,
+        players: cfg.world.players,
+        ..DemoSpec::default()
+    })
+}
+
+/// `metatopia run`.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(node(args))
+}
+
+type Core = NodeCore<Validator, RuleHost, RegionStage>;
+
+async fn node(args: RunArgs) -> anyhow::Result<()> {
+    let dir = DataDir::open(&args.dir.data_dir)?;
+    let mut cfg = NodeConfig::load(&dir.config_path())?;
+    if let Some(l) = args.listen {
+        cfg.listen = l;
+    }
+    if let Some(b) = args.bots {
+        cfg.bots.events_per_tick = b;
+    }
+    let key = dir.key()?;
+    let keys = cfg.keys()?;
+    let me = keys
+        .iter()
+        .position(|k| *k == key.verifying_key())
+        .context("this node's key is not among the config's validators (observers join with --join, not yet built)")?;
+    let demo = demo_of(&cfg);
+    let consensus = Config {
+        period_us: 1_000_000 / u64::from(cfg.tick_rate_hz),
+        leader_timeout_us: 400_000,
+        notarize_timeout_us: 800_000,
+        retry_us: 300_000,
+        chain_id: u64::from(cfg.world.sim_id),
+        ..Config::default()
+    };
+
+    // Recover: the newest snapshot that loads, then the log since.
+    let (mut log, recovery) = CommitLog::open(&dir.log_path())?;
+    if recovery.truncated > 0 {
+        eprintln!(
+            "warning: cut {} bytes off the commit log's tail ({}); the ticks are fetched again from peers",
+            recovery.truncated,
+            recovery.reason.as_deref().unwrap_or("")
+        );
+    }
+    let mut sim = None;
+    for (tick, path) in dir.snapshots()?.into_iter().rev() {
+        let loaded = std::fs::read(&path)
+            .map_err(anyhow::Error::from)
+            .and_then(|b| Snapshot::decode(&b, 1 << 30).map_err(anyhow::Error::from))
+            .and_then(|s| {
+                metatopia_sim::Sim::restore(s, RuleHost::default(), RegionStage::single(), 2)
+                    .map_err(anyhow::Error::from)
+            });
+        match loaded {
+            Ok(s) => {
+                sim = Some(s);
+                break;
+            }
+            Err(e) => eprintln!("warning: snapshot {} (tick {tick}) refused: {e:#}", path.display()),
+        }
+    }
+    let sim = match sim {
+        Some(s) => s,
+        None => metatopia_sim::Sim::new(demo.world.clone(), RuleHost::default(), RegionStage::single(), 2)
+            .context("loading the genesis world's physics")?,
+    };
+    let validator = match dir.read_consensus_state()? {
+        Some(b) => Validator::restore(consensus.clone(), key.clone(), keys.clone(), now_us(), &b)
+            .map_err(|e| anyhow::anyhow!("consensus.state: {e}"))?,
+        None => Validator::new(consensus, key, keys.clone(), now_us()),
+    };
+    let mut core: Core = NodeCore::new(validator, sim, 2);
+    let from = core.sim().world().tick().0;
+    let mut replayed = 0;
+    for rec in recovery.records.iter().filter(|r| r.tick >= from) {
+        core.replay(rec).map_err(|e| anyhow::anyhow!("replaying the log: {e}"))?;
+        replayed += 1;
+    }
+    let root = core.root();
+    println!(
+        "node {me} of {}: {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}",
+        keys.len(),
+        core.sim().world().sim(),
+        core.sim().world().objects().len(),
+        core.sim().world().tick()
+    );
+
+    let peers: Vec<_> = cfg.validators.iter().map(|v| v.address).collect();
+    let (mesh, mut inbox) = Mesh::start(me as u16, cfg.listen, peers).await?;
+    println!("listening on {}", cfg.listen);
+    let mut bots = (cfg.bots.events_per_tick > 0).then(|| EventGen::new(&demo, cfg.world.seed ^ 0xb075));
+    let mut bot_timer = tokio::time::interval(Duration::from_micros(1_000_000 / u64::from(cfg.tick_rate_hz)));
+    let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
+    let mut last_state = [0u8; 32];
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut last_root = core.root();
+    let outcome: anyhow::Result<&str> = loop {
+        let deadline = core.poll_timeout().unwrap_or(u64::MAX);
+        let wait = Duration::from_micros(deadline.saturating_sub(now_us()).min(1_000_000));
+        tokio::select! {
+            m = inbox.recv() => {
+                let Some((from, msg)) = m else { break Err(anyhow::anyhow!("the mesh stopped")) };
+                core.handle_message(now_us(), from, msg);
+            }
+            _ = tokio::time::sleep(wait) => core.handle_timeout(now_us()),
+            _ = bot_timer.tick(), if bots.is_some() => {
+                if let Some(g) = bots.as_mut() {
+                    let w = core.sim().world();
+                    let batch = g.batch(w, w.tick(), cfg.bots.events_per_tick as usize);
+                    let bytes = batch.events.iter().map(metatopia_sim::codec::encode).collect();
+                    core.submit_events(now_us(), bytes);
+                }
+            }
+            _ = &mut ctrl_c => break Ok("by Ctrl-C"),
+        }
+        // Log commits first, then make the votes durable, then send (a restarted node must never
+        // vote differently, nor have voted for what it has not logged).
+        let mut sends = Vec::new();
+        let mut stop = None;
+        let mut committed = false;
+        while let Some(o) = core.poll_output() {
+            match o {
+                CoreOutput::Committed(rec) => {
+                    log.append(&rec).context("appending to the commit log")?;
+                    committed = true;
+                }
+                CoreOutput::Executed { tick, root, accepted, rejected } => {
+                    last_root = root;
+                    if (tick.0 + 1).is_multiple_of(cfg.snapshot_every) {
+                        log.sync()?;
+                        let snap = core.snapshot();
+                        dir.write_snapshot(tick.0 + 1, &snap.encode())?;
+                    }
+                    if (tick.0 + 1).is_multiple_of(report_every) {
+                        let s = core.stats();
+                        println!(
+                            "tick {} root {} accepted {} rejected {} (total {} / {}) peers {}",
+                            tick.0,
+                            root,
+                            accepted,
+                            rejected,
+                            s.accepted,
+                            s.rejected,
+                            mesh.connected()
+                        );
+                    }
+                    if args.ticks.is_some_and(|n| tick.0 + 1 >= n) {
+                        stop = Some(Ok("after the requested ticks"));
+                    }
+                }
+                CoreOutput::PeerDiverged { tick, validator } => {
+                    tracing::warn!(tick, validator = validator.0, "a peer reported a different state root");
+                }
+                CoreOutput::Desync(report) => {
+                    let path = write_desync_report(dir.root(), &report)?;
+                    stop = Some(Err(anyhow::anyhow!(
+                        "this node diverged at tick {}; report in {} (resync from a certified snapshot is not built yet)",
+                        report.tick,
+                        path.display()
+                    )));
+                }
+                other => sends.push(other),
+            }
+        }
+        // Our own votes and proposals must be durable before they leave (a restarted node must
+        // never vote differently); commits move the restart point. Nothing else needs a write.
+        let votes = sends.iter().any(|o| {
+            matches!(o, CoreOutput::Broadcast(m) | CoreOutput::Send(_, m)
+                if matches!(m, metatopia_consensus::Message::Vote(_) | metatopia_consensus::Message::Propose { .. }))
+        });
+        if votes || committed {
+            let state = core.agreement().persist();
+            let digest = *blake3::hash(&state).as_bytes();
+            if digest != last_state {
+                dir.write_consensus_state(&state)?;
+                last_state = digest;
+            }
+        }
+        for o in sends {
+            match o {
+                CoreOutput::Broadcast(m) => mesh.broadcast(&m),
+                CoreOutput::Send(to, m) => mesh.send(to.0, &m),
+                _ => {}
+            }
+        }
+        if let Some(s) = stop {
+            break s;
+        }
+    };
+    log.sync()?;
+    let how = outcome?;
+    println!("stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
+    Ok(())
+}
+
+fn write_desync_report(root: &Path, r: &DesyncReport) -> anyhow::Result<PathBuf> {
+    let dir = root.join(format!("desync-report-{}", r.tick));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("snapshot.bin"), &r.snapshot)?;
+    let mut roots = format!("tick {}\nmine {}\n", r.tick, r.mine);
+    for (v, h) in &r.theirs {
+        roots += &format!("validator {} {}\n", v.0, h);
+    }
+    if let Some(s) = &r.subsystems {
+        roots += &format!(
+            "objects {}\nscripts {}\nphysics {}\ngovernance {}\nqueue {}\n",
+            s.objects, s.scripts, s.physics, s.governance, s.queue
+        );
+    }
+    std::fs::write(dir.join("roots.txt"), roots)?;
+    std::fs::write(dir.join("last-inputs.bin"), postcard::to_allocvec(&r.last_inputs)?)?;
+    Ok(dir)
+}

@@ -1,0 +1,215 @@
+//! Real `metatopia run` processes on loopback: lockstep, kill -9 and restart with a torn log.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use metatopia_node::config::{BotsConfig, NodeConfig, ValidatorEntry, WorldConfig};
+use metatopia_node::store::{DataDir, write_atomic};
+
+type Roots = Arc<Mutex<BTreeMap<(usize, u64), String>>>;
+
+struct Node {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+fn setup(name: &str, n: usize, rate: u32) -> Vec<PathBuf> {
+    let root = std::env::temp_dir().join(format!("metatopia-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let ports = free_ports(n);
+    let dirs: Vec<PathBuf> = (0..n).map(|i| root.join(format!("node-{i}"))).collect();
+    let validators: Vec<ValidatorEntry> = dirs
+        .iter()
+        .zip(&ports)
+        .map(|(d, p)| {
+            let key = DataDir::open(d).unwrap().key().unwrap();
+            ValidatorEntry {
+                key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
+                address: ([127, 0, 0, 1], *p).into(),
+            }
+        })
+        .collect();
+    for (i, d) in dirs.iter().enumerate() {
+        let cfg = NodeConfig {
+            listen: validators[i].address,
+            tick_rate_hz: rate,
+            snapshot_every: 128,
+            world: WorldConfig { objects: 120, players: 8, ..WorldConfig::default() },
+            bots: BotsConfig { events_per_tick: if i == 0 { 8 } else { 0 } },
+            validators: validators.clone(),
+        };
+        write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
+    }
+    dirs
+}
+
+fn start(i: usize, dir: &Path, roots: &Roots, extra: &[&str]) -> Node {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_metatopia"))
+        .args(["run", "--report-every", "10", "--data-dir"])
+        .arg(dir)
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let roots = roots.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            // "tick T root R ..."
+            let w: Vec<&str> = line.split(' ').collect();
+            if w.len() > 3 && w[0] == "tick" && w[2] == "root" {
+                roots.lock().unwrap().insert((i, w[1].parse().unwrap()), w[3].to_owned());
+            }
+        }
+    });
+    let err = child.stderr.take().unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let sink = stderr.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    Node { child, stderr }
+}
+
+fn highest(roots: &Roots, i: usize) -> Option<u64> {
+    roots.lock().unwrap().keys().filter(|(n, _)| *n == i).map(|(_, t)| *t).max()
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every tick reported by two nodes has the same root on both.
+fn assert_same_roots(roots: &Roots) -> usize {
+    let r = roots.lock().unwrap();
+    let mut by_tick: BTreeMap<u64, Vec<(usize, &String)>> = BTreeMap::new();
+    for ((n, t), root) in r.iter() {
+        by_tick.entry(*t).or_default().push((*n, root));
+    }
+    let mut compared = 0;
+    for (t, v) in &by_tick {
+        for (n, root) in v {
+            assert_eq!(*root, v[0].1, "tick {t}: node {n} differs from node {}", v[0].0);
+        }
+        compared += v.len().saturating_sub(1);
+    }
+    compared
+}
+
+fn interrupt(node: &mut Node) {
+    let _ = Command::new("kill").arg("-INT").arg(node.child.id().to_string()).status();
+    let status = node.child.wait().unwrap();
+    assert!(status.success(), "exit {status}: {}", node.stderr.lock().unwrap());
+}
+
+#[test]
+fn four_validators_run_1000_ticks_with_identical_roots() {
+    let dirs = setup("thousand", 4, 25);
+    let roots: Roots = Arc::default();
+    let mut nodes: Vec<Node> =
+        dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &["--ticks", "1000"])).collect();
+    for (i, n) in nodes.iter_mut().enumerate() {
+        let status = n.child.wait().unwrap();
+        assert!(status.success(), "node {i}: {status}: {}", n.stderr.lock().unwrap());
+    }
+    for i in 0..4 {
+        assert_eq!(highest(&roots, i), Some(999), "node {i} reached tick 999");
+    }
+    assert_eq!(assert_same_roots(&roots), 3 * 100, "all 100 reports of all four nodes compared");
+    // Snapshots were written along the way.
+    assert!(DataDir::open(&dirs[0]).unwrap().snapshots().unwrap().iter().any(|(t, _)| *t == 896));
+}
+
+#[test]
+fn a_validator_killed_and_restarted_with_a_torn_log_catches_up_and_agrees() {
+    let dirs = setup("kill", 4, 20);
+    let roots: Roots = Arc::default();
+    let mut nodes: Vec<Node> = dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &[])).collect();
+    wait_for("tick 100 everywhere", Duration::from_secs(300), || (0..4).all(|i| highest(&roots, i) >= Some(99)));
+
+    // kill -9 node 2; the other three keep the sim ticking.
+    nodes[2].child.kill().unwrap();
+    nodes[2].child.wait().unwrap();
+    let at_kill = highest(&roots, 0).unwrap();
+    wait_for("progress without node 2", Duration::from_secs(300), || highest(&roots, 0) >= Some(at_kill + 60));
+
+    // Tear its log's tail, as a crash in the middle of a write would.
+    let log = dirs[2].join("log").join("commits.log");
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes.extend_from_slice(&[200, 1, 0, 0, 1, 2, 3]);
+    std::fs::write(&log, &bytes).unwrap();
+
+    nodes[2] = start(2, &dirs[2], &roots, &[]);
+    let target = highest(&roots, 0).unwrap() + 40;
+    wait_for("node 2 to catch up", Duration::from_secs(300), || highest(&roots, 2) >= Some(target));
+    for n in &mut nodes {
+        interrupt(n);
+    }
+    let warned = nodes[2].stderr.lock().unwrap().clone();
+    assert!(warned.contains("cut 7 bytes off the commit log"), "{warned}");
+    assert!(assert_same_roots(&roots) > 30);
+}
+
+/// The whole stdout of a run that stops by itself.
+fn run_to_end(dir: &Path, ticks: u64) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_metatopia"))
+        .args(["run", "--report-every", "50", "--ticks", &ticks.to_string(), "--data-dir"])
+        .arg(dir)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "{o}\n{e}");
+    (o, e)
+}
+
+fn final_root(stdout: &str) -> &str {
+    stdout.lines().find_map(|l| l.split("final root ").nth(1)).expect("a final root")
+}
+
+#[test]
+fn a_tampered_snapshot_is_refused_with_a_clear_error_and_the_log_rebuilds_the_state() {
+    let dirs = setup("tamper", 4, 50);
+    let runs = |ticks: u64| -> Vec<(String, String)> {
+        let hs: Vec<_> = dirs.iter().cloned().map(|d| std::thread::spawn(move || run_to_end(&d, ticks))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    };
+    let first = runs(200);
+    let roots: Vec<&str> = first.iter().map(|(o, _)| final_root(o)).collect();
+    assert!(roots.iter().all(|r| *r == roots[0]), "{roots:?}");
+    let snaps = DataDir::open(&dirs[0]).unwrap().snapshots().unwrap();
+    let (tick, path) = snaps.last().unwrap().clone();
+    assert_eq!(tick, 128);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let second = runs(220);
+    let (out, err) = &second[0];
+    assert!(err.contains("snapshot") && err.contains("refused"), "{err}");
+    // Without the snapshot node 0 replayed its whole log and stood exactly where it had ended.
+    let start = out.lines().next().unwrap();
+    assert!(start.contains("200 ticks replayed") && start.ends_with(roots[0]), "{start}");
+    // The others started from their snapshot (tick 150) and the log since.
+    assert!(second[1].0.lines().next().unwrap().contains("snapshot at tick 128, 72 ticks replayed"));
+    let again: Vec<&str> = second.iter().map(|(o, _)| final_root(o)).collect();
+    assert!(again.iter().all(|r| *r == again[0]), "{again:?}");
+}
