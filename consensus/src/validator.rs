@@ -42,6 +42,11 @@ pub struct Config {
     pub chain_id: u64,
     /// Signature verdicts, shareable (a simulated cluster shares one; a node keeps its own).
     pub sig_cache: std::sync::Arc<crate::types::SigCache>,
+    /// Backpressure from execution: a leader proposes tick t only once its application has
+    /// reported the root of tick t - 1 - `max_exec_lag` ([`Validator::report_root`]). When
+    /// execution is slow, ticks come later (time dilation) instead of execution falling ever
+    /// further behind agreement. `None`: no backpressure (an application that never reports).
+    pub max_exec_lag: Option<u64>,
     /// Test-only planted bug: accept 2f votes as a quorum. The Byzantine suite must catch it.
     #[cfg(feature = "mocks")]
     pub planted_bug_weak_quorum: bool,
@@ -64,6 +69,7 @@ impl Default for Config {
             genesis_time_ms: 0,
             chain_id: 0,
             sig_cache: Default::default(),
+            max_exec_lag: None,
             #[cfg(feature = "mocks")]
             planted_bug_weak_quorum: false,
         }
@@ -511,7 +517,13 @@ impl Validator {
             return None;
         }
         let parent = self.parent_for(self.view)?;
-        let (time_ms, _) = self.parent_time_tick(&parent)?;
+        let (time_ms, tick) = self.parent_time_tick(&parent)?;
+        if let Some(lag) = self.cfg.max_exec_lag {
+            let executed = self.root.map_or(0, |r| r.tick + 1);
+            if tick > executed + lag {
+                return None; // wait for execution; the application's next report retries
+            }
+        }
         Some((time_ms * 1_000 + self.cfg.period_us).max(self.view_started))
     }
 

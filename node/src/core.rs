@@ -173,12 +173,12 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
 
     pub fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
         self.agreement.handle_message(now, from, msg);
-        self.pump();
+        self.pump(now);
     }
 
     pub fn handle_timeout(&mut self, now: Micros) {
         self.agreement.handle_timeout(now);
-        self.pump();
+        self.pump(now);
     }
 
     pub fn poll_timeout(&self) -> Option<Micros> {
@@ -206,23 +206,35 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         let n = good.len();
         if n > 0 {
             self.agreement.submit_events(now, good);
-            self.pump();
+            self.pump(now);
         }
         n
     }
 
-    /// Drain consensus: forward messages, execute commits, judge root mismatches.
-    fn pump(&mut self) {
-        while let Some(o) = self.agreement.poll_output() {
-            match o {
-                Output::Broadcast(m) => self.out.push_back(CoreOutput::Broadcast(m)),
-                Output::Send(to, m) => self.out.push_back(CoreOutput::Send(to, m)),
-                Output::Committed(c) => self.execute(&c),
-                Output::RootMismatch { tick, theirs, validator, .. } => {
-                    self.mismatch(tick, validator, Hash32(theirs.0))
+    /// Drain consensus: forward messages, execute commits, judge root mismatches. After an
+    /// execution, agreement gets a turn at once: a leader held back by execution (consensus'
+    /// `max_exec_lag`) proposes now rather than at its next timer.
+    fn pump(&mut self, now: Micros) {
+        loop {
+            let mut executed = false;
+            while let Some(o) = self.agreement.poll_output() {
+                match o {
+                    Output::Broadcast(m) => self.out.push_back(CoreOutput::Broadcast(m)),
+                    Output::Send(to, m) => self.out.push_back(CoreOutput::Send(to, m)),
+                    Output::Committed(c) => {
+                        self.execute(&c);
+                        executed = true;
+                    }
+                    Output::RootMismatch { tick, theirs, validator, .. } => {
+                        self.mismatch(tick, validator, Hash32(theirs.0))
+                    }
+                    Output::Finalized { .. } | Output::Evidence(_) => {}
                 }
-                Output::Finalized { .. } | Output::Evidence(_) => {}
             }
+            if !executed {
+                return;
+            }
+            self.agreement.handle_timeout(now);
         }
     }
 

@@ -139,6 +139,8 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         notarize_timeout_us: 800_000,
         retry_us: 300_000,
         chain_id: u64::from(cfg.world.sim_id),
+        // Execution may trail agreement by at most this many ticks; then ticks slow down.
+        max_exec_lag: Some(4),
         ..Config::default()
     };
 
@@ -204,6 +206,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut last_root = core.root();
+    let (mut last_report, mut last_report_tick) = (std::time::Instant::now(), core.sim().world().tick().0);
     let outcome: anyhow::Result<&str> = loop {
         let deadline = core.poll_timeout().unwrap_or(u64::MAX);
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()).min(1_000_000));
@@ -243,15 +246,22 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     }
                     if (tick.0 + 1).is_multiple_of(report_every) {
                         let s = core.stats();
+                        // Time dilation: sim seconds per wall second since the last line (1.00
+                        // in lockstep at the rate; lower when commits are late).
+                        let wall = last_report.elapsed().as_secs_f64().max(1e-6);
+                        let dilation =
+                            (tick.0 + 1).saturating_sub(last_report_tick) as f64 / f64::from(cfg.tick_rate_hz) / wall;
+                        (last_report, last_report_tick) = (std::time::Instant::now(), tick.0 + 1);
                         println!(
-                            "tick {} root {} accepted {} rejected {} (total {} / {}) peers {}",
+                            "tick {} root {} accepted {} rejected {} (total {} / {}) peers {} dilation {:.2}",
                             tick.0,
                             root,
                             accepted,
                             rejected,
                             s.accepted,
                             s.rejected,
-                            mesh.connected()
+                            mesh.connected(),
+                            dilation
                         );
                     }
                     if args.ticks.is_some_and(|n| tick.0 + 1 >= n) {

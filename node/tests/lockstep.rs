@@ -97,12 +97,17 @@ fn cluster(
         notarize_timeout_us: 500 * MS,
         retry_us: 250 * MS,
         sig_cache: cache,
+        max_exec_lag: Some(4),
         ..Config::default()
     };
     let nodes = (0..n)
         .map(|i| {
             let actor = match byzantine.get(&i) {
-                Some(b) => Actor::Byz(Box::new(Byzantine::new(cfg.clone(), key(i), keys.clone(), 0, *b)), n as usize),
+                // The mock gets no roots to report: no execution backpressure for it.
+                Some(b) => {
+                    let byz_cfg = Config { max_exec_lag: None, ..cfg.clone() };
+                    Actor::Byz(Box::new(Byzantine::new(byz_cfg, key(i), keys.clone(), 0, *b)), n as usize)
+                }
                 None => Actor::Honest(Box::new(Validator::new(cfg.clone(), key(i), keys.clone(), 0))),
             };
             let sim = Sim::new(world_of(i).world, RuleHost::default(), KinematicPhysics::default(), 1).unwrap();

@@ -125,8 +125,18 @@ fn four_validators_run_1000_ticks_with_identical_roots() {
     let roots: Roots = Arc::default();
     let mut nodes: Vec<Node> =
         dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &["--ticks", "1000"])).collect();
+    let t0 = Instant::now();
     for (i, n) in nodes.iter_mut().enumerate() {
-        let status = n.child.wait().unwrap();
+        let status = loop {
+            if let Some(s) = n.child.try_wait().unwrap() {
+                break s;
+            }
+            if t0.elapsed() > Duration::from_secs(600) {
+                let _ = n.child.kill();
+                panic!("node {i} did not finish 1,000 ticks in 10 minutes: {}", n.stderr.lock().unwrap());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         assert!(status.success(), "node {i}: {status}: {}", n.stderr.lock().unwrap());
     }
     for i in 0..4 {
