@@ -12,7 +12,7 @@ use anyhow::Context;
 use metatopia_consensus::{Config, Digest, Message, Output, SigningKey, Validator, ValidatorIndex, VerifyingKey};
 use metatopia_sim::genesis::demo_key;
 use metatopia_sim::{Payload, SignedEvent, SimId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -32,7 +32,7 @@ pub struct AgreementArgs {
     events_per_tick: usize,
 }
 
-const MAX_FRAME: usize = 16 << 20;
+use metatopia_node::net::{MAX_FRAME, read_frame, write_frame};
 
 type Frame = Arc<Vec<u8>>;
 
@@ -120,7 +120,7 @@ async fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         let inbox = inboxes[me as usize].0.clone();
         tasks.push(tokio::spawn(async move {
             while let Ok(frame) = read_frame(&mut r).await {
-                match Message::decode(&frame, MAX_FRAME) {
+                match Message::decode(&frame, MAX_FRAME as usize) {
                     Ok(m) => {
                         if inbox.send((ValidatorIndex(peer), m)).is_err() {
                             break;
@@ -335,19 +335,6 @@ fn sign_events(count: usize) -> Vec<Vec<u8>> {
         handles.into_iter().map(|h| h.join().expect("signing thread")).collect()
     });
     parts.into_iter().flatten().collect()
-}
-
-async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result<Vec<u8>> {
-    let len = r.read_u32_le().await? as usize;
-    anyhow::ensure!(len <= MAX_FRAME, "frame of {len} bytes is over the limit");
-    let mut buf = vec![0u8; len];
-    r.read_exact(&mut buf).await?;
-    Ok(buf)
-}
-
-async fn write_frame(w: &mut (impl AsyncWriteExt + Unpin), f: &[u8]) -> std::io::Result<()> {
-    w.write_u32_le(f.len() as u32).await?;
-    w.write_all(f).await
 }
 
 /// Median round trip of a 64-byte frame over each connection (pairs in turn).

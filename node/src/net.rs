@@ -156,7 +156,8 @@ impl Mesh {
     }
 }
 
-async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result<Vec<u8>> {
+/// One length-prefixed frame (u32 LE length, at most [`MAX_FRAME`] bytes).
+pub async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result<Vec<u8>> {
     let len = r.read_u32_le().await?;
     anyhow::ensure!(len <= MAX_FRAME, "a frame of {len} bytes is over the limit");
     let mut buf = vec![0; len as usize];
@@ -164,7 +165,7 @@ async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result<Vec<u
     Ok(buf)
 }
 
-async fn write_frame(w: &mut (impl AsyncWriteExt + Unpin), f: &[u8]) -> std::io::Result<()> {
+pub async fn write_frame(w: &mut (impl AsyncWriteExt + Unpin), f: &[u8]) -> std::io::Result<()> {
     w.write_u32_le(f.len() as u32).await?;
     w.write_all(f).await
 }
