@@ -17,6 +17,14 @@ struct Node {
     stderr: Arc<Mutex<String>>,
 }
 
+/// A failing test must not leave its nodes running.
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn free_ports(n: usize) -> Vec<u16> {
     let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
