@@ -12,7 +12,6 @@ use anyhow::Context;
 use metatopia_consensus::{Config, Digest, Message, Output, SigningKey, Validator, ValidatorIndex, VerifyingKey};
 use metatopia_sim::genesis::demo_key;
 use metatopia_sim::{Payload, SignedEvent, SimId};
-use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -32,7 +31,7 @@ pub struct AgreementArgs {
     events_per_tick: usize,
 }
 
-use metatopia_node::net::{MAX_FRAME, read_frame, write_frame};
+use metatopia_node::net::{MAX_FRAME, read_frame, write_frame, write_frames};
 
 type Frame = Arc<Vec<u8>>;
 
@@ -130,24 +129,9 @@ async fn bench(args: AgreementArgs) -> anyhow::Result<()> {
                 }
             }
         }));
-        let (wtx, mut wrx) = mpsc::unbounded_channel::<Frame>();
+        let (wtx, wrx) = mpsc::unbounded_channel::<Frame>();
         writers.get_mut(&me).expect("every validator").insert(peer, wtx);
-        tasks.push(tokio::spawn(async move {
-            let mut w = BufWriter::new(w);
-            while let Some(f) = wrx.recv().await {
-                if write_frame(&mut w, &f).await.is_err() {
-                    break;
-                }
-                while let Ok(f) = wrx.try_recv() {
-                    if write_frame(&mut w, &f).await.is_err() {
-                        return;
-                    }
-                }
-                if w.flush().await.is_err() {
-                    break;
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(write_frames(w, wrx)));
     }
     for i in 0..n {
         let inbox = inboxes[i as usize].1.take().expect("once");

@@ -92,26 +92,11 @@ impl Mesh {
     ) -> tokio::sync::oneshot::Receiver<()> {
         let _ = stream.set_nodelay(true);
         let (mut r, w) = stream.into_split();
-        let (wtx, mut wrx) = mpsc::unbounded_channel::<Arc<Vec<u8>>>();
+        let (wtx, wrx) = mpsc::unbounded_channel::<Arc<Vec<u8>>>();
         let conn = CONNECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.writers.lock().expect("not poisoned").insert(peer, (conn, wtx));
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let mut w = BufWriter::new(w);
-            while let Some(f) = wrx.recv().await {
-                if write_frame(&mut w, &f).await.is_err() {
-                    return;
-                }
-                while let Ok(f) = wrx.try_recv() {
-                    if write_frame(&mut w, &f).await.is_err() {
-                        return;
-                    }
-                }
-                if w.flush().await.is_err() {
-                    return;
-                }
-            }
-        });
+        tokio::spawn(write_frames(w, wrx));
         let writers = self.writers.clone();
         tokio::spawn(async move {
             while let Ok(frame) = read_frame(&mut r).await {
@@ -153,6 +138,25 @@ impl Mesh {
     /// Peers connected now.
     pub fn connected(&self) -> usize {
         self.writers.lock().expect("not poisoned").len()
+    }
+}
+
+/// Write queued frames to `w` until the queue closes or the stream fails, flushing once per
+/// burst (whatever is queued goes out in one write).
+pub async fn write_frames(w: impl AsyncWriteExt + Unpin, mut queue: mpsc::UnboundedReceiver<Arc<Vec<u8>>>) {
+    let mut w = BufWriter::new(w);
+    while let Some(f) = queue.recv().await {
+        if write_frame(&mut w, &f).await.is_err() {
+            return;
+        }
+        while let Ok(f) = queue.try_recv() {
+            if write_frame(&mut w, &f).await.is_err() {
+                return;
+            }
+        }
+        if w.flush().await.is_err() {
+            return;
+        }
     }
 }
 
