@@ -13,6 +13,10 @@ use serde::{Deserialize, Serialize};
 pub struct NodeConfig {
     /// Where this node listens for its peers.
     pub listen: SocketAddr,
+    /// The HTTP service (`/healthz`, `/readyz`, `/metrics`, the API of `stats` and `admin`).
+    /// Default: the peers' address with the port + 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<SocketAddr>,
     /// The sim's tick rate.
     #[serde(default = "default_rate")]
     pub tick_rate_hz: u32,
@@ -37,11 +41,23 @@ pub struct WorldConfig {
     pub players: u32,
     /// A distinct number per sim (goes into every signed event).
     pub sim_id: u32,
+    /// Sim milliseconds per BFT millisecond (1: real time; scenarios accelerate governance
+    /// "days"). Every node of a sim must use the same value.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub time_scale: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(x: &u64) -> bool {
+    *x == 1
 }
 
 impl Default for WorldConfig {
     fn default() -> Self {
-        WorldConfig { seed: 1, objects: 300, players: 20, sim_id: 1 }
+        WorldConfig { seed: 1, objects: 300, players: 20, sim_id: 1, time_scale: 1 }
     }
 }
 
@@ -99,6 +115,11 @@ impl NodeConfig {
             parse_public(&v.key).with_context(|| format!("validators[{i}].key"))?;
         }
         Ok(())
+    }
+
+    /// Where the HTTP service listens.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http.unwrap_or_else(|| SocketAddr::new(self.listen.ip(), self.listen.port().wrapping_add(1000)))
     }
 
     pub fn keys(&self) -> anyhow::Result<Vec<VerifyingKey>> {

@@ -18,12 +18,24 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use metatopia_consensus::{Commit, Digest, Message, Micros, Output, Validator, ValidatorIndex};
 use metatopia_sim::host::{PhysicsStage, ScriptHost};
 use metatopia_sim::state::SubsystemRoots;
-use metatopia_sim::{Batch, Hash32, SignedEvent, Sim, Snapshot, Tick, VerifiedBatch};
+use metatopia_sim::{Batch, EventId, Hash32, SignedEvent, Sim, Snapshot, Tick, VerifiedBatch};
 
 /// Largest signed event accepted from a client or a block.
 pub const MAX_EVENT_BYTES: u32 = 64 * 1024;
 /// Committed inputs kept for a desync report.
 const KEEP_INPUTS: usize = 8;
+/// Outcomes of executed events remembered for `GET /v1/events/<id>`.
+const KEEP_OUTCOMES: usize = 1 << 16;
+
+/// What became of a committed event (for the client that submitted it).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum Outcome {
+    /// It took effect at this tick.
+    Executed { tick: u64 },
+    /// It was committed at this tick but refused, for this reason, the same on every node.
+    Refused { tick: u64, reason: String },
+}
 
 /// The agreement a node runs: the honest [`Validator`], or (in tests) a Byzantine mock.
 pub trait Agreement {
@@ -98,6 +110,28 @@ pub struct DesyncReport {
     pub last_inputs: Vec<Batch>,
 }
 
+/// Why a client's event was not taken into the pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    Undecodable(String),
+    OtherSim { event: u32, here: u32 },
+    BadSignature,
+}
+
+impl std::fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubmitError::Undecodable(e) => write!(f, "not a signed event: {e}"),
+            SubmitError::OtherSim { event, here } => {
+                write!(f, "the event is for sim {event}; this node runs sim {here}")
+            }
+            SubmitError::BadSignature => f.write_str("the signature does not verify"),
+        }
+    }
+}
+
+impl std::error::Error for SubmitError {}
+
 /// Counters for `stats` and `/metrics`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CoreStats {
@@ -122,6 +156,11 @@ pub struct NodeCore<A, H, P> {
     desynced: Option<u64>,
     stats: CoreStats,
     out: VecDeque<CoreOutput>,
+    outcomes: BTreeMap<EventId, Outcome>,
+    outcome_order: VecDeque<EventId>,
+    /// Sim time = anchor + (BFT time - anchor) × scale (scenarios accelerate days).
+    time_scale: u64,
+    time_anchor_ms: u64,
 }
 
 impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for NodeCore<A, H, P> {
@@ -146,7 +185,30 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             desynced: None,
             stats: CoreStats::default(),
             out: VecDeque::new(),
+            outcomes: BTreeMap::new(),
+            outcome_order: VecDeque::new(),
+            time_scale: 1,
+            time_anchor_ms: 0,
         }
+    }
+
+    /// Accelerated time: every BFT millisecond after `anchor_ms` counts as `scale` milliseconds
+    /// of sim time (governance "days" in scenarios). Every node of a sim must use the same
+    /// values; a node's log stores BFT time, so replay applies the same mapping.
+    pub fn with_time_scale(mut self, scale: u64, anchor_ms: u64) -> Self {
+        self.time_scale = scale.max(1);
+        self.time_anchor_ms = anchor_ms;
+        self
+    }
+
+    fn sim_time(&self, bft_ms: u64) -> u64 {
+        let since = bft_ms.saturating_sub(self.time_anchor_ms);
+        self.time_anchor_ms.saturating_add(since.saturating_mul(self.time_scale))
+    }
+
+    /// What became of an event this node executed recently (the last 65,536).
+    pub fn outcome(&self, id: &EventId) -> Option<&Outcome> {
+        self.outcomes.get(id)
     }
 
     pub fn sim(&self) -> &Sim<H, P> {
@@ -192,23 +254,35 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// Signed events from clients. Events that do not decode, are for another sim or do not
     /// verify are refused here (counted), before they cost the validators anything.
     pub fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) -> usize {
-        let sim = self.sim.world().sim();
-        let good: Vec<Vec<u8>> = events
-            .into_iter()
-            .filter(|bytes| {
-                let ok = SignedEvent::decode(bytes, MAX_EVENT_BYTES).is_ok_and(|e| e.body.sim == sim && e.verify());
-                if !ok {
-                    self.stats.refused_submissions += 1;
-                }
-                ok
-            })
-            .collect();
+        let good: Vec<Vec<u8>> = events.into_iter().filter(|bytes| self.check_submission(bytes).is_ok()).collect();
         let n = good.len();
         if n > 0 {
             self.agreement.submit_events(now, good);
             self.pump(now);
         }
         n
+    }
+
+    /// One signed event from a client, with the reason when it is refused.
+    pub fn submit_event(&mut self, now: Micros, bytes: Vec<u8>) -> Result<EventId, SubmitError> {
+        let id = self.check_submission(&bytes)?;
+        self.agreement.submit_events(now, vec![bytes]);
+        self.pump(now);
+        Ok(id)
+    }
+
+    fn check_submission(&mut self, bytes: &[u8]) -> Result<EventId, SubmitError> {
+        let sim = self.sim.world().sim();
+        let r = match SignedEvent::decode(bytes, MAX_EVENT_BYTES) {
+            Err(e) => Err(SubmitError::Undecodable(e.to_string())),
+            Ok(e) if e.body.sim != sim => Err(SubmitError::OtherSim { event: e.body.sim.0, here: sim.0 }),
+            Ok(e) if !e.verify() => Err(SubmitError::BadSignature),
+            Ok(e) => Ok(e.id()),
+        };
+        if r.is_err() {
+            self.stats.refused_submissions += 1;
+        }
+        r
     }
 
     /// Drain consensus: forward messages, execute commits, judge root mismatches. After an
@@ -267,7 +341,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             events: c.block.events.clone(),
             certificate: postcard::to_allocvec(&c.certificate).unwrap_or_default(),
         })));
-        self.run_batch(Batch { tick, time_ms: c.block.time_ms, seed: Hash32(c.seed.0), events }, true);
+        let time_ms = self.sim_time(c.block.time_ms);
+        self.run_batch(Batch { tick, time_ms, seed: Hash32(c.seed.0), events }, true);
     }
 
     /// Re-execute a logged tick (after a restart, before consensus resumes). Returns the root.
@@ -277,7 +352,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             return Err(format!("the log's tick {} is not the sim's next tick {at}", rec.tick));
         }
         let events = rec.events.iter().filter_map(|b| SignedEvent::decode(b, MAX_EVENT_BYTES).ok()).collect();
-        self.run_batch(Batch { tick: at, time_ms: rec.time_ms, seed: Hash32(rec.seed), events }, false);
+        let time_ms = self.sim_time(rec.time_ms);
+        self.run_batch(Batch { tick: at, time_ms, seed: Hash32(rec.seed), events }, false);
         if self.desynced.is_some() {
             return Err(format!("tick {} did not execute", rec.tick));
         }
@@ -293,6 +369,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 self.stats.accepted += u64::from(report.accepted);
                 self.stats.rejected += report.rejected.len() as u64;
                 self.roots.insert(tick.0, (report.root, report.roots));
+                self.remember_outcomes(&batch, &report.rejected);
                 while self.roots.len() > 512 {
                     self.roots.pop_first();
                 }
@@ -314,6 +391,26 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             Err(e) => {
                 tracing::error!(%tick, error = %e, "a committed batch did not execute; stopping this sim");
                 self.desynced = Some(tick.0);
+            }
+        }
+    }
+
+    fn remember_outcomes(&mut self, batch: &Batch, rejected: &[metatopia_sim::state::Rejection]) {
+        let tick = batch.tick.0;
+        let refused: BTreeMap<EventId, String> = rejected.iter().map(|r| (r.event, r.reason.to_string())).collect();
+        for e in &batch.events {
+            let id = e.id();
+            let outcome = match refused.get(&id) {
+                Some(reason) => Outcome::Refused { tick, reason: reason.clone() },
+                None => Outcome::Executed { tick },
+            };
+            if self.outcomes.insert(id, outcome).is_none() {
+                self.outcome_order.push_back(id);
+            }
+        }
+        while self.outcome_order.len() > KEEP_OUTCOMES {
+            if let Some(old) = self.outcome_order.pop_front() {
+                self.outcomes.remove(&old);
             }
         }
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use metatopia_node::config::{BotsConfig, NodeConfig, ValidatorEntry, WorldConfig};
-use metatopia_node::store::{DataDir, write_atomic};
+use metatopia_node::store::{DataDir, write_atomic, write_key};
 
 #[derive(Debug, clap::Args)]
 pub struct DevnetArgs {
@@ -52,6 +52,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     for (i, d) in dirs.iter().enumerate() {
         let cfg = NodeConfig {
             listen: validators[i].address,
+            http: None,
             tick_rate_hz: args.rate,
             snapshot_every: 640,
             world: WorldConfig::default(),
@@ -70,6 +71,16 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         args.dir.display()
     );
     println!("join address: {}@{}", validators[0].key, validators[0].address);
+    // The demo world's admin key, so the devnet can be governed with `metatopia admin`.
+    let world = WorldConfig::default();
+    let admin_key = args.dir.join("admin.key");
+    write_key(&admin_key, &metatopia_sim::genesis::demo_key(world.seed, 0))?;
+    let http0 = std::net::SocketAddr::new(validators[0].address.ip(), validators[0].address.port() + 1000);
+    println!(
+        "node http: http://{http0} .. port {} (/healthz /readyz /metrics); `metatopia stats --node {http0}`",
+        http0.port() + args.nodes - 1
+    );
+    println!("admin: `metatopia admin --node {http0} --key {} status`", admin_key.display());
     println!("web viewer: not built yet (issue 9); Ctrl-C stops the devnet");
 
     let stop = Arc::new(AtomicBool::new(false));

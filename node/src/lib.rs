@@ -3,12 +3,22 @@
 //! - [`core`]: agreement and the sim in lockstep, sans-IO: the node's logic without sockets
 //!   or clocks;
 //! - [`simnet`]: the core as a process of `scenarios`' deterministic cluster;
-//! - [`store`]: the data directory (node key, commit log, snapshots, consensus state).
+//! - [`store`]: the data directory (node key, commit log, snapshots, consensus state);
+//! - [`net`]: the validators' mesh;
+//! - [`http`]: health, readiness, Prometheus metrics and the JSON API of `stats` and `admin`;
+//! - [`timing`]: wall-clock timers around the script host and physics stage.
 //!
 //! The `metatopia` binary (`src/main.rs`) adds the clock, the network and the command line.
 
 pub mod config;
 pub mod core;
+pub mod http;
 pub mod net;
 pub mod simnet;
 pub mod store;
+pub mod timing;
+
+/// Milliseconds since the UNIX epoch (0 if the clock is before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,10 +1,10 @@
 //! `metatopia`: the node's command line.
 //!
-//! For now it runs a sim locally (`metatopia sim`): the real tick pipeline on a seeded default
-//! world, fed by bots that sign real events, printing tick, objects and state root. `devnet`
-//! (several nodes in lockstep over the network) replaces it as the main command once the
-//! agreement and node layers land.
+//! `devnet` (several validators in lockstep on loopback, with bots) is the main command; `init`,
+//! `run` and `config check` operate one node; `stats` and `admin` talk to a running node's HTTP
+//! service; `sim`, `raynet` and `bench` are tools for measuring parts on their own.
 
+mod admin;
 mod bench_agreement;
 mod devnet;
 mod local;
@@ -28,6 +28,10 @@ enum Command {
     Init(run::InitArgs),
     /// Run a validator of the sim its config describes.
     Run(run::RunArgs),
+    /// A node's figures, like OpenSimulator's `show stats` (from its HTTP service).
+    Stats(admin::StatsArgs),
+    /// Govern a sim: signed admin acts submitted through any node, and `admin status`.
+    Admin(admin::AdminArgs),
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -52,7 +56,15 @@ enum Bench {
     Agreement(bench_agreement::AgreementArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        // The chain of causes on one line; no backtrace for a user's mistake.
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -61,6 +73,8 @@ fn main() -> anyhow::Result<()> {
         Command::Devnet(args) => devnet::run(args),
         Command::Init(args) => run::init(args),
         Command::Run(args) => run::run(args),
+        Command::Stats(args) => admin::stats(args),
+        Command::Admin(args) => admin::admin(args),
         Command::Config(ConfigCmd::Check(args)) => run::config_check(args),
         Command::Sim(args) => local::run(args),
         Command::Raynet(args) => raynet_sim::run(args),

@@ -8,8 +8,10 @@ use anyhow::Context;
 use metatopia_consensus::{Config, Validator};
 use metatopia_node::config::{NodeConfig, ValidatorEntry};
 use metatopia_node::core::{CoreOutput, DesyncReport, NodeCore};
+use metatopia_node::http::{Query, Service, Status};
 use metatopia_node::net::Mesh;
 use metatopia_node::store::{CommitLog, DataDir};
+use metatopia_node::timing::{StageTimes, TimedHost, TimedPhysics};
 use metatopia_physics::RegionStage;
 use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen, demo_world};
 use metatopia_sim::rules::RuleHost;
@@ -38,6 +40,10 @@ pub struct RunArgs {
     /// Listen here instead of the config's `listen`.
     #[arg(long, env = "METATOPIA_LISTEN")]
     pub listen: Option<std::net::SocketAddr>,
+    /// Serve HTTP (health, metrics, the API of `stats` and `admin`) here instead of the config's
+    /// `http` (default: the peers' port + 1000).
+    #[arg(long, env = "METATOPIA_HTTP")]
+    pub http: Option<std::net::SocketAddr>,
     /// Bots' signed events per tick, instead of the config's `bots.events_per_tick`.
     #[arg(long, env = "METATOPIA_BOTS")]
     pub bots: Option<u32>,
@@ -60,6 +66,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
     } else {
         let cfg = NodeConfig {
             listen: args.listen,
+            http: None,
             tick_rate_hz: 20,
             snapshot_every: 640,
             world: Default::default(),
@@ -81,9 +88,10 @@ pub fn config_check(args: DirArgs) -> anyhow::Result<()> {
     let key = dir.key()?;
     let me = cfg.keys()?.iter().position(|k| *k == key.verifying_key());
     println!(
-        "{}: ok. listen {}, {} Hz, snapshot every {} ticks, world seed {} ({} objects, {} players), {} validators; this node is {}",
+        "{}: ok. listen {}, http {}, {} Hz, snapshot every {} ticks, world seed {} ({} objects, {} players), {} validators; this node is {}",
         dir.config_path().display(),
         cfg.listen,
+        cfg.http_addr(),
         cfg.tick_rate_hz,
         cfg.snapshot_every,
         cfg.world.seed,
@@ -99,14 +107,21 @@ fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
-pub fn demo_of(cfg: &NodeConfig) -> DemoWorld {
-    demo_world(DemoSpec {
+/// The genesis world a config describes: the seeded demo world, with the config's validators
+/// and tick rate in its governance state.
+pub fn demo_of(cfg: &NodeConfig) -> anyhow::Result<DemoWorld> {
+    let mut demo = demo_world(DemoSpec {
         seed: cfg.world.seed,
         sim: SimId(cfg.world.sim_id),
         objects: cfg.world.objects,
         players: cfg.world.players,
         ..DemoSpec::default()
-    })
+    });
+    let keys = cfg.keys()?;
+    demo.world.set_genesis_validators(keys.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())));
+    let settings = metatopia_sim::Settings { tick_rate_hz: cfg.tick_rate_hz, ..demo.world.settings().clone() };
+    demo.world.set_genesis_settings(settings);
+    Ok(demo)
 }
 
 /// `metatopia run`.
@@ -115,7 +130,35 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     rt.block_on(node(args))
 }
 
-type Core = NodeCore<Validator, RuleHost, RegionStage>;
+type Core = NodeCore<Validator, TimedHost<RuleHost>, TimedPhysics<RegionStage>>;
+
+/// Figures for `stats` and `/metrics` the loop keeps between status updates.
+#[derive(Debug, Default)]
+struct Meter {
+    /// Recent commit latencies (BFT time of the block to its commit here), ms.
+    latencies: std::collections::VecDeque<f64>,
+    /// Wall time of the core calls that executed ticks, ns, and the ticks they executed.
+    exec_ns: u64,
+    /// At the last status line: ticks executed, exec, script and physics ns.
+    last: (u64, u64, u64, u64),
+    status: Status,
+}
+
+impl Meter {
+    fn latency(&mut self, ms: f64) {
+        metrics::histogram!("metatopia_commit_latency_seconds").record(ms / 1000.0);
+        self.latencies.push_back(ms);
+        if self.latencies.len() > 512 {
+            self.latencies.pop_front();
+        }
+    }
+
+    fn quantile(&self, q: f64) -> f64 {
+        let mut v: Vec<f64> = self.latencies.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0)
+    }
+}
 
 async fn node(args: RunArgs) -> anyhow::Result<()> {
     let dir = DataDir::open(&args.dir.data_dir)?;
@@ -132,7 +175,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         .iter()
         .position(|k| *k == key.verifying_key())
         .context("this node's key is not among the config's validators (observers join with --join, not yet built)")?;
-    let demo = demo_of(&cfg);
+    let demo = demo_of(&cfg)?;
     let consensus = Config {
         period_us: 1_000_000 / u64::from(cfg.tick_rate_hz),
         leader_timeout_us: 400_000,
@@ -153,15 +196,15 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             recovery.reason.as_deref().unwrap_or("")
         );
     }
+    let times = StageTimes::default();
+    let host = || TimedHost::new(RuleHost::default(), &times);
+    let physics = || TimedPhysics::new(RegionStage::single(), &times);
     let mut sim = None;
     for (tick, path) in dir.snapshots()?.into_iter().rev() {
         let loaded = std::fs::read(&path)
             .map_err(anyhow::Error::from)
             .and_then(|b| Snapshot::decode(&b, 1 << 30).map_err(anyhow::Error::from))
-            .and_then(|s| {
-                metatopia_sim::Sim::restore(s, RuleHost::default(), RegionStage::single(), 2)
-                    .map_err(anyhow::Error::from)
-            });
+            .and_then(|s| metatopia_sim::Sim::restore(s, host(), physics(), 2).map_err(anyhow::Error::from));
         match loaded {
             Ok(s) => {
                 sim = Some(s);
@@ -172,15 +215,17 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     }
     let sim = match sim {
         Some(s) => s,
-        None => metatopia_sim::Sim::new(demo.world.clone(), RuleHost::default(), RegionStage::single(), 2)
+        None => metatopia_sim::Sim::new(demo.world.clone(), host(), physics(), 2)
             .context("loading the genesis world's physics")?,
     };
+    let anchor_ms = consensus.genesis_time_ms;
     let validator = match dir.read_consensus_state()? {
         Some(b) => Validator::restore(consensus.clone(), key.clone(), keys.clone(), now_us(), &b)
             .map_err(|e| anyhow::anyhow!("consensus.state: {e}"))?,
         None => Validator::new(consensus, key, keys.clone(), now_us()),
     };
-    let mut core: Core = NodeCore::new(validator, sim, 2);
+    anyhow::ensure!(cfg.world.time_scale >= 1, "world.time_scale must be at least 1");
+    let mut core: Core = NodeCore::new(validator, sim, 2).with_time_scale(cfg.world.time_scale, anchor_ms);
     let from = core.sim().world().tick().0;
     let mut replayed = 0;
     for rec in recovery.records.iter().filter(|r| r.tick >= from) {
@@ -199,6 +244,35 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let peers: Vec<_> = cfg.validators.iter().map(|v| v.address).collect();
     let (mesh, mut inbox) = Mesh::start(me as u16, cfg.listen, peers).await?;
     println!("listening on {}", cfg.listen);
+
+    // The HTTP service: health, metrics and the API, answered by this loop through `queries`.
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
+    let mut meter = Meter {
+        status: Status {
+            sim: cfg.world.sim_id,
+            node: me as u32,
+            validators: keys.len() as u32,
+            tick_rate_hz: cfg.tick_rate_hz,
+            tick: core.sim().world().tick().0,
+            root: root.to_string(),
+            ..Status::default()
+        },
+        ..Meter::default()
+    };
+    let (status_tx, status_rx) = tokio::sync::watch::channel(meter.status.clone());
+    let (query_tx, mut queries) = tokio::sync::mpsc::channel::<Query>(1024);
+    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let service =
+        Service { status: status_rx, queries: query_tx, metrics: Some(prometheus), started: std::time::Instant::now() };
+    let http_addr = args.http.unwrap_or_else(|| cfg.http_addr());
+    let (http_bound, http_task) = metatopia_node::http::serve(http_addr, service, async move {
+        let _ = http_stopped.await;
+    })
+    .await
+    .with_context(|| format!("serving HTTP on {http_addr} (set `http` in the config or --http)"))?;
+    println!("http on http://{http_bound} (/healthz /readyz /metrics /v1/status)");
     let mut bots = (cfg.bots.events_per_tick > 0).then(|| EventGen::new(&demo, cfg.world.seed ^ 0xb075));
     let mut bot_timer = tokio::time::interval(Duration::from_micros(1_000_000 / u64::from(cfg.tick_rate_hz)));
     let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
@@ -210,7 +284,13 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let outcome: anyhow::Result<&str> = loop {
         let deadline = core.poll_timeout().unwrap_or(u64::MAX);
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()).min(1_000_000));
+        let started = std::time::Instant::now();
         tokio::select! {
+            q = queries.recv() => {
+                if let Some(q) = q {
+                    metatopia_node::http::answer(&mut core, now_us(), q);
+                }
+            }
             m = inbox.recv() => {
                 let Some((from, msg)) = m else { break Err(anyhow::anyhow!("the mesh stopped")) };
                 core.handle_message(now_us(), from, msg);
@@ -231,14 +311,25 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         let mut sends = Vec::new();
         let mut stop = None;
         let mut committed = false;
+        let work_ns = started.elapsed().as_nanos() as u64;
+        let mut exec_charged = false;
         while let Some(o) = core.poll_output() {
             match o {
                 CoreOutput::Committed(rec) => {
                     log.append(&rec).context("appending to the commit log")?;
+                    meter.latency(metatopia_node::unix_ms().saturating_sub(rec.time_ms) as f64);
                     committed = true;
                 }
                 CoreOutput::Executed { tick, root, accepted, rejected } => {
                     last_root = root;
+                    if !exec_charged {
+                        // The call that executed ticks: its wall time is execution time.
+                        meter.exec_ns += work_ns;
+                        exec_charged = true;
+                    }
+                    publish(&mut meter, &core, tick.0, &root, mesh.connected() as u32);
+                    metrics::counter!("metatopia_events_accepted_total").increment(u64::from(accepted));
+                    metrics::counter!("metatopia_events_rejected_total").increment(u64::from(rejected));
                     if (tick.0 + 1).is_multiple_of(cfg.snapshot_every) {
                         log.sync()?;
                         let snap = core.snapshot();
@@ -252,6 +343,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                         let dilation =
                             (tick.0 + 1).saturating_sub(last_report_tick) as f64 / f64::from(cfg.tick_rate_hz) / wall;
                         (last_report, last_report_tick) = (std::time::Instant::now(), tick.0 + 1);
+                        per_second(&mut meter, &times, dilation);
                         println!(
                             "tick {} root {} accepted {} rejected {} (total {} / {}) peers {} dilation {:.2}",
                             tick.0,
@@ -272,6 +364,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     tracing::warn!(tick, validator = validator.0, "a peer reported a different state root");
                 }
                 CoreOutput::Desync(report) => {
+                    meter.status.desynced = Some(report.tick);
                     let path = write_desync_report(dir.root(), &report)?;
                     stop = Some(Err(anyhow::anyhow!(
                         "this node diverged at tick {}; report in {} (resync from a certified snapshot is not built yet)",
@@ -303,14 +396,71 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                 _ => {}
             }
         }
+        if status_tx.send_if_modified(|s| {
+            let changed = *s != meter.status;
+            if changed {
+                s.clone_from(&meter.status);
+            }
+            changed
+        }) {
+            metrics::gauge!("metatopia_peers").set(f64::from(meter.status.peers));
+        }
         if let Some(s) = stop {
             break s;
         }
     };
+    let _ = http_stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(2), http_task).await;
     log.sync()?;
     let how = outcome?;
     println!("stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
     Ok(())
+}
+
+/// After every executed tick: the status the HTTP service shows, and the gauges.
+fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash32, peers: u32) {
+    let w = core.sim().world();
+    let s = core.stats();
+    let st = &mut meter.status;
+    st.tick = tick;
+    st.root = root.to_string();
+    st.objects = w.objects().len() as u64;
+    st.scripts = w.scripts().len() as u64;
+    st.accounts = w.accounts().len() as u64;
+    st.pool_events = core.agreement().pool_len() as u64;
+    st.accepted = s.accepted;
+    st.rejected = s.rejected;
+    st.refused_submissions = s.refused_submissions;
+    st.peers = peers;
+    st.last_executed_unix_ms = metatopia_node::unix_ms();
+    metrics::gauge!("metatopia_tick").set(tick as f64);
+    metrics::gauge!("metatopia_objects").set(st.objects as f64);
+    metrics::gauge!("metatopia_scripts").set(st.scripts as f64);
+    metrics::gauge!("metatopia_accounts").set(st.accounts as f64);
+    metrics::gauge!("metatopia_pool_events").set(st.pool_events as f64);
+}
+
+/// Once a second: dilation, latency quantiles and the time per tick in execution, scripts and
+/// physics since the last time.
+fn per_second(meter: &mut Meter, times: &StageTimes, dilation: f64) {
+    let (script_ns, physics_ns) = times.totals();
+    let executed = meter.status.tick + 1;
+    let (t0, e0, s0, p0) = meter.last;
+    let ticks = executed.saturating_sub(t0).max(1) as f64;
+    let per_tick_ms = |now: u64, then: u64| now.saturating_sub(then) as f64 / ticks / 1e6;
+    let (p50, p99) = (meter.quantile(0.5), meter.quantile(0.99));
+    let st = &mut meter.status;
+    st.dilation = dilation;
+    st.execute_ms = per_tick_ms(meter.exec_ns, e0);
+    st.script_ms = per_tick_ms(script_ns, s0);
+    st.physics_ms = per_tick_ms(physics_ns, p0);
+    st.commit_latency_p50_ms = p50;
+    st.commit_latency_p99_ms = p99;
+    meter.last = (executed, meter.exec_ns, script_ns, physics_ns);
+    metrics::gauge!("metatopia_time_dilation").set(dilation);
+    metrics::gauge!("metatopia_execute_seconds_per_tick").set(st.execute_ms / 1000.0);
+    metrics::gauge!("metatopia_script_seconds_per_tick").set(st.script_ms / 1000.0);
+    metrics::gauge!("metatopia_physics_seconds_per_tick").set(st.physics_ms / 1000.0);
 }
 
 fn write_desync_report(root: &Path, r: &DesyncReport) -> anyhow::Result<PathBuf> {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use metatopia_consensus::{Message, ValidatorIndex};
 use metatopia_scenarios::{NodeId, Outbox, Process, Time};
 use metatopia_sim::host::{PhysicsStage, ScriptHost};
+use metatopia_sim::{Hash32, Tick};
 
 use crate::core::{Agreement, CoreOutput, NodeCore};
 
@@ -50,6 +51,17 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
         let n = self.core.submit_events(now, events);
         self.drain(out);
         n
+    }
+
+    /// The root of every tick this node executed, from its log.
+    pub fn executed_roots(&self) -> BTreeMap<Tick, Hash32> {
+        self.log
+            .iter()
+            .filter_map(|o| match o {
+                CoreOutput::Executed { tick, root, .. } => Some((*tick, *root)),
+                _ => None,
+            })
+            .collect()
     }
 
     fn index_of(&self, node: NodeId) -> Option<ValidatorIndex> {

@@ -208,14 +208,13 @@ impl DataDir {
     /// The node key, created on first use.
     pub fn key(&self) -> anyhow::Result<SigningKey> {
         let path = self.root.join("node.key");
-        match fs::read_to_string(&path) {
-            Ok(text) => parse_key(text.trim()).with_context(|| format!("reading the node key {}", path.display())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        match read_key(&path) {
+            Ok(Some(key)) => Ok(key),
+            Ok(None) => {
                 let mut seed = [0u8; 32];
                 getrandom(&mut seed)?;
                 let key = SigningKey::from_bytes(&seed);
-                write_atomic(&path, format!("{}\n", metatopia_sim::ids::hex(&seed)).as_bytes())?;
-                restrict(&path)?;
+                write_key(&path, &key)?;
                 Ok(key)
             }
             Err(e) => Err(e).with_context(|| format!("reading the node key {}", path.display())),
@@ -260,6 +259,21 @@ impl DataDir {
             Err(e) => Err(e).context("reading consensus.state"),
         }
     }
+}
+
+/// Read a key file (64 hex digits of secret key); `None` if there is no file.
+pub fn read_key(path: &Path) -> anyhow::Result<Option<SigningKey>> {
+    match fs::read_to_string(path) {
+        Ok(text) => parse_key(text.trim()).with_context(|| format!("reading the key {}", path.display())).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading the key {}", path.display())),
+    }
+}
+
+/// Write a key file readable by its owner only.
+pub fn write_key(path: &Path, key: &SigningKey) -> anyhow::Result<()> {
+    write_atomic(path, format!("{}\n", metatopia_sim::ids::hex(&key.to_bytes())).as_bytes())?;
+    restrict(path)
 }
 
 pub fn parse_key(hex: &str) -> anyhow::Result<SigningKey> {

@@ -139,19 +139,7 @@ fn run_with_bots(c: &mut Cluster<Node>, bot_node: NodeId, secs: u64, events_per_
 
 /// Every tick's root, per node.
 fn roots(c: &Cluster<Node>, n: u16) -> Vec<BTreeMap<Tick, Hash32>> {
-    (0..u32::from(n))
-        .map(|i| {
-            c.node(i)
-                .unwrap()
-                .log
-                .iter()
-                .filter_map(|o| match o {
-                    CoreOutput::Executed { tick, root, .. } => Some((*tick, *root)),
-                    _ => None,
-                })
-                .collect()
-        })
-        .collect()
+    (0..u32::from(n)).map(|i| c.node(i).unwrap().executed_roots()).collect()
 }
 
 /// The honest nodes executed the same ticks with the same roots (each a prefix of the longest).

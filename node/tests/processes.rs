@@ -33,7 +33,7 @@ fn free_ports(n: usize) -> Vec<u16> {
 fn setup(name: &str, n: usize, rate: u32) -> Vec<PathBuf> {
     let root = std::env::temp_dir().join(format!("metatopia-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let ports = free_ports(n);
+    let ports = free_ports(2 * n);
     let dirs: Vec<PathBuf> = (0..n).map(|i| root.join(format!("node-{i}"))).collect();
     let validators: Vec<ValidatorEntry> = dirs
         .iter()
@@ -49,6 +49,7 @@ fn setup(name: &str, n: usize, rate: u32) -> Vec<PathBuf> {
     for (i, d) in dirs.iter().enumerate() {
         let cfg = NodeConfig {
             listen: validators[i].address,
+            http: Some(([127, 0, 0, 1], ports[n + i]).into()),
             tick_rate_hz: rate,
             snapshot_every: 128,
             world: WorldConfig { objects: 120, players: 8, ..WorldConfig::default() },
@@ -230,4 +231,82 @@ fn a_tampered_snapshot_is_refused_with_a_clear_error_and_the_log_rebuilds_the_st
     assert!(second[1].0.lines().next().unwrap().contains("snapshot at tick 128, 72 ticks replayed"));
     let again: Vec<&str> = second.iter().map(|(o, _)| final_root(o)).collect();
     assert!(again.iter().all(|r| *r == again[0]), "{again:?}");
+}
+
+fn http_of(dir: &Path) -> String {
+    let cfg = metatopia_node::config::NodeConfig::load(&DataDir::open(dir).unwrap().config_path()).unwrap();
+    cfg.http_addr().to_string()
+}
+
+fn cli(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_metatopia")).args(args).env("RUST_LOG", "warn").output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn health_metrics_stats_and_signed_admin_acts_through_the_http_service() {
+    use metatopia_node::http::{AccountView, Client, Status};
+    let dirs = setup("http", 4, 20);
+    let roots: Roots = Arc::default();
+    let mut nodes: Vec<Node> = dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &[])).collect();
+    let https: Vec<String> = dirs.iter().map(|d| http_of(d)).collect();
+    let clients: Vec<Client> = https.iter().map(|h| Client::new(h)).collect();
+    wait_for("tick 40 everywhere", Duration::from_secs(300), || (0..4).all(|i| highest(&roots, i) >= Some(39)));
+
+    for (i, c) in clients.iter().enumerate() {
+        assert_eq!(c.get_text("/healthz").unwrap(), (200, "ok\n".to_owned()), "node {i}");
+        wait_for("ready", Duration::from_secs(60), || c.get_text("/readyz").unwrap().0 == 200);
+    }
+    let metrics = clients[1].get_text("/metrics").unwrap().1;
+    for name in ["metatopia_tick ", "metatopia_time_dilation ", "metatopia_commit_latency_seconds", "metatopia_peers 3"]
+    {
+        assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
+    }
+    let s: Status = clients[2].get("/v1/status").unwrap().unwrap();
+    assert!(s.tick >= 39 && s.validators == 4 && s.node == 2 && s.root.len() == 64, "{s:?}");
+
+    let (ok, out, err) = cli(&["stats", "--node", &https[1]]);
+    assert!(ok, "{err}");
+    assert!(out.contains("time dilation") && out.contains("peers              3 of 3"), "{out}");
+
+    // The demo world's admin (seed 1, key 0) governs; another account may not.
+    let root = dirs[0].parent().unwrap();
+    let admin_key = root.join("admin.key");
+    let player_key = root.join("player.key");
+    metatopia_node::store::write_key(&admin_key, &metatopia_sim::genesis::demo_key(1, 0)).unwrap();
+    metatopia_node::store::write_key(&player_key, &metatopia_sim::genesis::demo_key(77, 1)).unwrap();
+    let admin = admin_key.to_str().unwrap();
+    let (ok, out, err) = cli(&["admin", "--node", &https[0], "--key", admin, "login"]);
+    assert!(ok && out.contains("executed at tick"), "{out}{err}");
+    let (ok, out, _) = cli(&["admin", "--node", &https[3], "status"]);
+    assert!(ok && out.contains("(present)") && out.contains("temp admin         none"), "{out}");
+
+    let victim = metatopia_sim::event::account_of(&metatopia_sim::genesis::demo_key(1, 3)).to_string();
+    let (ok, out, err) = cli(&["admin", "--node", &https[2], "--key", admin, "ban", &victim]);
+    assert!(ok && out.contains("executed at tick"), "{out}{err}");
+    wait_for("the ban on node 1", Duration::from_secs(30), || {
+        clients[1].get::<AccountView>(&format!("/v1/accounts/{victim}")).unwrap().is_some_and(|a| a.banned)
+    });
+    let player = player_key.to_str().unwrap();
+    let (ok, _, err) = cli(&["admin", "--node", &https[1], "--key", player, "unban", &victim]);
+    assert!(!ok && err.contains("unknown account: log in first"), "{err}");
+    let (ok, out, err) = cli(&["admin", "--node", &https[1], "--key", player, "login", "mallory"]);
+    assert!(ok, "{out}{err}");
+    let (ok, _, err) = cli(&["admin", "--node", &https[1], "--key", player, "unban", &victim]);
+    assert!(!ok && err.contains("refused at tick") && err.contains("needs the admin"), "{err}");
+
+    // Bad input gets a clear error and changes nothing.
+    let (ok, _, err) = cli(&["admin", "--node", &https[0], "--key", admin, "ban", "nobody"]);
+    assert!(!ok && err.contains("not an account id"), "{err}");
+    let e = Client::new(&https[0]).submit(b"garbage").unwrap_err().to_string();
+    assert!(e.contains("not a signed event") && e.contains("HTTP 400"), "{e}");
+
+    for n in &mut nodes {
+        interrupt(n);
+    }
+    assert!(assert_same_roots(&roots) > 10);
 }

@@ -482,6 +482,17 @@ impl World {
         self.objects.len() as u32
     }
 
+    /// Genesis editing: the sim's validator keys. After genesis they change only through
+    /// admin acts, at epoch boundaries.
+    pub fn set_genesis_validators(&mut self, validators: impl IntoIterator<Item = AccountId>) {
+        self.governance.validators = validators.into_iter().collect();
+    }
+
+    /// Genesis editing: the settings. After genesis they change only through admin acts.
+    pub fn set_genesis_settings(&mut self, settings: Settings) {
+        self.settings = settings;
+    }
+
     /// Insert or replace an object. The tick pipeline is the normal writer; tools, tests and
     /// benchmarks may use this too (the Merkle caches stay correct).
     pub fn put_object(&mut self, o: Object) {

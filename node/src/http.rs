@@ -1,0 +1,403 @@
+//! The node's HTTP service: `/healthz`, `/readyz`, `/metrics` (Prometheus), and a small JSON API
+//! that `metatopia stats` and `metatopia admin` use:
+//!
+//! | route                     | what                                                          |
+//! |---------------------------|---------------------------------------------------------------|
+//! | `GET /v1/status`          | [`Status`]: tick, root, dilation, latencies, counts, peers    |
+//! | `POST /v1/events`         | one signed event (postcard bytes) into the pool → its id      |
+//! | `GET /v1/events/{id}`     | [`Outcome`] once executed (executed or refused, with reason)  |
+//! | `GET /v1/accounts/{id}`   | [`AccountView`]                                               |
+//! | `GET /v1/governance`      | [`GovernanceView`]: admin, temp admin and why, validators     |
+//!
+//! The handlers never touch the sim: they ask the node's loop through a channel ([`Query`]) and
+//! read the status it publishes after every tick, so the lockstep loop stays the only owner of
+//! the state.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use metatopia_consensus::Micros;
+use metatopia_sim::governance::{Role, report, role_of};
+use metatopia_sim::host::{PhysicsStage, ScriptHost};
+use metatopia_sim::{AccountId, EventId};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::core::{Agreement, MAX_EVENT_BYTES, NodeCore, Outcome};
+
+/// What the node publishes after every tick.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    pub sim: u32,
+    /// This node's validator index and the number of validators.
+    pub node: u32,
+    pub validators: u32,
+    pub tick_rate_hz: u32,
+    /// The last executed tick and the state root after it.
+    pub tick: u64,
+    pub root: String,
+    /// Sim seconds per wall second over the last second (1.0 in lockstep at the rate).
+    pub dilation: f64,
+    /// BFT time of a block to its commit here, milliseconds, over recent ticks.
+    pub commit_latency_p50_ms: f64,
+    pub commit_latency_p99_ms: f64,
+    /// Wall time per tick spent executing, scripts (summed over threads) and physics, ms,
+    /// averaged over the last second.
+    pub execute_ms: f64,
+    pub script_ms: f64,
+    pub physics_ms: f64,
+    pub objects: u64,
+    pub scripts: u64,
+    pub accounts: u64,
+    pub pool_events: u64,
+    pub accepted: u64,
+    pub rejected: u64,
+    pub refused_submissions: u64,
+    pub peers: u32,
+    /// The tick this node diverged at, if it did (it then stops executing).
+    pub desynced: Option<u64>,
+    /// Milliseconds since the UNIX epoch when the last tick executed here.
+    pub last_executed_unix_ms: u64,
+}
+
+/// An account as the API shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AccountView {
+    pub id: String,
+    pub name: String,
+    pub joined_at_ms: u64,
+    pub last_login_ms: u64,
+    /// Sign the next event with a nonce above this.
+    pub last_nonce: u64,
+    pub role: String,
+    pub banned: bool,
+    pub kicked_until_ms: Option<u64>,
+}
+
+/// Who governs the sim now, and why (`metatopia admin status`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GovernanceView {
+    pub tick: u64,
+    /// Sim (BFT) time of the last executed tick, milliseconds.
+    pub time_ms: u64,
+    pub admin: String,
+    pub admin_name: Option<String>,
+    pub admin_days_absent: u64,
+    pub admin_absent: bool,
+    pub temp_admin: Option<String>,
+    pub temp_admin_name: Option<String>,
+    pub reason: String,
+    /// X and Y of DESIGN §10.
+    pub admin_absent_days: u32,
+    pub temp_admin_active_days: u32,
+    pub validators: Vec<String>,
+    /// Validator changes waiting for the epoch boundary: (key, admit?).
+    pub pending_validators: Vec<(String, bool)>,
+    pub next_epoch_tick: u64,
+    pub banned: Vec<String>,
+    /// All the settings (an admin's `settings` act replaces them whole).
+    pub settings: metatopia_sim::Settings,
+}
+
+/// A question for the node's loop.
+#[derive(Debug)]
+pub enum Query {
+    Submit(Vec<u8>, oneshot::Sender<Result<EventId, String>>),
+    Outcome(EventId, oneshot::Sender<Option<Outcome>>),
+    Account(AccountId, oneshot::Sender<Option<AccountView>>),
+    Governance(oneshot::Sender<GovernanceView>),
+}
+
+/// Answer a query on the loop that owns the core.
+pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(core: &mut NodeCore<A, H, P>, now: Micros, q: Query) {
+    // A dropped receiver only means the HTTP client went away.
+    match q {
+        Query::Submit(bytes, tx) => {
+            let _ = tx.send(core.submit_event(now, bytes).map_err(|e| e.to_string()));
+        }
+        Query::Outcome(id, tx) => {
+            let _ = tx.send(core.outcome(&id).cloned());
+        }
+        Query::Account(id, tx) => {
+            let _ = tx.send(account_view(core.sim().world(), &id));
+        }
+        Query::Governance(tx) => {
+            let _ = tx.send(governance_view(core.sim().world()));
+        }
+    }
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Admin => "admin",
+        Role::TempAdmin => "temp admin",
+        Role::Member => "member",
+    }
+}
+
+pub fn account_view(w: &metatopia_sim::World, id: &AccountId) -> Option<AccountView> {
+    let a = w.account(id)?;
+    let g = w.governance();
+    Some(AccountView {
+        id: id.to_string(),
+        name: a.name.clone(),
+        joined_at_ms: a.joined_at_ms,
+        last_login_ms: a.last_login_ms,
+        last_nonce: a.last_nonce,
+        role: role_name(role_of(w, id, w.time_ms())).to_owned(),
+        banned: g.banned.contains(id),
+        kicked_until_ms: g.kicked_until_ms.get(id).copied().filter(|t| *t > w.time_ms()),
+    })
+}
+
+pub fn governance_view(w: &metatopia_sim::World) -> GovernanceView {
+    let r = report(w, w.time_ms());
+    let g = w.governance();
+    let name = |id: &AccountId| w.account(id).map(|a| a.name.clone());
+    let epoch = w.settings().epoch_ticks.max(1);
+    GovernanceView {
+        tick: w.tick().0,
+        time_ms: w.time_ms(),
+        admin: r.admin.to_string(),
+        admin_name: name(&r.admin),
+        admin_days_absent: r.admin_days_absent,
+        admin_absent: r.admin_absent,
+        temp_admin: r.temp_admin.map(|a| a.to_string()),
+        temp_admin_name: r.temp_admin.as_ref().and_then(name),
+        reason: r.reason,
+        admin_absent_days: w.settings().admin_absent_days,
+        temp_admin_active_days: w.settings().temp_admin_active_days,
+        validators: g.validators.iter().map(ToString::to_string).collect(),
+        pending_validators: g.pending_validators.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        next_epoch_tick: (w.tick().0 / epoch + 1) * epoch,
+        banned: g.banned.iter().map(ToString::to_string).collect(),
+        settings: w.settings().clone(),
+    }
+}
+
+/// Parse 64 hex digits.
+pub fn parse_hash(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut b = [0u8; 32];
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(b)
+}
+
+/// What the HTTP handlers share.
+#[derive(Clone, Debug)]
+pub struct Service {
+    pub status: watch::Receiver<Status>,
+    pub queries: mpsc::Sender<Query>,
+    /// Renders `/metrics` (None: metrics are off in this process).
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    pub started: Instant,
+}
+
+/// A tick older than this makes the node not ready.
+const READY_STALE: Duration = Duration::from_secs(5);
+
+fn err(code: StatusCode, msg: impl Into<String>) -> Response {
+    (code, axum::Json(serde_json::json!({ "error": msg.into() }))).into_response()
+}
+
+impl Service {
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> Result<T, Response> {
+        let (tx, rx) = oneshot::channel();
+        let busy = || err(StatusCode::SERVICE_UNAVAILABLE, "the node is busy or stopping");
+        self.queries.try_send(make(tx)).map_err(|_| busy())?;
+        tokio::time::timeout(Duration::from_secs(5), rx).await.map_err(|_| busy())?.map_err(|_| busy())
+    }
+}
+
+/// The routes.
+pub fn router(service: Service) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/status", get(status))
+        .route("/v1/events", post(submit))
+        .route("/v1/events/{id}", get(outcome))
+        .route("/v1/accounts/{id}", get(account))
+        .route("/v1/governance", get(governance))
+        .layer(DefaultBodyLimit::max(MAX_EVENT_BYTES as usize))
+        .with_state(service)
+}
+
+/// Serve until `stop` resolves.
+pub async fn serve(
+    addr: SocketAddr,
+    service: Service,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = router(service);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+            tracing::error!(error = %e, "the HTTP service stopped");
+        }
+    });
+    Ok((bound, task))
+}
+
+async fn healthz(State(s): State<Service>) -> Response {
+    // Alive: the loop answers.
+    match s.ask(Query::Governance).await {
+        Ok(_) => (StatusCode::OK, "ok\n").into_response(),
+        Err(e) => e,
+    }
+}
+
+async fn readyz(State(s): State<Service>) -> Response {
+    let st = s.status.borrow().clone();
+    let now_ms = crate::unix_ms();
+    let quorum_peers = st.validators.saturating_sub(1) / 3 * 2; // 2f others + this node = 2f+1
+    let why = if let Some(t) = st.desynced {
+        Some(format!("diverged at tick {t}"))
+    } else if st.last_executed_unix_ms == 0 {
+        Some("no tick executed yet".to_owned())
+    } else if now_ms.saturating_sub(st.last_executed_unix_ms) > READY_STALE.as_millis() as u64 {
+        Some(format!("no tick executed for {} ms", now_ms.saturating_sub(st.last_executed_unix_ms)))
+    } else if st.peers < quorum_peers {
+        Some(format!("connected to {} peers, a quorum needs {quorum_peers}", st.peers))
+    } else {
+        None
+    };
+    match why {
+        None => (StatusCode::OK, format!("ready: tick {}\n", st.tick)).into_response(),
+        Some(w) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {w}\n")).into_response(),
+    }
+}
+
+async fn metrics(State(s): State<Service>) -> Response {
+    match &s.metrics {
+        Some(h) => ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render()).into_response(),
+        None => err(StatusCode::NOT_FOUND, "metrics are off in this process"),
+    }
+}
+
+async fn status(State(s): State<Service>) -> Response {
+    axum::Json(s.status.borrow().clone()).into_response()
+}
+
+async fn submit(State(s): State<Service>, body: axum::body::Bytes) -> Response {
+    match s.ask(|tx| Query::Submit(body.to_vec(), tx)).await {
+        Ok(Ok(id)) => (StatusCode::ACCEPTED, axum::Json(serde_json::json!({ "id": id.to_string() }))).into_response(),
+        Ok(Err(reason)) => err(StatusCode::BAD_REQUEST, reason),
+        Err(e) => e,
+    }
+}
+
+async fn outcome(State(s): State<Service>, Path(id): Path<String>) -> Response {
+    let Some(id) = parse_hash(&id) else { return err(StatusCode::BAD_REQUEST, "an event id is 64 hex digits") };
+    match s.ask(|tx| Query::Outcome(EventId(id), tx)).await {
+        Ok(Some(o)) => axum::Json(o).into_response(),
+        Ok(None) => err(StatusCode::NOT_FOUND, "not executed here (yet)"),
+        Err(e) => e,
+    }
+}
+
+async fn account(State(s): State<Service>, Path(id): Path<String>) -> Response {
+    let Some(id) = parse_hash(&id) else { return err(StatusCode::BAD_REQUEST, "an account id is 64 hex digits") };
+    match s.ask(|tx| Query::Account(AccountId(id), tx)).await {
+        Ok(Some(a)) => axum::Json(a).into_response(),
+        Ok(None) => err(StatusCode::NOT_FOUND, "no such account in this sim"),
+        Err(e) => e,
+    }
+}
+
+async fn governance(State(s): State<Service>) -> Response {
+    match s.ask(Query::Governance).await {
+        Ok(g) => axum::Json(g).into_response(),
+        Err(e) => e,
+    }
+}
+
+/// A blocking client of a node's HTTP service (the CLI's side).
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// `node` is `host:port` or `http://host:port`.
+    pub fn new(node: &str) -> Client {
+        let base = if node.starts_with("http://") { node.to_owned() } else { format!("http://{node}") };
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(10)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Client { base: base.trim_end_matches('/').to_owned(), agent }
+    }
+
+    fn read(&self, mut r: ureq::http::Response<ureq::Body>) -> anyhow::Result<(u16, String)> {
+        let code = r.status().as_u16();
+        let body = r.body_mut().with_config().limit(16 << 20).read_to_string()?;
+        Ok((code, body))
+    }
+
+    fn error_of(code: u16, body: &str) -> anyhow::Error {
+        let msg = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+            .unwrap_or_else(|| body.trim().to_owned());
+        anyhow::anyhow!("{msg} (HTTP {code})")
+    }
+
+    /// GET a path; `Ok(None)` on 404.
+    pub fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<Option<T>> {
+        let url = format!("{}{path}", self.base);
+        let r = self.agent.get(&url).call().map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+        let (code, body) = self.read(r)?;
+        match code {
+            200 => Ok(Some(serde_json::from_str(&body)?)),
+            404 => Ok(None),
+            _ => Err(Self::error_of(code, &body)),
+        }
+    }
+
+    /// GET a text path (`/healthz`, `/readyz`, `/metrics`): status code and body.
+    pub fn get_text(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let url = format!("{}{path}", self.base);
+        let r = self.agent.get(&url).call().map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+        self.read(r)
+    }
+
+    /// Submit one encoded signed event; its id.
+    pub fn submit(&self, event: &[u8]) -> anyhow::Result<String> {
+        let url = format!("{}/v1/events", self.base);
+        let r = self.agent.post(&url).send(event).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+        let (code, body) = self.read(r)?;
+        if code != 202 {
+            return Err(Self::error_of(code, &body));
+        }
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        v.get("id").and_then(|i| i.as_str()).map(str::to_owned).ok_or_else(|| anyhow::anyhow!("no id in {body}"))
+    }
+
+    /// Wait (up to `wait`) for an event's outcome.
+    pub fn wait_outcome(&self, id: &str, wait: Duration) -> anyhow::Result<Option<Outcome>> {
+        let end = Instant::now() + wait;
+        loop {
+            if let Some(o) = self.get::<Outcome>(&format!("/v1/events/{id}"))? {
+                return Ok(Some(o));
+            }
+            if Instant::now() >= end {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! Governance end to end (DESIGN §10) on four whole nodes in the deterministic cluster, over
+//! accelerated time: one day of sim time is 8 ticks (400 ms of BFT time). Every act is a signed
+//! event submitted through some node; every node must reach the same roles, the same refusals
+//! with the same reasons, and the same state root at every tick.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use metatopia_consensus::{Config, SigCache, SigningKey, Validator};
+use metatopia_node::core::{NodeCore, Outcome};
+use metatopia_node::http::governance_view;
+use metatopia_node::simnet::CoreProcess;
+use metatopia_scenarios::{Cluster, NetConfig, NodeId, Time};
+use metatopia_sim::event::account_of;
+use metatopia_sim::genesis::{DemoSpec, demo_key, demo_world};
+use metatopia_sim::governance::{Role, role_of};
+use metatopia_sim::kinematic::KinematicPhysics;
+use metatopia_sim::rules::RuleHost;
+use metatopia_sim::state::DAY_MS;
+use metatopia_sim::{AccountId, AdminAct, ChatRange, EventId, Hash32, Payload, SignedEvent, Sim, SimId, Tick};
+
+const MS: Time = 1_000;
+/// Virtual (BFT) milliseconds per sim day, and the scale that makes it so.
+const DAY_BFT_MS: u64 = 400;
+const SCALE: u64 = DAY_MS / DAY_BFT_MS;
+const EPOCH_TICKS: u64 = 40;
+
+type Node = CoreProcess<Validator, RuleHost, KinematicPhysics>;
+
+fn node_key(i: u16) -> SigningKey {
+    let mut b = [7u8; 32];
+    b[..2].copy_from_slice(&i.to_le_bytes());
+    SigningKey::from_bytes(&b)
+}
+
+struct Person {
+    key: SigningKey,
+    nonce: u64,
+}
+
+impl Person {
+    fn new(key: SigningKey) -> Person {
+        Person { key, nonce: 0 }
+    }
+    fn id(&self) -> AccountId {
+        account_of(&self.key)
+    }
+    fn sign(&mut self, payload: Payload) -> SignedEvent {
+        self.nonce += 1;
+        SignedEvent::new(&self.key, SimId(1), self.nonce, payload)
+    }
+    fn login(&mut self, name: &str) -> SignedEvent {
+        self.sign(Payload::Login { name: name.into() })
+    }
+    fn act(&mut self, act: AdminAct) -> SignedEvent {
+        self.sign(Payload::Admin(act))
+    }
+}
+
+struct World {
+    c: Cluster<Node>,
+}
+
+fn world(seed: u64) -> (World, Person) {
+    let n = 4u16;
+    let demo = demo_world(DemoSpec { seed: 10, objects: 20, players: 0, ..DemoSpec::default() });
+    let keys: Vec<_> = (0..n).map(|i| node_key(i).verifying_key()).collect();
+    let mut genesis = demo.world.clone();
+    genesis.set_genesis_validators(keys.iter().map(|k| AccountId(k.to_bytes())));
+    genesis.set_genesis_settings(metatopia_sim::Settings {
+        epoch_ticks: EPOCH_TICKS,
+        tick_rate_hz: 20,
+        ..genesis.settings().clone()
+    });
+    let nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>> = Arc::new((0..n).map(|i| (i, vec![u32::from(i)])).collect());
+    let cfg = Config {
+        period_us: 50 * MS,
+        leader_timeout_us: 250 * MS,
+        notarize_timeout_us: 500 * MS,
+        retry_us: 250 * MS,
+        sig_cache: Arc::new(SigCache::default()),
+        max_exec_lag: Some(4),
+        ..Config::default()
+    };
+    let nodes = (0..n)
+        .map(|i| {
+            let v = Validator::new(cfg.clone(), node_key(i), keys.clone(), 0);
+            let sim = Sim::new(genesis.clone(), RuleHost::default(), KinematicPhysics::default(), 1).unwrap();
+            let core = NodeCore::new(v, sim, 1).with_time_scale(SCALE, cfg.genesis_time_ms);
+            CoreProcess::new(core, nodes_of.clone())
+        })
+        .collect();
+    let net = NetConfig { delay_min_us: 300, delay_max_us: 6 * MS, loss_ppm: 10_000, duplicate_ppm: 10_000 };
+    (World { c: Cluster::new(seed, net, nodes) }, Person::new(demo.admin))
+}
+
+impl World {
+    /// Run until sim time reaches `day` days (on the cluster's clock).
+    fn until_day(&mut self, day: f64) {
+        let t = (day * DAY_BFT_MS as f64 * 1000.0) as Time;
+        if t > self.c.now() {
+            self.c.run_until(t, |_| {});
+        }
+    }
+
+    /// Submit through `node` and run until every node executed it; the outcome, the same on all.
+    fn submit(&mut self, node: NodeId, e: &SignedEvent) -> Outcome {
+        let id = e.id();
+        let bytes = metatopia_sim::codec::encode(e);
+        self.c.with_node(node, |p, now, out| {
+            assert_eq!(p.submit(now, vec![bytes], out), 1, "node {node} refused the submission");
+        });
+        self.outcome(id).unwrap_or_else(|| panic!("{:?} was not executed within 2 s", e.body.payload))
+    }
+
+    /// Run (up to 2 s of virtual time) until every node has an outcome for `id`; they must agree.
+    fn outcome(&mut self, id: EventId) -> Option<Outcome> {
+        let end = self.c.now() + 2_000 * MS;
+        while self.c.now() < end {
+            let t = self.c.now() + 50 * MS;
+            self.c.run_until(t, |_| {});
+            let all: Vec<Option<Outcome>> =
+                (0..4).map(|i| self.c.node(i).unwrap().core.outcome(&id).cloned()).collect();
+            if all.iter().all(Option::is_some) {
+                assert!(all.iter().all(|o| *o == all[0]), "nodes disagree on an outcome: {all:?}");
+                return all[0].clone();
+            }
+        }
+        None
+    }
+
+    /// Every node's governance view now, asserted equal; the role of `who` from it.
+    fn role(&self, who: &AccountId) -> Role {
+        let views: Vec<_> = (0..4).map(|i| self.c.node(i).unwrap().core.sim().world()).collect();
+        let ticks: Vec<Tick> = views.iter().map(|w| w.tick()).collect();
+        // Nodes may be a tick or two apart; compare the roles of the slowest one's tick.
+        let w = views[ticks.iter().enumerate().min_by_key(|(_, t)| **t).unwrap().0];
+        role_of(w, who, w.time_ms())
+    }
+
+    fn executed_roots(&self) -> Vec<BTreeMap<Tick, Hash32>> {
+        (0..4).map(|i| self.c.node(i).unwrap().executed_roots()).collect()
+    }
+}
+
+fn refused(o: &Outcome, needle: &str) -> bool {
+    matches!(o, Outcome::Refused { reason, .. } if reason.contains(needle))
+}
+
+fn assert_executed(o: &Outcome, what: &str) {
+    assert!(matches!(o, Outcome::Executed { .. }), "{what}: {o:?}");
+}
+
+#[test]
+fn the_bob_and_charlie_story_on_four_nodes_over_accelerated_days() {
+    let (mut w, mut admin) = world(21);
+    let mut charlie = Person::new(demo_key(5, 1));
+    let mut bob = Person::new(demo_key(5, 2));
+    let mut dave = Person::new(demo_key(5, 3));
+    let mut eve = Person::new(demo_key(5, 4));
+    let (c, b, d, e) = (charlie.id(), bob.id(), dave.id(), eve.id());
+
+    // Day 0 the admin logs in; Charlie joins day 1, Bob day 2, Dave and Eve day 3. Each act goes
+    // through a different node.
+    let ev = admin.login("admin");
+    assert_executed(&w.submit(0, &ev), "admin login");
+    w.until_day(1.0);
+    assert_executed(&w.submit(1, &charlie.login("charlie")), "charlie joins");
+    w.until_day(2.0);
+    assert_executed(&w.submit(2, &bob.login("bob")), "bob joins");
+    w.until_day(3.0);
+    assert_executed(&w.submit(3, &dave.login("dave")), "dave joins");
+    assert_executed(&w.submit(0, &eve.login("eve")), "eve joins");
+
+    // Settings are an admin act too: a kick now lasts two days.
+    let mut settings = w.c.node(0).unwrap().core.sim().world().settings().clone();
+    settings.kick_cooldown_ms = 2 * DAY_MS;
+    assert_executed(&w.submit(1, &admin.act(AdminAct::SetSettings(settings))), "settings");
+
+    // While the admin is present a member's act is refused, and nobody is temp admin.
+    let o = w.submit(1, &dave.act(AdminAct::Ban { account: e }));
+    assert!(refused(&o, "needs the admin or temp-admin role"), "{o:?}");
+    assert_eq!(w.role(&b), Role::Member);
+
+    // The admin bans Eve, then unbans her; a replay of the ban changes nothing.
+    let ban = admin.act(AdminAct::Ban { account: e });
+    assert_executed(&w.submit(2, &ban), "ban");
+    let o = w.submit(3, &eve.sign(Payload::Chat { channel: 0, range: ChatRange::Say, text: "hi".into() }));
+    assert!(refused(&o, "banned"), "a banned account's input is refused on every node: {o:?}");
+    assert_executed(&w.submit(2, &admin.act(AdminAct::Unban { account: e })), "unban");
+    w.until_day(4.0);
+    let bytes = metatopia_sim::codec::encode(&ban);
+    w.c.with_node(1, |p, now, out| {
+        p.submit(now, vec![bytes], out);
+    });
+    w.until_day(5.0);
+    for i in 0..4 {
+        assert!(
+            !w.c.node(i).unwrap().core.sim().world().governance().banned.contains(&e),
+            "node {i}: the replayed ban took effect"
+        );
+    }
+    assert_executed(&w.submit(0, &eve.login("eve")), "eve, unbanned, logs in");
+
+    // Bob and Dave keep logging in; Charlie and the admin do not.
+    for day in [10.0, 20.0, 28.0] {
+        w.until_day(day);
+        assert_executed(&w.submit(3, &bob.login("bob")), "bob");
+        assert_executed(&w.submit(2, &dave.login("dave")), "dave");
+    }
+
+    // Past day 30 (X) the admin is absent: Bob, the most senior account active within 7 days
+    // (Y), is temp admin. Charlie joined earlier but was last seen on day 1.
+    w.until_day(31.5);
+    assert_eq!(w.role(&b), Role::TempAdmin);
+    assert_eq!(w.role(&c), Role::Member);
+    let g = governance_view(w.c.node(0).unwrap().core.sim().world());
+    assert_eq!(g.temp_admin, Some(b.to_string()));
+    assert!(g.admin_absent && g.admin_days_absent >= 30, "{g:?}");
+
+    // Bob acts as admin: kicks Eve, whose login within the cooldown is refused; Dave still
+    // may not act. The temp admin's acts do not reset the admin's absence.
+    assert_executed(&w.submit(1, &bob.act(AdminAct::Kick { account: e })), "bob kicks eve");
+    let o = w.submit(2, &eve.login("eve"));
+    assert!(refused(&o, "kicked"), "{o:?}");
+    let o = w.submit(0, &dave.act(AdminAct::Kick { account: b }));
+    assert!(refused(&o, "needs the admin or temp-admin role"), "{o:?}");
+    assert_eq!(w.role(&admin.id()), Role::Admin);
+    assert!(governance_view(w.c.node(3).unwrap().core.sim().world()).admin_absent);
+
+    // Charlie, more senior, logs in: Charlie is temp admin at once, Bob no longer.
+    w.until_day(32.0);
+    assert_executed(&w.submit(3, &charlie.login("charlie")), "charlie returns");
+    assert_eq!(w.role(&c), Role::TempAdmin);
+    assert_eq!(w.role(&b), Role::Member);
+    let o = w.submit(1, &bob.act(AdminAct::Ban { account: d }));
+    assert!(refused(&o, "needs the admin or temp-admin role"), "bob lost the role: {o:?}");
+
+    // The temp admin makes itself the permanent admin; the old admin, back, is a member whose
+    // acts are refused.
+    assert_executed(&w.submit(0, &charlie.act(AdminAct::TransferAdmin { to: c })), "charlie takes over");
+    assert_eq!(w.role(&c), Role::Admin);
+    w.until_day(33.0);
+    let old = admin.id();
+    assert_executed(&w.submit(2, &admin.login("old admin")), "the old admin logs in");
+    assert_eq!(w.role(&old), Role::Member);
+    let o = w.submit(2, &admin.act(AdminAct::Ban { account: c }));
+    assert!(refused(&o, "needs the admin or temp-admin role"), "{o:?}");
+
+    // Charlie bans Dave: Dave's inputs are refused on every node.
+    assert_executed(&w.submit(3, &charlie.act(AdminAct::Ban { account: d })), "charlie bans dave");
+    let o = w.submit(1, &dave.login("dave"));
+    assert!(refused(&o, "banned"), "{o:?}");
+
+    // Every node executed the same ticks with the same roots (roles included: they are state).
+    let all = w.executed_roots();
+    let longest = all.iter().max_by_key(|m| m.len()).unwrap();
+    assert!(longest.len() > 260, "ran {} ticks", longest.len());
+    for (i, mine) in all.iter().enumerate() {
+        assert!(mine.len() + 5 >= longest.len(), "node {i} fell behind");
+        for (t, r) in mine {
+            assert_eq!(longest.get(t), Some(r), "node {i} differs at tick {t}");
+        }
+    }
+}
+
+#[test]
+fn validator_changes_wait_for_the_epoch_boundary_on_every_node() {
+    let (mut w, mut admin) = world(22);
+    let newcomer = AccountId(node_key(9).verifying_key().to_bytes());
+    let leaving = AccountId(node_key(3).verifying_key().to_bytes());
+    let mut dave = Person::new(demo_key(5, 3));
+    assert_executed(&w.submit(0, &admin.login("admin")), "admin login");
+    assert_executed(&w.submit(1, &dave.login("dave")), "dave joins");
+    let o = w.submit(2, &dave.act(AdminAct::AdmitValidator { key: account_of(&dave.key) }));
+    assert!(refused(&o, "needs the admin or temp-admin role"), "a member may not admit validators: {o:?}");
+
+    let o = w.submit(1, &admin.act(AdminAct::AdmitValidator { key: newcomer }));
+    let Outcome::Executed { tick } = o else { panic!("admit: {o:?}") };
+    assert_executed(&w.submit(2, &admin.act(AdminAct::RemoveValidator { key: leaving })), "remove");
+    let boundary = (tick / EPOCH_TICKS + 1) * EPOCH_TICKS;
+    // Before the boundary: pending on every node; after it: applied on every node.
+    for i in 0..4 {
+        let world = w.c.node(i).unwrap().core.sim().world();
+        if world.tick().0 <= boundary {
+            let g = world.governance();
+            assert!(!g.validators.contains(&newcomer) && g.validators.contains(&leaving), "node {i} too early");
+            assert_eq!(g.pending_validators.get(&newcomer), Some(&true));
+        }
+    }
+    let end = w.c.now() + (EPOCH_TICKS + 10) * 50 * MS;
+    w.c.run_until(end, |_| {});
+    let sets: Vec<_> =
+        (0..4).map(|i| w.c.node(i).unwrap().core.sim().world().governance().validators.clone()).collect();
+    for (i, s) in sets.iter().enumerate() {
+        assert!(s.contains(&newcomer) && !s.contains(&leaving), "node {i}: {s:?}");
+        assert_eq!(*s, sets[0]);
+    }
+}
