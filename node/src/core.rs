@@ -46,6 +46,14 @@ pub trait Agreement {
     fn poll_timeout(&self) -> Option<Micros>;
     fn report_root(&mut self, tick: u64, root: Digest);
     fn validators(&self) -> usize;
+    /// What must survive a crash (consensus votes and certificates), if anything.
+    fn persist(&self) -> Option<Vec<u8>> {
+        None
+    }
+    /// Events waiting in the pool.
+    fn pool_len(&self) -> usize {
+        0
+    }
 }
 
 impl Agreement for Validator {
@@ -70,6 +78,12 @@ impl Agreement for Validator {
     fn validators(&self) -> usize {
         self.keys().len()
     }
+    fn persist(&self) -> Option<Vec<u8>> {
+        Some(Validator::persist(self))
+    }
+    fn pool_len(&self) -> usize {
+        Validator::pool_len(self)
+    }
 }
 
 /// What the I/O shell must do.
@@ -85,6 +99,8 @@ pub enum CoreOutput {
         root: Hash32,
         accepted: u32,
         rejected: u32,
+        /// What was said this tick (by avatars and scripts).
+        chat: Vec<metatopia_sim::ChatLine>,
     },
     /// A peer reported a different root for a tick, but fewer than f+1 did: the peer is faulty.
     PeerDiverged {
@@ -386,6 +402,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     root: report.root,
                     accepted: report.accepted,
                     rejected: report.rejected.len() as u32,
+                    chat: report.chat,
                 });
             }
             Err(e) => {

@@ -5,6 +5,8 @@
 //! - [`simnet`]: the core as a process of `scenarios`' deterministic cluster;
 //! - [`store`]: the data directory (node key, commit log, snapshots, consensus state);
 //! - [`net`]: the validators' mesh;
+//! - [`scenario`]: scenario files run on whole node cores in the deterministic cluster;
+//!   recordings, `replay verify` and `synctest`;
 //! - [`http`]: health, readiness, Prometheus metrics and the JSON API of `stats` and `admin`;
 //! - [`timing`]: wall-clock timers around the script host and physics stage.
 //!
@@ -14,6 +16,7 @@ pub mod config;
 pub mod core;
 pub mod http;
 pub mod net;
+pub mod scenario;
 pub mod simnet;
 pub mod store;
 pub mod timing;

@@ -9,12 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use metatopia_physics::RegionStage;
+use metatopia_node::scenario::AnyPhysics;
 use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world, tick_time_ms};
-use metatopia_sim::host::{PhysicsCommand, PhysicsError, PhysicsOutput, PhysicsStage};
-use metatopia_sim::kinematic::KinematicPhysics;
 use metatopia_sim::rules::RuleHost;
-use metatopia_sim::{Batch, Fx, Hash32, Sim, VerifiedBatch, World};
+use metatopia_sim::{Batch, Hash32, Sim, VerifiedBatch};
 
 #[derive(Debug, clap::Args)]
 pub struct SimArgs {
@@ -52,40 +50,6 @@ pub enum PhysicsKind {
     Kinematic,
 }
 
-/// Either physics stage behind one type, so the loop below is written once.
-#[derive(Debug)]
-enum AnyPhysics {
-    Rapier(Box<RegionStage>),
-    Kinematic(KinematicPhysics),
-}
-
-impl PhysicsStage for AnyPhysics {
-    fn load(&mut self, world: &World, saved: Option<&[u8]>) -> Result<(), PhysicsError> {
-        match self {
-            AnyPhysics::Rapier(p) => p.load(world, saved),
-            AnyPhysics::Kinematic(p) => p.load(world, saved),
-        }
-    }
-    fn step(&mut self, world: &World, commands: &[PhysicsCommand], dt: Fx) -> PhysicsOutput {
-        match self {
-            AnyPhysics::Rapier(p) => p.step(world, commands, dt),
-            AnyPhysics::Kinematic(p) => p.step(world, commands, dt),
-        }
-    }
-    fn save(&self) -> Vec<u8> {
-        match self {
-            AnyPhysics::Rapier(p) => p.save(),
-            AnyPhysics::Kinematic(p) => p.save(),
-        }
-    }
-    fn root(&self) -> Hash32 {
-        match self {
-            AnyPhysics::Rapier(p) => p.root(),
-            AnyPhysics::Kinematic(p) => p.root(),
-        }
-    }
-}
-
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.workers >= 1, "--workers must be at least 1");
     anyhow::ensure!(args.players >= 1, "--players must be at least 1 (the bots need avatars)");
@@ -94,8 +58,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let mut bots = EventGen::new(&demo, args.seed);
     let rate_hz = demo.world.settings().tick_rate_hz;
     let physics = match args.physics {
-        PhysicsKind::Rapier => AnyPhysics::Rapier(Box::new(RegionStage::single())),
-        PhysicsKind::Kinematic => AnyPhysics::Kinematic(KinematicPhysics::default()),
+        PhysicsKind::Rapier => AnyPhysics::of("rapier"),
+        PhysicsKind::Kinematic => AnyPhysics::of("kinematic"),
     };
     let mut sim = Sim::new(demo.world, RuleHost::default(), physics, args.workers)
         .context("loading the default world's physics")?;

@@ -10,6 +10,7 @@ mod devnet;
 mod local;
 mod raynet_sim;
 mod run;
+mod scenario_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +33,14 @@ enum Command {
     Stats(admin::StatsArgs),
     /// Govern a sim: signed admin acts submitted through any node, and `admin status`.
     Admin(admin::AdminArgs),
+    /// Scenario files: a world, faults, client steps and expectations (scenarios/README.md).
+    #[command(subcommand)]
+    Scenario(ScenarioCmd),
+    /// Run a scenario, then re-simulate every tick from the snapshot before it; roots must match.
+    Synctest(scenario_cmd::SyncArgs),
+    /// Recorded inputs: check they replay to the recorded roots.
+    #[command(subcommand)]
+    Replay(ReplayCmd),
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -42,6 +51,18 @@ enum Command {
     /// Whole-system benchmarks (run by hand; figures go in the issue notes).
     #[command(subcommand)]
     Bench(Bench),
+}
+
+#[derive(Debug, Subcommand)]
+enum ScenarioCmd {
+    /// Run a scenario in the deterministic cluster; a summary table; non-zero exit on failure.
+    Run(scenario_cmd::RunArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ReplayCmd {
+    /// Re-execute a recording from genesis and compare every root.
+    Verify(scenario_cmd::ReplayArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -75,6 +96,9 @@ fn run() -> anyhow::Result<()> {
         Command::Run(args) => run::run(args),
         Command::Stats(args) => admin::stats(args),
         Command::Admin(args) => admin::admin(args),
+        Command::Scenario(ScenarioCmd::Run(args)) => scenario_cmd::run(args),
+        Command::Synctest(args) => scenario_cmd::synctest(args),
+        Command::Replay(ReplayCmd::Verify(args)) => scenario_cmd::replay_verify(args),
         Command::Config(ConfigCmd::Check(args)) => run::config_check(args),
         Command::Sim(args) => local::run(args),
         Command::Raynet(args) => raynet_sim::run(args),

@@ -320,7 +320,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     meter.latency(metatopia_node::unix_ms().saturating_sub(rec.time_ms) as f64);
                     committed = true;
                 }
-                CoreOutput::Executed { tick, root, accepted, rejected } => {
+                CoreOutput::Executed { tick, root, accepted, rejected, .. } => {
                     last_root = root;
                     if !exec_charged {
                         // The call that executed ticks: its wall time is execution time.
@@ -427,7 +427,7 @@ fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash
     st.objects = w.objects().len() as u64;
     st.scripts = w.scripts().len() as u64;
     st.accounts = w.accounts().len() as u64;
-    st.pool_events = core.agreement().pool_len() as u64;
+    st.pool_events = metatopia_node::core::Agreement::pool_len(core.agreement()) as u64;
     st.accepted = s.accepted;
     st.rejected = s.rejected;
     st.refused_submissions = s.refused_submissions;

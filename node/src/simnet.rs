@@ -4,12 +4,79 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use metatopia_consensus::{Message, ValidatorIndex};
+use metatopia_consensus::mocks::Byzantine;
+use metatopia_consensus::{Digest, Message, Micros, Output, Validator, ValidatorIndex};
 use metatopia_scenarios::{NodeId, Outbox, Process, Time};
 use metatopia_sim::host::{PhysicsStage, ScriptHost};
 use metatopia_sim::{Hash32, Tick};
 
 use crate::core::{Agreement, CoreOutput, NodeCore};
+use crate::store::LogRecord;
+
+/// An honest validator or a Byzantine mock, behind the node's agreement trait.
+#[derive(Debug)]
+pub enum Actor {
+    Honest(Box<Validator>),
+    /// A mock and the size of the validator set.
+    Byz(Box<Byzantine>, usize),
+}
+
+impl Agreement for Actor {
+    fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
+        match self {
+            Actor::Honest(v) => v.handle_message(now, from, msg),
+            Actor::Byz(b, _) => b.handle_message(now, from, msg),
+        }
+    }
+    fn handle_timeout(&mut self, now: Micros) {
+        match self {
+            Actor::Honest(v) => v.handle_timeout(now),
+            Actor::Byz(b, _) => b.handle_timeout(now),
+        }
+    }
+    fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) {
+        match self {
+            Actor::Honest(v) => v.submit_events(now, events),
+            Actor::Byz(b, _) => events.into_iter().for_each(|e| b.submit_event(now, e)),
+        }
+    }
+    fn poll_output(&mut self) -> Option<Output> {
+        match self {
+            Actor::Honest(v) => v.poll_output(),
+            Actor::Byz(b, _) => b.poll_output(),
+        }
+    }
+    fn poll_timeout(&self) -> Option<Micros> {
+        match self {
+            Actor::Honest(v) => v.poll_timeout(),
+            Actor::Byz(b, _) => b.poll_timeout(),
+        }
+    }
+    fn report_root(&mut self, tick: u64, root: Digest) {
+        if let Actor::Honest(v) = self {
+            v.report_root(tick, root);
+        }
+    }
+    fn validators(&self) -> usize {
+        match self {
+            Actor::Honest(v) => v.keys().len(),
+            Actor::Byz(_, n) => *n,
+        }
+    }
+    fn persist(&self) -> Option<Vec<u8>> {
+        match self {
+            Actor::Honest(v) => Some(v.persist()),
+            Actor::Byz(..) => None,
+        }
+    }
+}
+
+/// What a simulated node keeps on its "disk": its consensus state and its commit log.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Saved {
+    pub consensus: Option<Vec<u8>>,
+    pub log: Vec<LogRecord>,
+}
 
 /// One node of a simulated sim.
 pub struct CoreProcess<A, H, P> {
@@ -85,6 +152,18 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H,
 
     fn next_timer(&self) -> Option<Time> {
         self.core.poll_timeout()
+    }
+
+    fn persisted(&self) -> Option<Vec<u8>> {
+        let log = self
+            .log
+            .iter()
+            .filter_map(|o| match o {
+                CoreOutput::Committed(r) => Some((**r).clone()),
+                _ => None,
+            })
+            .collect();
+        postcard::to_allocvec(&Saved { consensus: self.core.agreement().persist(), log }).ok()
     }
 
     fn fingerprint(msg: &Message) -> [u8; 32] {

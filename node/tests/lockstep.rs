@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use metatopia_consensus::mocks::{Behaviour, Byzantine};
-use metatopia_consensus::{Config, Digest, Message, Micros, Output, SigCache, SigningKey, Validator, ValidatorIndex};
-use metatopia_node::core::{Agreement, CoreOutput, NodeCore};
-use metatopia_node::simnet::CoreProcess;
+use metatopia_consensus::{Config, SigCache, SigningKey, Validator, ValidatorIndex};
+use metatopia_node::core::{CoreOutput, NodeCore};
+use metatopia_node::simnet::{Actor, CoreProcess};
 use metatopia_scenarios::{Cluster, NetConfig, NodeId, Partition, Time};
 use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen, demo_world};
 use metatopia_sim::kinematic::KinematicPhysics;
@@ -17,56 +17,6 @@ use metatopia_sim::{Hash32, Sim, Snapshot, Tick};
 
 const MS: Time = 1_000;
 const SEC: Time = 1_000_000;
-
-/// Honest or a Byzantine mock, behind the node's agreement trait.
-enum Actor {
-    Honest(Box<Validator>),
-    Byz(Box<Byzantine>, usize),
-}
-
-impl Agreement for Actor {
-    fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
-        match self {
-            Actor::Honest(v) => v.handle_message(now, from, msg),
-            Actor::Byz(b, _) => b.handle_message(now, from, msg),
-        }
-    }
-    fn handle_timeout(&mut self, now: Micros) {
-        match self {
-            Actor::Honest(v) => v.handle_timeout(now),
-            Actor::Byz(b, _) => b.handle_timeout(now),
-        }
-    }
-    fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) {
-        match self {
-            Actor::Honest(v) => v.submit_events(now, events),
-            Actor::Byz(b, _) => events.into_iter().for_each(|e| b.submit_event(now, e)),
-        }
-    }
-    fn poll_output(&mut self) -> Option<Output> {
-        match self {
-            Actor::Honest(v) => v.poll_output(),
-            Actor::Byz(b, _) => b.poll_output(),
-        }
-    }
-    fn poll_timeout(&self) -> Option<Micros> {
-        match self {
-            Actor::Honest(v) => v.poll_timeout(),
-            Actor::Byz(b, _) => b.poll_timeout(),
-        }
-    }
-    fn report_root(&mut self, tick: u64, root: Digest) {
-        if let Actor::Honest(v) = self {
-            v.report_root(tick, root);
-        }
-    }
-    fn validators(&self) -> usize {
-        match self {
-            Actor::Honest(v) => v.keys().len(),
-            Actor::Byz(_, n) => *n,
-        }
-    }
-}
 
 type Node = CoreProcess<Actor, RuleHost, KinematicPhysics>;
 

@@ -1,5 +1,8 @@
 //! Real `metatopia run` processes on loopback: lockstep, kill -9 and restart with a torn log.
 
+mod common;
+use common::cli;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -236,15 +239,6 @@ fn a_tampered_snapshot_is_refused_with_a_clear_error_and_the_log_rebuilds_the_st
 fn http_of(dir: &Path) -> String {
     let cfg = metatopia_node::config::NodeConfig::load(&DataDir::open(dir).unwrap().config_path()).unwrap();
     cfg.http_addr().to_string()
-}
-
-fn cli(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_metatopia")).args(args).env("RUST_LOG", "warn").output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]

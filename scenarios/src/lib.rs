@@ -6,5 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod spec;
 
 pub use cluster::{Cluster, Dest, Fault, NetConfig, NetStats, NodeId, Outbox, Partition, Process, Restarter, Time};
+pub use spec::{Scenario, SpecError};

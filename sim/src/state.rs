@@ -488,6 +488,29 @@ impl World {
         self.governance.validators = validators.into_iter().collect();
     }
 
+    /// Genesis editing: the permanent admin. After genesis it changes only by `TransferAdmin`.
+    pub fn set_genesis_admin(&mut self, admin: AccountId) {
+        self.governance.admin = admin;
+    }
+
+    /// Genesis editing: a new object; its id. After genesis objects appear only through events.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_genesis_object(
+        &mut self,
+        kind: ObjectKind,
+        owner: AccountId,
+        name: String,
+        shape: Shape,
+        position: Vec2,
+        velocity: Vec2,
+        color: u32,
+        text: String,
+    ) -> ObjectId {
+        let id = self.allocate_object_id();
+        self.put_object(Object { id, kind, owner, name, shape, position, rotation: Fx::ZERO, velocity, color, text });
+        id
+    }
+
     /// Genesis editing: the settings. After genesis they change only through admin acts.
     pub fn set_genesis_settings(&mut self, settings: Settings) {
         self.settings = settings;

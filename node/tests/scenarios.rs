@@ -1,0 +1,116 @@
+//! The scenario catalogue in the deterministic cluster, reproducibility, synctest and replay.
+
+mod common;
+use common::cli;
+
+use std::path::{Path, PathBuf};
+
+use metatopia_node::scenario::{self, Options, Recording};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("scenarios")
+}
+
+fn catalogue() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("catalogue"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn run(path: &Path, seed: Option<u64>) -> (scenario::Report, Recording) {
+    let (spec, text) = scenario::load(path).unwrap();
+    let opts = Options { seed: seed.unwrap_or(spec.seed), scripts_dir: root().join("scripts") };
+    scenario::run(&spec, &text, &opts, &mut |_, _| {}).unwrap()
+}
+
+#[test]
+fn every_catalogue_scenario_passes_in_simulation() {
+    let files = catalogue();
+    assert!(files.len() >= 15, "the catalogue has {} scenarios", files.len());
+    let mut failed = Vec::new();
+    for f in &files {
+        let (report, _) = run(f, None);
+        // Every scenario checks something beyond the built-in agreement verdict.
+        assert!(report.verdicts.len() >= 2, "{}: no expectations", f.display());
+        if !report.passed() {
+            failed.push(report.table());
+        }
+    }
+    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run_and_another_seed_another() {
+    let f = root().join("catalogue").join("lossy-network.toml");
+    let (a, ra) = run(&f, Some(5));
+    let (b, rb) = run(&f, Some(5));
+    assert_eq!(a, b);
+    assert_eq!(ra.ticks, rb.ticks);
+    let (c, _) = run(&f, Some(6));
+    assert_ne!(a.trace, c.trace);
+}
+
+#[test]
+fn a_failing_scenario_prints_a_command_that_reproduces_the_failure_exactly() {
+    let dir = std::env::temp_dir().join(format!("metatopia-scenario-fail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(root().join("catalogue").join("lossy-network.toml")).unwrap()
+        + "\n[[expect]]\nkind = \"min_ticks\"\nticks = 100000\n";
+    let file = dir.join("impossible.toml");
+    std::fs::write(&file, text).unwrap();
+    let scripts = root().join("scripts");
+    let (ok, out, err) =
+        cli(&["scenario", "run", file.to_str().unwrap(), "--seed", "77", "--scripts", scripts.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("FAIL") && err.contains("seed 77"), "{out}{err}");
+    let replay = err.split("replay exactly with: ").nth(1).expect("a replay command").trim();
+    let words: Vec<&str> = replay.split_whitespace().collect();
+    assert_eq!(words[0], "metatopia");
+    let mut args: Vec<&str> = words[1..].to_vec();
+    args.extend(["--scripts", scripts.to_str().unwrap()]);
+    let (ok2, out2, _) = cli(&args);
+    assert!(!ok2);
+    assert_eq!(out, out2, "the replay reproduces the run exactly (same table, same trace)");
+}
+
+#[test]
+fn synctest_and_replay_verify_pass_on_real_runs_and_catch_a_tampered_recording() {
+    let scripts = root().join("scripts");
+    let balls = root().join("catalogue").join("physics-balls.toml");
+    let (ok, out, err) = cli(&["synctest", balls.to_str().unwrap(), "--scripts", scripts.to_str().unwrap()]);
+    assert!(ok && out.contains("every root equal"), "{out}{err}");
+
+    let dir = std::env::temp_dir().join(format!("metatopia-recording-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rec = dir.join("door.rec");
+    let door = root().join("catalogue").join("door.toml");
+    let (ok, out, err) = cli(&["scenario", "run", door.to_str().unwrap(), "--record", rec.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = cli(&["replay", "verify", rec.to_str().unwrap()]);
+    assert!(ok && out.contains("every root equals the recorded one"), "{out}{err}");
+
+    // Change one committed input: the replay names the tick where the roots part.
+    let mut r: Recording = postcard::from_bytes(&std::fs::read(&rec).unwrap()).unwrap();
+    let t = r.ticks.iter().position(|(l, _)| !l.events.is_empty()).expect("a tick with events");
+    r.ticks[t].0.events.clear();
+    std::fs::write(&rec, postcard::to_allocvec(&r).unwrap()).unwrap();
+    let (ok, _, err) = cli(&["replay", "verify", rec.to_str().unwrap()]);
+    assert!(!ok && err.contains(&format!("tick {}", r.ticks[t].0.tick)) && err.contains("differs"), "{err}");
+}
+
+#[test]
+fn a_bad_scenario_file_is_an_error_naming_the_line() {
+    let dir = std::env::temp_dir().join(format!("metatopia-scenario-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bad.toml");
+    std::fs::write(&file, "name = \"bad\"\nduration_secs = 1\n\n[[faults]]\nkind = \"byzantine\"\nnode = 9\n").unwrap();
+    let (ok, _, err) = cli(&["scenario", "run", file.to_str().unwrap()]);
+    assert!(!ok && err.contains("line 4") && err.contains("node"), "{err}");
+    std::fs::write(&file, "name = \"bad\"\nduration_secs = 1\nwordl = 3\n").unwrap();
+    let (ok, _, err) = cli(&["scenario", "run", file.to_str().unwrap()]);
+    assert!(!ok && err.contains("line 3") && err.contains("wordl"), "{err}");
+}

@@ -1,0 +1,563 @@
+//! The scenario file format (TOML; documented in `scenarios/README.md`): a world, its
+//! validators, accounts, scripted objects, bots, client steps at ticks, faults, and what must
+//! hold. Unknown keys and bad values are errors that name the line.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// A parsed, checked scenario.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// The default seed (`--seed` overrides).
+    #[serde(default = "one")]
+    pub seed: u64,
+    /// Virtual seconds to run.
+    pub duration_secs: f64,
+    #[serde(default)]
+    pub world: WorldSpec,
+    #[serde(default)]
+    pub validators: ValidatorsSpec,
+    #[serde(default)]
+    pub network: NetworkSpec,
+    #[serde(default)]
+    pub bots: BotsSpec,
+    #[serde(default)]
+    pub accounts: Vec<Spanned<AccountSpec>>,
+    #[serde(default)]
+    pub objects: Vec<Spanned<ObjectSpec>>,
+    #[serde(default)]
+    pub steps: Vec<Spanned<StepSpec>>,
+    #[serde(default)]
+    pub faults: Vec<Spanned<FaultSpec>>,
+    #[serde(default)]
+    pub expect: Vec<Spanned<Expect>>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorldSpec {
+    /// Sims side by side (only 1 for now).
+    pub sims: u32,
+    /// Side of the square region, metres.
+    pub region_size: i64,
+    pub tick_rate_hz: u32,
+    /// Random prims and players (the bots' accounts) of the seeded demo world, besides the
+    /// named objects and accounts.
+    pub random_objects: u32,
+    pub random_players: u32,
+    /// Per mille of random prims that start moving.
+    pub moving_per_mille: u32,
+    /// Sim milliseconds per BFT millisecond (governance days pass faster).
+    pub time_scale: u64,
+    /// `kinematic` or `rapier`.
+    pub physics: String,
+    /// Settings (DESIGN §10): X and Y in days, the validator epoch, the kick cooldown.
+    pub admin_absent_days: Option<u32>,
+    pub temp_admin_active_days: Option<u32>,
+    pub epoch_ticks: Option<u64>,
+    pub kick_cooldown_secs: Option<u64>,
+}
+
+impl Default for WorldSpec {
+    fn default() -> WorldSpec {
+        WorldSpec {
+            sims: 1,
+            region_size: 64,
+            tick_rate_hz: 20,
+            random_objects: 0,
+            random_players: 0,
+            moving_per_mille: 0,
+            time_scale: 1,
+            physics: "kinematic".into(),
+            admin_absent_days: None,
+            temp_admin_active_days: None,
+            epoch_ticks: None,
+            kick_cooldown_secs: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ValidatorsSpec {
+    pub count: u16,
+    /// Nodes that follow without voting (not built yet: an error if set).
+    pub observers: u16,
+}
+
+impl Default for ValidatorsSpec {
+    fn default() -> ValidatorsSpec {
+        ValidatorsSpec { count: 4, observers: 0 }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkSpec {
+    pub delay_min_ms: f64,
+    pub delay_max_ms: f64,
+    pub loss_percent: f64,
+    pub duplicate_percent: f64,
+}
+
+impl Default for NetworkSpec {
+    fn default() -> NetworkSpec {
+        NetworkSpec { delay_min_ms: 0.3, delay_max_ms: 5.0, loss_percent: 0.0, duplicate_percent: 0.0 }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BotsSpec {
+    /// Signed random events per tick (from the demo world's players), through `node`.
+    pub events_per_tick: u32,
+    pub node: u16,
+}
+
+/// A named account; its key is derived from the name (scenarios only).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountSpec {
+    pub name: String,
+    /// The sim's permanent admin at genesis (at most one; default: the demo admin).
+    #[serde(default)]
+    pub admin: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectSpec {
+    pub name: String,
+    pub at: [f64; 2],
+    /// `box` (half sizes `size`) or `circle` (radius `size[0]`).
+    #[serde(default = "box_shape")]
+    pub shape: String,
+    #[serde(default = "half")]
+    pub size: [f64; 2],
+    /// RRGGBBAA hex.
+    #[serde(default = "grey")]
+    pub color: String,
+    #[serde(default)]
+    pub text: String,
+    /// An account name (default: the admin).
+    pub owner: Option<String>,
+    /// A file of `scenarios/scripts/`, attached at genesis.
+    pub script: Option<String>,
+    #[serde(default = "agpl")]
+    pub licence: String,
+    #[serde(default)]
+    pub velocity: Option<[f64; 2]>,
+}
+
+fn box_shape() -> String {
+    "box".into()
+}
+fn half() -> [f64; 2] {
+    [0.5, 0.5]
+}
+fn grey() -> String {
+    "808080ff".into()
+}
+fn agpl() -> String {
+    "AGPL-3.0-or-later".into()
+}
+
+/// What a step does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Login,
+    Logout,
+    Chat,
+    Touch,
+    Move,
+    Deploy,
+    Kick,
+    Ban,
+    Unban,
+    TransferAdmin,
+    AdmitValidator,
+    RemoveValidator,
+    RemoveObject,
+    /// Submit this account's previous signed event again, byte for byte.
+    Replay,
+}
+
+/// A client's signed input at a tick.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepSpec {
+    /// Submitted once the `via` node has executed up to this tick.
+    pub at_tick: u64,
+    /// The account that signs.
+    pub by: String,
+    #[serde(rename = "do")]
+    pub action: Action,
+    /// The node it is submitted through.
+    #[serde(default)]
+    pub via: u16,
+    /// A name for expectations (`outcome`).
+    pub label: Option<String>,
+    pub text: Option<String>,
+    #[serde(default)]
+    pub channel: i32,
+    /// `whisper`, `say` or `shout`.
+    pub range: Option<String>,
+    /// An object name (touch, deploy, remove_object).
+    pub object: Option<String>,
+    pub velocity: Option<[f64; 2]>,
+    pub script: Option<String>,
+    /// An account name (kick, ban, unban, transfer_admin).
+    pub account: Option<String>,
+    /// A validator index (admit_validator, remove_validator); may be beyond the running ones.
+    pub validator: Option<u16>,
+}
+
+/// A fault.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    /// `crash`, `partition`, `skew`, `byzantine`, `twin` (a second node with the same key) or
+    /// `diverge` (the node starts from a different world and must notice).
+    pub kind: String,
+    pub node: Option<u16>,
+    /// Seconds of virtual time.
+    #[serde(default)]
+    pub at_secs: f64,
+    /// crash: restart at; partition: heal at.
+    pub until_secs: Option<f64>,
+    pub groups: Option<Vec<Vec<u16>>>,
+    pub skew_ms: Option<i64>,
+    /// `equivocate`, `double_vote`, `invalid_signatures` or `withhold`.
+    pub behaviour: Option<String>,
+}
+
+/// What must hold.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// `roots_equal`, `min_ticks`, `objects`, `chat_seen`, `role`, `outcome`, `no_desync`,
+    /// `desync`, `object_text`.
+    pub kind: String,
+    pub ticks: Option<u64>,
+    pub count: Option<u64>,
+    pub text: Option<String>,
+    pub account: Option<String>,
+    pub role: Option<String>,
+    pub at_tick: Option<u64>,
+    pub step: Option<String>,
+    pub status: Option<String>,
+    pub reason: Option<String>,
+    pub node: Option<u16>,
+    pub object: Option<String>,
+}
+
+/// A scenario file error, with the line it is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecError {
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "line {l}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|b| *b == b'\n').count() + 1
+}
+
+const BEHAVIOURS: [&str; 4] = ["equivocate", "double_vote", "invalid_signatures", "withhold"];
+const EXPECT_KINDS: [&str; 9] =
+    ["roots_equal", "min_ticks", "objects", "chat_seen", "role", "outcome", "no_desync", "desync", "object_text"];
+
+impl Scenario {
+    /// Parse and check a scenario file's text.
+    pub fn parse(text: &str) -> Result<Scenario, SpecError> {
+        let s: Scenario = toml::from_str(text).map_err(|e| SpecError {
+            line: e.span().map(|r| line_of(text, r.start)),
+            message: e.message().trim().to_owned(),
+        })?;
+        s.check(text)?;
+        Ok(s)
+    }
+
+    fn check(&self, text: &str) -> Result<(), SpecError> {
+        let at = |span: std::ops::Range<usize>, message: String| SpecError {
+            line: Some(line_of(text, span.start)),
+            message,
+        };
+        let top = |message: String| SpecError { line: None, message };
+        let w = &self.world;
+        if !(self.duration_secs > 0.0 && self.duration_secs <= 3_600.0) {
+            return Err(top(format!("duration_secs must be in (0, 3600], not {}", self.duration_secs)));
+        }
+        if w.sims != 1 {
+            return Err(top(
+                "world.sims: several sims side by side are not built yet (cross-sim handoff); use 1".into()
+            ));
+        }
+        if !(1..=240).contains(&w.tick_rate_hz) {
+            return Err(top(format!("world.tick_rate_hz must be 1..=240, not {}", w.tick_rate_hz)));
+        }
+        if !(8..=4096).contains(&w.region_size) {
+            return Err(top(format!("world.region_size must be 8..=4096 metres, not {}", w.region_size)));
+        }
+        if w.time_scale == 0 {
+            return Err(top("world.time_scale must be at least 1".into()));
+        }
+        if w.physics != "kinematic" && w.physics != "rapier" {
+            return Err(top(format!("world.physics must be \"kinematic\" or \"rapier\", not {:?}", w.physics)));
+        }
+        let n = self.validators.count;
+        if !(4..=31).contains(&n) {
+            return Err(top(format!("validators.count must be 4..=31 (n = 3f + 1, f >= 1), not {n}")));
+        }
+        if self.validators.observers > 0 {
+            return Err(top("validators.observers: observers are not built yet; use 0".into()));
+        }
+        let net = &self.network;
+        if !(net.delay_min_ms >= 0.0 && net.delay_min_ms <= net.delay_max_ms && net.delay_max_ms <= 10_000.0) {
+            return Err(top("network: need 0 <= delay_min_ms <= delay_max_ms <= 10000".into()));
+        }
+        for (k, v) in [("loss_percent", net.loss_percent), ("duplicate_percent", net.duplicate_percent)] {
+            if !(0.0..=100.0).contains(&v) {
+                return Err(top(format!("network.{k} must be 0..=100, not {v}")));
+            }
+        }
+        if self.bots.events_per_tick > 0 && self.bots.node >= n {
+            return Err(top(format!("bots.node {} is not a validator (0..{n})", self.bots.node)));
+        }
+        let mut names = BTreeSet::new();
+        let mut admins = 0;
+        for a in &self.accounts {
+            if !names.insert(a.get_ref().name.clone()) {
+                return Err(at(a.span(), format!("account {:?} is defined twice", a.get_ref().name)));
+            }
+            admins += usize::from(a.get_ref().admin);
+        }
+        if admins > 1 {
+            return Err(top("at most one account may be the admin".into()));
+        }
+        let account = |span: std::ops::Range<usize>, name: &str, what: &str| {
+            if names.contains(name) {
+                Ok(())
+            } else {
+                Err(at(span, format!("{what}: no account named {name:?} (define it under [[accounts]])")))
+            }
+        };
+        let mut objects = BTreeSet::new();
+        for o in &self.objects {
+            let v = o.get_ref();
+            if !objects.insert(v.name.clone()) {
+                return Err(at(o.span(), format!("object {:?} is defined twice", v.name)));
+            }
+            if v.shape != "box" && v.shape != "circle" {
+                return Err(at(o.span(), format!("shape must be \"box\" or \"circle\", not {:?}", v.shape)));
+            }
+            if v.color.len() != 8 || u32::from_str_radix(&v.color, 16).is_err() {
+                return Err(at(o.span(), format!("color must be 8 hex digits RRGGBBAA, not {:?}", v.color)));
+            }
+            if let Some(owner) = &v.owner {
+                account(o.span(), owner, "owner")?;
+            }
+        }
+        let labels: BTreeSet<&str> = self.steps.iter().filter_map(|s| s.get_ref().label.as_deref()).collect();
+        for s in &self.steps {
+            let v = s.get_ref();
+            account(s.span(), &v.by, "by")?;
+            if v.via >= n {
+                return Err(at(s.span(), format!("via {} is not a validator (0..{n})", v.via)));
+            }
+            let need = |field: &str, present: bool| {
+                if present { Ok(()) } else { Err(at(s.span(), format!("{:?} needs `{field}`", v.action))) }
+            };
+            match v.action {
+                Action::Chat => need("text", v.text.is_some())?,
+                Action::Touch | Action::RemoveObject => need("object", v.object.is_some())?,
+                Action::Move => need("velocity", v.velocity.is_some())?,
+                Action::Deploy => need("object and script", v.object.is_some() && v.script.is_some())?,
+                Action::Kick | Action::Ban | Action::Unban | Action::TransferAdmin => {
+                    need("account", v.account.is_some())?;
+                    account(s.span(), v.account.as_deref().unwrap_or_default(), "account")?;
+                }
+                Action::AdmitValidator | Action::RemoveValidator => need("validator", v.validator.is_some())?,
+                Action::Login | Action::Logout | Action::Replay => {}
+            }
+            if let Some(o) = &v.object
+                && !objects.contains(o)
+            {
+                return Err(at(s.span(), format!("no object named {o:?} (define it under [[objects]])")));
+            }
+            if let Some(r) = &v.range
+                && !["whisper", "say", "shout"].contains(&r.as_str())
+            {
+                return Err(at(s.span(), format!("range must be whisper, say or shout, not {r:?}")));
+            }
+        }
+        let byzantine: usize = self
+            .faults
+            .iter()
+            .filter(|f| ["byzantine", "twin", "diverge"].contains(&f.get_ref().kind.as_str()))
+            .count();
+        if byzantine > usize::from((n - 1) / 3) {
+            return Err(top(format!("{byzantine} Byzantine nodes; n = {n} tolerates {}", (n - 1) / 3)));
+        }
+        for f in &self.faults {
+            let v = f.get_ref();
+            let node_ok = v.node.is_some_and(|x| x < n);
+            match v.kind.as_str() {
+                "crash" | "skew" | "byzantine" | "twin" | "diverge" if !node_ok => {
+                    return Err(at(f.span(), format!("{} needs `node` in 0..{n}", v.kind)));
+                }
+                "crash" => {
+                    if v.until_secs.is_some_and(|u| u <= v.at_secs) {
+                        return Err(at(f.span(), "until_secs (the restart) must be after at_secs".into()));
+                    }
+                }
+                "partition" => {
+                    let groups = v.groups.as_ref().ok_or_else(|| at(f.span(), "partition needs `groups`".into()))?;
+                    if groups.iter().flatten().any(|x| *x >= n) {
+                        return Err(at(f.span(), format!("partition groups name nodes beyond 0..{n}")));
+                    }
+                    if v.until_secs.is_none_or(|u| u <= v.at_secs) {
+                        return Err(at(f.span(), "partition needs until_secs after at_secs".into()));
+                    }
+                }
+                "skew" => {
+                    if v.skew_ms.is_none() {
+                        return Err(at(f.span(), "skew needs `skew_ms`".into()));
+                    }
+                }
+                "byzantine" => {
+                    let b = v.behaviour.as_deref().unwrap_or_default();
+                    if !BEHAVIOURS.contains(&b) {
+                        return Err(at(f.span(), format!("behaviour must be one of {BEHAVIOURS:?}, not {b:?}")));
+                    }
+                }
+                "twin" | "diverge" => {}
+                other => {
+                    return Err(at(
+                        f.span(),
+                        format!("unknown fault kind {other:?}: crash, partition, skew, byzantine, twin or diverge"),
+                    ));
+                }
+            }
+        }
+        for e in &self.expect {
+            let v = e.get_ref();
+            if !EXPECT_KINDS.contains(&v.kind.as_str()) {
+                return Err(at(e.span(), format!("unknown expectation {:?}: one of {EXPECT_KINDS:?}", v.kind)));
+            }
+            let need = |field: &str, present: bool| {
+                if present { Ok(()) } else { Err(at(e.span(), format!("{} needs `{field}`", v.kind))) }
+            };
+            match v.kind.as_str() {
+                "min_ticks" => need("ticks", v.ticks.is_some())?,
+                "objects" => need("count", v.count.is_some())?,
+                "chat_seen" => need("text", v.text.is_some())?,
+                "object_text" => need("object and text", v.object.is_some() && v.text.is_some())?,
+                "role" => {
+                    need("account, role and at_tick", v.account.is_some() && v.role.is_some() && v.at_tick.is_some())?;
+                    account(e.span(), v.account.as_deref().unwrap_or_default(), "account")?;
+                    let r = v.role.as_deref().unwrap_or_default();
+                    if !["admin", "temp_admin", "member"].contains(&r) {
+                        return Err(at(e.span(), format!("role must be admin, temp_admin or member, not {r:?}")));
+                    }
+                }
+                "outcome" => {
+                    need("step and status", v.step.is_some() && v.status.is_some())?;
+                    let st = v.step.as_deref().unwrap_or_default();
+                    if !labels.contains(st) {
+                        return Err(at(e.span(), format!("no step labelled {st:?}")));
+                    }
+                    let status = v.status.as_deref().unwrap_or_default();
+                    if status != "executed" && status != "refused" {
+                        return Err(at(e.span(), format!("status must be executed or refused, not {status:?}")));
+                    }
+                }
+                "desync" => need("node", v.node.is_some_and(|x| x < n))?,
+                _ => {}
+            }
+            if let Some(o) = &v.object
+                && !objects.contains(o)
+            {
+                return Err(at(e.span(), format!("no object named {o:?}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The line of an item, from its span, for messages.
+    pub fn line_of(text: &str, span: std::ops::Range<usize>) -> usize {
+        line_of(text, span.start)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"
+name = "tiny"
+duration_secs = 2
+[[accounts]]
+name = "alice"
+[[objects]]
+name = "door"
+at = [10, 10]
+script = "door.rhai"
+[[steps]]
+at_tick = 5
+by = "alice"
+do = "touch"
+object = "door"
+"#;
+
+    #[test]
+    fn a_good_scenario_parses_with_defaults() {
+        let s = Scenario::parse(OK).unwrap();
+        assert_eq!(s.validators.count, 4);
+        assert_eq!(s.seed, 1);
+        assert_eq!(s.steps[0].get_ref().action, Action::Touch);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_line() {
+        let e = Scenario::parse(&OK.replace("at_tick = 5", "at_tick = 5\ncolour = 3")).unwrap_err();
+        assert_eq!(e.line, Some(12), "{e}");
+        assert!(e.message.contains("colour"), "{e}");
+        let e = Scenario::parse(&OK.replace("do = \"touch\"", "do = \"dance\"")).unwrap_err();
+        assert!(e.message.contains("dance") && e.line == Some(13), "{e}");
+        let e = Scenario::parse(&OK.replace("object = \"door\"", "object = \"window\"")).unwrap_err();
+        assert!(e.message.contains("window") && e.line.is_some(), "{e}");
+        let e = Scenario::parse(&OK.replace("by = \"alice\"", "by = \"bob\"")).unwrap_err();
+        assert!(e.message.contains("bob"), "{e}");
+        let e = Scenario::parse(&format!("{OK}\n[[faults]]\nkind = \"meteor\"\nnode = 1\n")).unwrap_err();
+        assert!(e.message.contains("meteor") && e.line == Some(16), "{e}");
+        let e = Scenario::parse(&OK.replace("duration_secs = 2", "duration_secs = -1")).unwrap_err();
+        assert!(e.message.contains("duration_secs"), "{e}");
+        let two_byz = format!(
+            "{OK}\n[[faults]]\nkind = \"byzantine\"\nnode = 1\nbehaviour = \"withhold\"\n[[faults]]\nkind = \"twin\"\nnode = 2\n"
+        );
+        assert!(Scenario::parse(&two_byz).unwrap_err().message.contains("tolerates 1"));
+    }
+}
