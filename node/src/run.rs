@@ -13,8 +13,8 @@ use metatopia_node::net::Mesh;
 use metatopia_node::store::{CommitLog, DataDir};
 use metatopia_node::timing::{StageTimes, TimedHost, TimedPhysics};
 use metatopia_physics::RegionStage;
-use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen, demo_world};
-use metatopia_sim::rules::RuleHost;
+use metatopia_scripting::RhaiHost;
+use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen};
 use metatopia_sim::{SimId, Snapshot};
 
 #[derive(Debug, clap::Args)]
@@ -110,13 +110,17 @@ fn now_us() -> u64 {
 /// The genesis world a config describes: the seeded demo world, with the config's validators
 /// and tick rate in its governance state.
 pub fn demo_of(cfg: &NodeConfig) -> anyhow::Result<DemoWorld> {
-    let mut demo = demo_world(DemoSpec {
-        seed: cfg.world.seed,
-        sim: SimId(cfg.world.sim_id),
-        objects: cfg.world.objects,
-        players: cfg.world.players,
-        ..DemoSpec::default()
-    });
+    // One prim in ten carries an example rhai script.
+    let mut demo = metatopia_node::scenario::rhai_demo_world(
+        DemoSpec {
+            seed: cfg.world.seed,
+            sim: SimId(cfg.world.sim_id),
+            objects: cfg.world.objects,
+            players: cfg.world.players,
+            ..DemoSpec::default()
+        },
+        10,
+    )?;
     let keys = cfg.keys()?;
     demo.world.set_genesis_validators(keys.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())));
     let settings = metatopia_sim::Settings { tick_rate_hz: cfg.tick_rate_hz, ..demo.world.settings().clone() };
@@ -130,7 +134,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     rt.block_on(node(args))
 }
 
-type Core = NodeCore<Validator, TimedHost<RuleHost>, TimedPhysics<RegionStage>>;
+type Core = NodeCore<Validator, TimedHost<RhaiHost>, TimedPhysics<RegionStage>>;
 
 /// Figures for `stats` and `/metrics` the loop keeps between status updates.
 #[derive(Debug, Default)]
@@ -197,7 +201,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         );
     }
     let times = StageTimes::default();
-    let host = || TimedHost::new(RuleHost::default(), &times);
+    let host = || TimedHost::new(RhaiHost::default(), &times);
     let physics = || TimedPhysics::new(RegionStage::single(), &times);
     let mut sim = None;
     for (tick, path) in dir.snapshots()?.into_iter().rev() {
@@ -273,7 +277,9 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     .await
     .with_context(|| format!("serving HTTP on {http_addr} (set `http` in the config or --http)"))?;
     println!("http on http://{http_bound} (/healthz /readyz /metrics /v1/status)");
-    let mut bots = (cfg.bots.events_per_tick > 0).then(|| EventGen::new(&demo, cfg.world.seed ^ 0xb075));
+    let examples: Vec<&str> = metatopia_node::scenario::EXAMPLE_SCRIPTS.iter().map(|(_, s)| *s).collect();
+    let mut bots =
+        (cfg.bots.events_per_tick > 0).then(|| EventGen::new(&demo, cfg.world.seed ^ 0xb075).with_scripts(&examples));
     let mut bot_timer = tokio::time::interval(Duration::from_micros(1_000_000 / u64::from(cfg.tick_rate_hz)));
     let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
     let mut last_state = [0u8; 32];

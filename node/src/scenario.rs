@@ -756,3 +756,27 @@ pub fn load(path: &Path) -> anyhow::Result<(Scenario, String)> {
     let spec = Scenario::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok((spec, text))
 }
+
+/// The example scripts of `scenarios/scripts/` (rhai, AGPL-3.0-or-later), built in.
+pub const EXAMPLE_SCRIPTS: [(&str, &str); 5] = [
+    ("door", include_str!("../../scenarios/scripts/door.rhai")),
+    ("echo", include_str!("../../scenarios/scripts/echo.rhai")),
+    ("counter", include_str!("../../scenarios/scripts/counter.rhai")),
+    ("greeter", include_str!("../../scenarios/scripts/greeter.rhai")),
+    ("ball", include_str!("../../scenarios/scripts/ball.rhai")),
+];
+
+/// The node's default world: the seeded demo world, with one prim in `every` carrying one of
+/// the example rhai scripts (in turn) by its owner.
+pub fn rhai_demo_world(spec: DemoSpec, every: usize) -> anyhow::Result<DemoWorld> {
+    let mut demo = demo_world(DemoSpec { scripted_per_mille: 0, ..spec });
+    let host = RhaiHost::default();
+    let prims: Vec<(ObjectId, AccountId)> =
+        demo.world.objects().values().filter(|o| o.kind == ObjectKind::Prim).map(|o| (o.id, o.owner)).collect();
+    for (n, (id, owner)) in prims.into_iter().enumerate().filter(|(n, _)| n % every.max(1) == 0) {
+        let (name, src) = EXAMPLE_SCRIPTS[(n / every.max(1)) % EXAMPLE_SCRIPTS.len()];
+        attach_script(&mut demo.world, &host, id, owner, src, "AGPL-3.0-or-later")
+            .map_err(|e| anyhow::anyhow!("the example script {name}: {e}"))?;
+    }
+    Ok(demo)
+}

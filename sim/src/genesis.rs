@@ -195,6 +195,8 @@ pub struct EventGen {
     /// Per mille of events that are deliberately bad.
     pub bad_per_mille: u32,
     last: Option<SignedEvent>,
+    /// What `DeployScript` events carry (default: the rules [`DEMO_SCRIPTS`]).
+    scripts: Vec<String>,
 }
 
 impl EventGen {
@@ -208,7 +210,16 @@ impl EventGen {
             nonces,
             bad_per_mille: 20,
             last: None,
+            scripts: DEMO_SCRIPTS.iter().map(|s| (*s).to_owned()).collect(),
         }
+    }
+
+    /// Deploy these scripts instead of the rules demo scripts (for a world run by another host).
+    pub fn with_scripts(mut self, scripts: &[&str]) -> EventGen {
+        if !scripts.is_empty() {
+            self.scripts = scripts.iter().map(|s| (*s).to_owned()).collect();
+        }
+        self
     }
 
     /// The batch for `tick` with `n` events, chosen against the current world.
@@ -271,7 +282,7 @@ impl EventGen {
             (94..=96, _) => match world.objects().values().find(|o| o.owner == author && o.kind == ObjectKind::Prim) {
                 Some(o) => Payload::DeployScript {
                     object: o.id,
-                    source: DEMO_SCRIPTS[self.rng.below(DEMO_SCRIPTS.len() as u64) as usize].into(),
+                    source: self.scripts[self.rng.below(self.scripts.len() as u64) as usize].clone(),
                     licence: "GPL-3.0-or-later".into(),
                     derived_from: None,
                 },
