@@ -336,6 +336,11 @@ impl Validator {
     pub fn pool_len(&self) -> usize {
         self.pool.len()
     }
+    /// The state roots other validators reported for `tick` in their votes (recent ticks).
+    pub fn peer_roots(&self, tick: u64) -> Option<&BTreeMap<ValidatorIndex, Digest>> {
+        self.peer_roots.get(&tick)
+    }
+
     /// The tick of the last committed block handed out.
     pub fn committed_tick(&self) -> Option<u64> {
         self.output_tick

@@ -16,6 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use metatopia_consensus::{Commit, Digest, Message, Micros, Output, Validator, ValidatorIndex};
+
+use crate::wire::NodeMsg;
 use metatopia_sim::host::{PhysicsStage, ScriptHost};
 use metatopia_sim::state::SubsystemRoots;
 use metatopia_sim::{Batch, EventId, Hash32, SignedEvent, Sim, Snapshot, Tick, VerifiedBatch};
@@ -54,6 +56,10 @@ pub trait Agreement {
     fn pool_len(&self) -> usize {
         0
     }
+    /// The roots other validators reported for `tick`.
+    fn peer_roots(&self, _tick: u64) -> Vec<(ValidatorIndex, Digest)> {
+        Vec::new()
+    }
 }
 
 impl Agreement for Validator {
@@ -84,13 +90,16 @@ impl Agreement for Validator {
     fn pool_len(&self) -> usize {
         Validator::pool_len(self)
     }
+    fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
+        Validator::peer_roots(self, tick).map(|m| m.iter().map(|(v, d)| (*v, *d)).collect()).unwrap_or_default()
+    }
 }
 
 /// What the I/O shell must do.
 #[derive(Debug)]
 pub enum CoreOutput {
-    Broadcast(Message),
-    Send(ValidatorIndex, Message),
+    Broadcast(NodeMsg),
+    Send(ValidatorIndex, NodeMsg),
     /// Tick `tick` was committed: log it (before its root is reported to peers).
     Committed(Box<crate::store::LogRecord>),
     /// Tick `tick` was executed and reached `root`.
@@ -107,8 +116,15 @@ pub enum CoreOutput {
         tick: u64,
         validator: ValidatorIndex,
     },
-    /// This node diverged: it has stopped executing. Write the report, then resync.
+    /// This node diverged: it has stopped executing. Write the report; the core resyncs.
     Desync(Box<DesyncReport>),
+    /// This node took a snapshot of tick `tick` whose root `certified_by` other validators
+    /// reported, replayed the commits since, and executes again.
+    Resynced {
+        tick: u64,
+        certified_by: usize,
+        snapshot: Vec<u8>,
+    },
 }
 
 /// Everything needed to find out why a node diverged (DESIGN §4).
@@ -159,6 +175,24 @@ pub struct CoreStats {
     pub peer_divergences: u64,
 }
 
+/// Ask again for snapshots this often while resyncing.
+const RESYNC_RETRY_US: Micros = 1_000_000;
+/// Serve a peer at most one snapshot this often.
+const SERVE_EVERY_US: Micros = 2_000_000;
+/// Commits kept while resyncing (older ones are dropped; a newer snapshot is then needed).
+const RESYNC_BUFFER: usize = 8_192;
+/// Largest snapshot taken from a peer.
+pub const MAX_SNAPSHOT_BYTES: usize = 1 << 30;
+
+/// A diverged node getting back: committed batches since, and snapshots peers offered.
+#[derive(Debug, Default)]
+struct Resync {
+    next_request: Micros,
+    buffered: BTreeMap<u64, Batch>,
+    /// The newest snapshot each peer sent: the number of ticks it executed, and the snapshot.
+    offers: BTreeMap<ValidatorIndex, (u64, Snapshot)>,
+}
+
 /// A node's core for one sim.
 pub struct NodeCore<A, H, P> {
     agreement: A,
@@ -177,6 +211,10 @@ pub struct NodeCore<A, H, P> {
     /// Sim time = anchor + (BFT time - anchor) × scale (scenarios accelerate days).
     time_scale: u64,
     time_anchor_ms: u64,
+    resync: Option<Resync>,
+    /// Root reports for ticks below this are history (before a resync): not judged again.
+    judge_from: u64,
+    served: BTreeMap<ValidatorIndex, Micros>,
 }
 
 impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for NodeCore<A, H, P> {
@@ -205,6 +243,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             outcome_order: VecDeque::new(),
             time_scale: 1,
             time_anchor_ms: 0,
+            resync: None,
+            judge_from: 0,
+            served: BTreeMap::new(),
         }
     }
 
@@ -249,18 +290,98 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         self.roots.get(&tick).map(|r| r.0)
     }
 
-    pub fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
-        self.agreement.handle_message(now, from, msg);
+    pub fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: NodeMsg) {
+        match msg {
+            NodeMsg::Consensus(m) => self.agreement.handle_message(now, from, m),
+            NodeMsg::SnapshotRequest => self.serve_snapshot(now, from),
+            NodeMsg::Snapshot { tick, bytes } => {
+                if let Some(r) = self.resync.as_mut()
+                    && bytes.len() <= MAX_SNAPSHOT_BYTES
+                    && let Ok(snap) = Snapshot::decode(&bytes, MAX_SNAPSHOT_BYTES as u32)
+                    && snap.world.tick().0 == tick
+                {
+                    r.offers.insert(from, (tick, snap));
+                }
+            }
+        }
         self.pump(now);
     }
 
     pub fn handle_timeout(&mut self, now: Micros) {
         self.agreement.handle_timeout(now);
+        if let Some(r) = self.resync.as_mut()
+            && now >= r.next_request
+        {
+            r.next_request = now + RESYNC_RETRY_US;
+            self.out.push_back(CoreOutput::Broadcast(NodeMsg::SnapshotRequest));
+        }
         self.pump(now);
     }
 
     pub fn poll_timeout(&self) -> Option<Micros> {
-        self.agreement.poll_timeout()
+        let mine = self.resync.as_ref().map(|r| r.next_request);
+        match (self.agreement.poll_timeout(), mine) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether this node is getting a certified snapshot after diverging.
+    pub fn resyncing(&self) -> bool {
+        self.resync.is_some()
+    }
+
+    /// A peer asks for this node's state (it diverged, or joins). Served when this node is
+    /// itself in step, at most once per peer every two seconds.
+    fn serve_snapshot(&mut self, now: Micros, from: ValidatorIndex) {
+        if self.desynced.is_some() || self.served.get(&from).is_some_and(|t| now < t + SERVE_EVERY_US) {
+            return;
+        }
+        self.served.insert(from, now);
+        let tick = self.sim.world().tick().0;
+        let bytes = self.sim.snapshot().encode();
+        self.out.push_back(CoreOutput::Send(from, NodeMsg::Snapshot { tick, bytes }));
+    }
+
+    /// Install the newest offered snapshot whose root f+1 other validators reported (so at
+    /// least one honest one computed it), then replay the commits buffered since.
+    fn try_resync(&mut self) {
+        let Some(r) = self.resync.as_mut() else { return };
+        let f = self.agreement.validators().saturating_sub(1) / 3;
+        let mut offers: Vec<(u64, ValidatorIndex)> = r.offers.iter().map(|(v, (t, _))| (*t, *v)).collect();
+        offers.sort_unstable_by(|a, b| b.cmp(a));
+        for (tick, from) in offers {
+            let Some((_, snap)) = r.offers.get(&from) else { continue };
+            if tick == 0 {
+                continue;
+            }
+            let root = snap.root;
+            let certified_by = self.agreement.peer_roots(tick - 1).into_iter().filter(|(_, d)| d.0 == root.0).count();
+            if certified_by < f + 1 {
+                continue;
+            }
+            // The commits from `tick` on must all be here (or not committed yet).
+            let newest = r.buffered.keys().next_back().copied().unwrap_or(0);
+            if newest >= tick && (tick..=newest).any(|t| !r.buffered.contains_key(&t)) {
+                continue;
+            }
+            let Some((_, snap)) = r.offers.remove(&from) else { continue };
+            let bytes = snap.encode();
+            if let Err(e) = self.sim.reset_to(snap) {
+                tracing::warn!(%e, "a certified snapshot did not load; waiting for another");
+                continue;
+            }
+            let r = self.resync.take().unwrap_or_default();
+            self.desynced = None;
+            self.judge_from = tick;
+            self.roots.clear();
+            self.disagreements.clear();
+            self.out.push_back(CoreOutput::Resynced { tick, certified_by, snapshot: bytes });
+            for (_, batch) in r.buffered.range(tick..) {
+                self.run_batch(batch.clone(), true);
+            }
+            return;
+        }
     }
 
     pub fn poll_output(&mut self) -> Option<CoreOutput> {
@@ -309,8 +430,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             let mut executed = false;
             while let Some(o) = self.agreement.poll_output() {
                 match o {
-                    Output::Broadcast(m) => self.out.push_back(CoreOutput::Broadcast(m)),
-                    Output::Send(to, m) => self.out.push_back(CoreOutput::Send(to, m)),
+                    Output::Broadcast(m) => self.out.push_back(CoreOutput::Broadcast(NodeMsg::Consensus(m))),
+                    Output::Send(to, m) => self.out.push_back(CoreOutput::Send(to, NodeMsg::Consensus(m))),
                     Output::Committed(c) => {
                         self.execute(&c);
                         executed = true;
@@ -321,6 +442,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     Output::Finalized { .. } | Output::Evidence(_) => {}
                 }
             }
+            if self.resync.is_some() {
+                self.try_resync();
+            }
             if !executed {
                 return;
             }
@@ -329,15 +453,16 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     }
 
     fn execute(&mut self, c: &Commit) {
-        if self.desynced.is_some() {
-            return;
-        }
         let tick = Tick(c.block.tick);
         let at = self.sim.world().tick();
-        if tick < at {
+        let resyncing = self.resync.is_some();
+        if self.desynced.is_some() && !resyncing {
+            return;
+        }
+        if tick < at && !resyncing {
             return; // already executed (a restart replays what it has)
         }
-        if tick > at {
+        if tick > at && !resyncing {
             // Consensus hands commits out in order; a gap is a bug, not bad input.
             tracing::error!(%tick, %at, "commit out of order; stopping this sim");
             self.desynced = Some(at.0);
@@ -358,7 +483,16 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             certificate: postcard::to_allocvec(&c.certificate).unwrap_or_default(),
         })));
         let time_ms = self.sim_time(c.block.time_ms);
-        self.run_batch(Batch { tick, time_ms, seed: Hash32(c.seed.0), events }, true);
+        let batch = Batch { tick, time_ms, seed: Hash32(c.seed.0), events };
+        match self.resync.as_mut() {
+            Some(r) => {
+                r.buffered.insert(tick.0, batch);
+                while r.buffered.len() > RESYNC_BUFFER {
+                    r.buffered.pop_first();
+                }
+            }
+            None => self.run_batch(batch, true),
+        }
     }
 
     /// Re-execute a logged tick (after a restart, before consensus resumes). Returns the root.
@@ -433,7 +567,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     }
 
     fn mismatch(&mut self, tick: u64, validator: ValidatorIndex, theirs: Hash32) {
-        if self.desynced.is_some() {
+        if self.desynced.is_some() || tick < self.judge_from {
             return;
         }
         let f = (self.agreement.validators().saturating_sub(1)) / 3;
@@ -466,6 +600,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             snapshot,
             last_inputs: self.last_inputs.iter().cloned().collect(),
         })));
+        // Get back in step: ask the peers for their state (again every second until a
+        // certified one arrives); commits from now on are kept to replay on top of it.
+        self.resync = Some(Resync::default());
     }
 
     /// Validators (by index) that reported roots different from this node's, over all ticks

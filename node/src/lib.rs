@@ -20,6 +20,7 @@ pub mod scenario;
 pub mod simnet;
 pub mod store;
 pub mod timing;
+pub mod wire;
 
 /// Milliseconds since the UNIX epoch (0 if the clock is before it).
 pub fn unix_ms() -> u64 {

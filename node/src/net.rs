@@ -11,7 +11,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use metatopia_consensus::{Message, ValidatorIndex};
+use metatopia_consensus::ValidatorIndex;
+
+use crate::wire::NodeMsg;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -38,7 +40,7 @@ impl Mesh {
         me: u16,
         listen: SocketAddr,
         peers: Vec<SocketAddr>,
-    ) -> anyhow::Result<(Mesh, mpsc::UnboundedReceiver<(ValidatorIndex, Message)>)> {
+    ) -> anyhow::Result<(Mesh, mpsc::UnboundedReceiver<(ValidatorIndex, NodeMsg)>)> {
         let listener = TcpListener::bind(listen).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let mesh = Mesh { writers: Arc::default(), me };
@@ -88,7 +90,7 @@ impl Mesh {
         &self,
         peer: u16,
         stream: TcpStream,
-        inbox: mpsc::UnboundedSender<(ValidatorIndex, Message)>,
+        inbox: mpsc::UnboundedSender<(ValidatorIndex, NodeMsg)>,
     ) -> tokio::sync::oneshot::Receiver<()> {
         let _ = stream.set_nodelay(true);
         let (mut r, w) = stream.into_split();
@@ -100,7 +102,7 @@ impl Mesh {
         let writers = self.writers.clone();
         tokio::spawn(async move {
             while let Ok(frame) = read_frame(&mut r).await {
-                match Message::decode(&frame, MAX_FRAME as usize) {
+                match NodeMsg::decode(&frame, MAX_FRAME as usize) {
                     Ok(m) => {
                         if inbox.send((ValidatorIndex(peer), m)).is_err() {
                             break;
@@ -119,7 +121,7 @@ impl Mesh {
         done_rx
     }
 
-    pub fn send(&self, to: u16, msg: &Message) {
+    pub fn send(&self, to: u16, msg: &NodeMsg) {
         if to == self.me {
             return;
         }
@@ -128,7 +130,7 @@ impl Mesh {
         }
     }
 
-    pub fn broadcast(&self, msg: &Message) {
+    pub fn broadcast(&self, msg: &NodeMsg) {
         let frame = Arc::new(msg.encode());
         for (_, w) in self.writers.lock().expect("not poisoned").values() {
             let _ = w.send(frame.clone());

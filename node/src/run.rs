@@ -12,6 +12,7 @@ use metatopia_node::http::{Query, Service, Status};
 use metatopia_node::net::Mesh;
 use metatopia_node::store::{CommitLog, DataDir};
 use metatopia_node::timing::{StageTimes, TimedHost, TimedPhysics};
+use metatopia_node::wire::NodeMsg;
 use metatopia_physics::RegionStage;
 use metatopia_scripting::RhaiHost;
 use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen};
@@ -372,11 +373,19 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                 CoreOutput::Desync(report) => {
                     meter.status.desynced = Some(report.tick);
                     let path = write_desync_report(dir.root(), &report)?;
-                    stop = Some(Err(anyhow::anyhow!(
-                        "this node diverged at tick {}; report in {} (resync from a certified snapshot is not built yet)",
+                    eprintln!(
+                        "error: this node diverged at tick {}; report in {}; resyncing from a snapshot its peers certify",
                         report.tick,
                         path.display()
-                    )));
+                    );
+                }
+                CoreOutput::Resynced { tick, certified_by, snapshot } => {
+                    meter.status.desynced = None;
+                    // The state the log replays on top of after a restart.
+                    dir.write_snapshot(tick, &snapshot)?;
+                    println!(
+                        "resynced: took the state of tick {tick} that {certified_by} validators certify; executing again"
+                    );
                 }
                 other => sends.push(other),
             }
@@ -385,7 +394,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         // never vote differently); commits move the restart point. Nothing else needs a write.
         let votes = sends.iter().any(|o| {
             matches!(o, CoreOutput::Broadcast(m) | CoreOutput::Send(_, m)
-                if matches!(m, metatopia_consensus::Message::Vote(_) | metatopia_consensus::Message::Propose { .. }))
+                if matches!(m, NodeMsg::Consensus(metatopia_consensus::Message::Vote(_) | metatopia_consensus::Message::Propose { .. })))
         });
         if votes || committed {
             let state = core.agreement().persist();

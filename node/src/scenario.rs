@@ -629,8 +629,40 @@ fn judge(
             }
             "desync" => {
                 let node = NodeId::from(v.node.unwrap_or_default());
-                let at = c.node(node).and_then(|p| p.core.desynced());
-                verdict(format!("node {node} noticed it diverged"), at.is_some(), format!("{at:?}"))
+                let at = c.node(node).and_then(|p| {
+                    p.log.iter().find_map(|o| match o {
+                        CoreOutput::Desync(r) => Some(r.tick),
+                        _ => None,
+                    })
+                });
+                verdict(format!("node {node} noticed it diverged"), at.is_some(), format!("at tick {at:?}"))
+            }
+            "resynced" => {
+                let node = NodeId::from(v.node.unwrap_or_default());
+                let p = c.node(node);
+                let at = p.and_then(|p| {
+                    p.log.iter().find_map(|o| match o {
+                        CoreOutput::Resynced { tick, certified_by, .. } => Some((*tick, *certified_by)),
+                        _ => None,
+                    })
+                });
+                let (ok, detail) = match (p, at) {
+                    (Some(p), Some((tick, by))) => {
+                        let mine = p.executed_roots();
+                        let after: Vec<_> = mine.range(Tick(tick)..).collect();
+                        let reference = &all_roots[0];
+                        let bad = after.iter().find(|(t, r)| reference.get(t).is_some_and(|h| h != *r));
+                        match bad {
+                            Some((t, _)) => (false, format!("resynced at tick {tick}, but differs at tick {t}")),
+                            None => (
+                                !after.is_empty(),
+                                format!("from tick {tick} (certified by {by}); {} ticks in step since", after.len()),
+                            ),
+                        }
+                    }
+                    _ => (false, "never resynced".to_owned()),
+                };
+                verdict(format!("node {node} resynced and agrees"), ok, detail)
             }
             "objects" => {
                 let want = v.count.unwrap_or_default();

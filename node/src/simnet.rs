@@ -12,6 +12,7 @@ use metatopia_sim::{Hash32, Tick};
 
 use crate::core::{Agreement, CoreOutput, NodeCore};
 use crate::store::LogRecord;
+use crate::wire::NodeMsg;
 
 /// An honest validator or a Byzantine mock, behind the node's agreement trait.
 #[derive(Debug)]
@@ -69,6 +70,18 @@ impl Agreement for Actor {
             Actor::Byz(..) => None,
         }
     }
+    fn pool_len(&self) -> usize {
+        match self {
+            Actor::Honest(v) => v.pool_len(),
+            Actor::Byz(..) => 0,
+        }
+    }
+    fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
+        match self {
+            Actor::Honest(v) => Agreement::peer_roots(v.as_ref(), tick),
+            Actor::Byz(..) => Vec::new(),
+        }
+    }
 }
 
 /// What a simulated node keeps on its "disk": its consensus state and its commit log.
@@ -99,7 +112,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
     }
 
     /// Forward the core's outputs: messages to the network, the rest to the log.
-    pub fn drain(&mut self, out: &mut Outbox<Message>) {
+    pub fn drain(&mut self, out: &mut Outbox<NodeMsg>) {
         while let Some(o) = self.core.poll_output() {
             match o {
                 CoreOutput::Broadcast(m) => out.broadcast(m),
@@ -114,7 +127,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
     }
 
     /// Client events arriving at this node.
-    pub fn submit(&mut self, now: Time, events: Vec<Vec<u8>>, out: &mut Outbox<Message>) -> usize {
+    pub fn submit(&mut self, now: Time, events: Vec<Vec<u8>>, out: &mut Outbox<NodeMsg>) -> usize {
         let n = self.core.submit_events(now, events);
         self.drain(out);
         n
@@ -137,15 +150,15 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
 }
 
 impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H, P> {
-    type Msg = Message;
+    type Msg = NodeMsg;
 
-    fn on_message(&mut self, now: Time, from: NodeId, msg: Message, out: &mut Outbox<Message>) {
+    fn on_message(&mut self, now: Time, from: NodeId, msg: NodeMsg, out: &mut Outbox<NodeMsg>) {
         let Some(from) = self.index_of(from) else { return };
         self.core.handle_message(now, from, msg);
         self.drain(out);
     }
 
-    fn on_timer(&mut self, now: Time, out: &mut Outbox<Message>) {
+    fn on_timer(&mut self, now: Time, out: &mut Outbox<NodeMsg>) {
         self.core.handle_timeout(now);
         self.drain(out);
     }
@@ -166,7 +179,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H,
         postcard::to_allocvec(&Saved { consensus: self.core.agreement().persist(), log }).ok()
     }
 
-    fn fingerprint(msg: &Message) -> [u8; 32] {
+    fn fingerprint(msg: &NodeMsg) -> [u8; 32] {
         *blake3::hash(&msg.encode()).as_bytes()
     }
 }

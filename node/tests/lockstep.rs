@@ -143,7 +143,7 @@ fn each_byzantine_kind_against_whole_nodes_leaves_the_honest_ones_in_lockstep() 
 }
 
 #[test]
-fn a_node_whose_state_diverges_detects_it_and_reports_while_the_others_carry_on() {
+fn a_node_whose_state_diverges_detects_it_reports_and_resyncs_from_a_certified_snapshot() {
     // Node 3 starts from another world: its roots differ from the first tick.
     let net = NetConfig { delay_min_us: 300, delay_max_us: 5 * MS, loss_ppm: 0, duplicate_ppm: 0 };
     let mut c = cluster(4, 7, net, &BTreeMap::new(), |i| if i == 3 { demo(2) } else { demo(1) });
@@ -152,17 +152,10 @@ fn a_node_whose_state_diverges_detects_it_and_reports_while_the_others_carry_on(
     assert_lockstep(&all, &[0, 1, 2], 40);
 
     let bad = c.node(3).unwrap();
-    let tick = bad.core.desynced().expect("node 3 noticed it diverged");
+    let at = bad.log.iter().position(|o| matches!(o, CoreOutput::Desync(_))).expect("node 3 noticed it diverged");
+    let CoreOutput::Desync(report) = &bad.log[at] else { unreachable!() };
+    let tick = report.tick;
     assert!(tick < 5, "within a few ticks: {tick}");
-    let report = bad
-        .log
-        .iter()
-        .find_map(|o| match o {
-            CoreOutput::Desync(r) => Some(r),
-            _ => None,
-        })
-        .expect("a desync report");
-    assert_eq!(report.tick, tick);
     assert!(report.theirs.len() >= 2, "f+1 = 2 peers disagreed: {:?}", report.theirs);
     for r in report.theirs.values() {
         assert_eq!(Some(r), all[0].get(&Tick(tick)), "the peers' root is the honest one");
@@ -171,13 +164,35 @@ fn a_node_whose_state_diverges_detects_it_and_reports_while_the_others_carry_on(
     assert!(report.subsystems.is_some() && !report.last_inputs.is_empty());
     let snap = Snapshot::decode(&report.snapshot, 1 << 30).expect("the report's snapshot decodes");
     // The snapshot is of the state the node stopped in: its last executed tick.
-    assert_eq!(Some(&snap.root), all[3].values().next_back());
-    // Node 3 stopped; the honest nodes saw one faulty peer and did not stop.
-    assert!(all[3].len() <= tick as usize + 3, "node 3 stopped executing: {}", all[3].len());
+    let last_before = bad.log[..at].iter().rev().find_map(|o| match o {
+        CoreOutput::Executed { root, .. } => Some(root),
+        _ => None,
+    });
+    assert_eq!(Some(&snap.root), last_before);
+    // The honest nodes saw one faulty peer and did not stop.
     for i in 0..3 {
         let p = c.node(i).unwrap();
         assert_eq!(p.core.desynced(), None);
         assert!(p.core.disagreeing_peers().iter().all(|v| *v == ValidatorIndex(3)));
         assert!(p.core.stats().peer_divergences > 0, "node {i} noticed node 3");
+    }
+    // Node 3 took a snapshot its peers certified, replayed the commits since, and is back in
+    // step: from the resync on, its roots are the honest ones.
+    let resynced = bad
+        .log
+        .iter()
+        .find_map(|o| match o {
+            CoreOutput::Resynced { tick, certified_by, .. } => Some((*tick, *certified_by)),
+            _ => None,
+        })
+        .expect("node 3 resynced");
+    assert!(resynced.1 >= 2, "certified by f+1 = 2 others at least: {resynced:?}");
+    assert!(!bad.core.resyncing() && bad.core.desynced().is_none());
+    let after: Vec<_> = all[3].range(Tick(resynced.0)..).collect();
+    assert!(after.len() > 20, "node 3 executed {} ticks after its resync at {}", after.len(), resynced.0);
+    for (t, r) in after {
+        if let Some(honest) = all[0].get(t) {
+            assert_eq!(r, honest, "node 3 after its resync, tick {t}");
+        }
     }
 }

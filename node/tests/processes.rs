@@ -17,6 +17,7 @@ type Roots = Arc<Mutex<BTreeMap<(usize, u64), String>>>;
 
 struct Node {
     child: Child,
+    stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
 }
 
@@ -76,8 +77,11 @@ fn start(i: usize, dir: &Path, roots: &Roots, extra: &[&str]) -> Node {
         .unwrap();
     let out = child.stdout.take().unwrap();
     let roots = roots.clone();
+    let stdout = Arc::new(Mutex::new(String::new()));
+    let lines = stdout.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
+            lines.lock().unwrap().push_str(&format!("{line}\n"));
             // "tick T root R ..."
             let w: Vec<&str> = line.split(' ').collect();
             if w.len() > 3 && w[0] == "tick" && w[2] == "root" {
@@ -93,7 +97,7 @@ fn start(i: usize, dir: &Path, roots: &Roots, extra: &[&str]) -> Node {
             sink.lock().unwrap().push_str(&(line + "\n"));
         }
     });
-    Node { child, stderr }
+    Node { child, stdout, stderr }
 }
 
 fn highest(roots: &Roots, i: usize) -> Option<u64> {
@@ -303,4 +307,43 @@ fn health_metrics_stats_and_signed_admin_acts_through_the_http_service() {
         interrupt(n);
     }
     assert!(assert_same_roots(&roots) > 10);
+}
+
+#[test]
+fn a_node_started_from_another_world_diverges_reports_and_resyncs_from_its_peers() {
+    let dirs = setup("resync", 4, 20);
+    // Node 3's config describes another genesis world: its roots differ from tick 0.
+    let path = DataDir::open(&dirs[3]).unwrap().config_path();
+    let mut cfg = NodeConfig::load(&path).unwrap();
+    cfg.world.seed = 99;
+    write_atomic(&path, cfg.commented().as_bytes()).unwrap();
+    let roots: Roots = Arc::default();
+    let mut nodes: Vec<Node> = dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &[])).collect();
+    wait_for("node 3 to resync", Duration::from_secs(120), || nodes[3].stdout.lock().unwrap().contains("resynced"));
+    let out = nodes[3].stdout.lock().unwrap().clone();
+    let line = out.lines().find(|l| l.starts_with("resynced")).unwrap().to_owned();
+    let from: u64 = line.split("state of tick ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    let err = nodes[3].stderr.lock().unwrap().clone();
+    assert!(err.contains("diverged at tick") && err.contains("desync-report-"), "{err}");
+    assert!(
+        std::fs::read_dir(&dirs[3]).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("desync-report-"))
+    );
+    // From then on node 3 reports the others' roots.
+    wait_for("40 ticks after the resync", Duration::from_secs(120), || highest(&roots, 3) >= Some(from + 40));
+    for n in &mut nodes {
+        interrupt(n);
+    }
+    let r = roots.lock().unwrap();
+    let mut compared = 0;
+    for ((n, t), root) in r.iter().filter(|((n, t), _)| *n == 3 && *t >= from) {
+        if let Some(other) = r.get(&(0, *t)) {
+            assert_eq!(root, other, "node {n} at tick {t} after resyncing at {from}");
+            compared += 1;
+        }
+    }
+    assert!(compared >= 3, "compared {compared} status lines");
 }

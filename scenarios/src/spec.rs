@@ -248,7 +248,7 @@ pub struct FaultSpec {
 #[serde(deny_unknown_fields)]
 pub struct Expect {
     /// `roots_equal`, `min_ticks`, `objects`, `chat_seen`, `role`, `outcome`, `no_desync`,
-    /// `desync`, `object_text`.
+    /// `desync`, `resynced`, `object_text`.
     pub kind: String,
     pub ticks: Option<u64>,
     pub count: Option<u64>,
@@ -286,8 +286,18 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 const BEHAVIOURS: [&str; 4] = ["equivocate", "double_vote", "invalid_signatures", "withhold"];
-const EXPECT_KINDS: [&str; 9] =
-    ["roots_equal", "min_ticks", "objects", "chat_seen", "role", "outcome", "no_desync", "desync", "object_text"];
+const EXPECT_KINDS: [&str; 10] = [
+    "roots_equal",
+    "min_ticks",
+    "objects",
+    "chat_seen",
+    "role",
+    "outcome",
+    "no_desync",
+    "desync",
+    "resynced",
+    "object_text",
+];
 
 impl Scenario {
     /// Parse and check a scenario file's text.
@@ -494,7 +504,7 @@ impl Scenario {
                         return Err(at(e.span(), format!("status must be executed or refused, not {status:?}")));
                     }
                 }
-                "desync" => need("node", v.node.is_some_and(|x| x < n))?,
+                "desync" | "resynced" => need("node", v.node.is_some_and(|x| x < n))?,
                 _ => {}
             }
             if let Some(o) = &v.object

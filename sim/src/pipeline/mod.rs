@@ -135,6 +135,21 @@ impl<H: ScriptHost, P: PhysicsStage> Sim<H, P> {
         Ok(sim)
     }
 
+    /// Replace the state with a snapshot's (a node that diverged takes a certified one), keeping
+    /// the host and physics stage. On an error the sim must not be used until a good snapshot
+    /// is installed.
+    pub fn reset_to(&mut self, snapshot: Snapshot) -> Result<(), SnapshotError> {
+        let Snapshot { world, physics: saved, root, .. } = snapshot;
+        self.world = world;
+        self.roots = None;
+        self.physics.load(&self.world, Some(&saved)).map_err(|e| SnapshotError::Invalid { reason: e.to_string() })?;
+        let actual = self.root();
+        if actual != root {
+            return Err(SnapshotError::RootMismatch { claimed: root, actual });
+        }
+        Ok(())
+    }
+
     pub fn world(&self) -> &World {
         &self.world
     }
