@@ -45,6 +45,13 @@ pub struct WorldConfig {
     /// "days"). Every node of a sim must use the same value.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub time_scale: u64,
+    /// Build the genesis world from this scenario file instead of the demo world (its
+    /// objects, scripts, accounts and settings; `seed` seeds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<std::path::PathBuf>,
+    /// Where the scenario's `script = ...` files are (default: ../scripts next to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scripts: Option<std::path::PathBuf>,
 }
 
 fn one() -> u64 {
@@ -57,7 +64,7 @@ fn is_one(x: &u64) -> bool {
 
 impl Default for WorldConfig {
     fn default() -> Self {
-        WorldConfig { seed: 1, objects: 300, players: 20, sim_id: 1, time_scale: 1 }
+        WorldConfig { seed: 1, objects: 300, players: 20, sim_id: 1, time_scale: 1, scenario: None, scripts: None }
     }
 }
 

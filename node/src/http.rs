@@ -8,6 +8,9 @@
 //! | `GET /v1/events/{id}`     | [`Outcome`] once executed (executed or refused, with reason)  |
 //! | `GET /v1/accounts/{id}`   | [`AccountView`]                                               |
 //! | `GET /v1/governance`      | [`GovernanceView`]: admin, temp admin and why, validators     |
+//! | `GET /v1/objects/{id}`    | [`ObjectView`] (with its script's source, readable by anyone) |
+//! | `GET /v1/roots/{tick}`    | [`RootView`]: this node's root for a recent tick              |
+//! | `GET /v1/chat/{since}`    | [`ChatView`]s heard since a tick (the last 1,024 lines)       |
 //!
 //! The handlers never touch the sim: they ask the node's loop through a channel ([`Query`]) and
 //! read the status it publishes after every tick, so the lockstep loop stays the only owner of
@@ -77,6 +80,8 @@ pub struct AccountView {
     pub role: String,
     pub banned: bool,
     pub kicked_until_ms: Option<u64>,
+    /// The avatar's object id (`SLOTvGEN`) while logged in.
+    pub avatar: Option<String>,
 }
 
 /// Who governs the sim now, and why (`metatopia admin status`).
@@ -104,6 +109,35 @@ pub struct GovernanceView {
     pub settings: metatopia_sim::Settings,
 }
 
+/// An object as the API shows it (positions in metres, as decimal text).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ObjectView {
+    pub id: String,
+    pub name: String,
+    pub owner: String,
+    pub avatar: bool,
+    pub position: [String; 2],
+    pub color: String,
+    pub text: String,
+    pub script: Option<String>,
+}
+
+/// A line of chat heard in the sim.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChatView {
+    pub tick: u64,
+    pub name: String,
+    pub channel: i32,
+    pub text: String,
+}
+
+/// The root this node computed for a tick.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RootView {
+    pub tick: u64,
+    pub root: String,
+}
+
 /// A question for the node's loop.
 #[derive(Debug)]
 pub enum Query {
@@ -111,10 +145,19 @@ pub enum Query {
     Outcome(EventId, oneshot::Sender<Option<Outcome>>),
     Account(AccountId, oneshot::Sender<Option<AccountView>>),
     Governance(oneshot::Sender<GovernanceView>),
+    Object(metatopia_sim::ObjectId, oneshot::Sender<Option<ObjectView>>),
+    Root(u64, oneshot::Sender<Option<RootView>>),
+    /// Chat heard since a tick (kept by the loop: the last 1,024 lines).
+    Chat(u64, oneshot::Sender<Vec<ChatView>>),
 }
 
-/// Answer a query on the loop that owns the core.
-pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(core: &mut NodeCore<A, H, P>, now: Micros, q: Query) {
+/// Answer a query on the loop that owns the core (`chat`: the lines the loop kept).
+pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(
+    core: &mut NodeCore<A, H, P>,
+    now: Micros,
+    chat: &std::collections::VecDeque<ChatView>,
+    q: Query,
+) {
     // A dropped receiver only means the HTTP client went away.
     match q {
         Query::Submit(bytes, tx) => {
@@ -128,6 +171,25 @@ pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(core: &mut NodeCore<
         }
         Query::Governance(tx) => {
             let _ = tx.send(governance_view(core.sim().world()));
+        }
+        Query::Object(id, tx) => {
+            let w = core.sim().world();
+            let _ = tx.send(w.object(id).map(|o| ObjectView {
+                id: id.to_string(),
+                name: o.name.clone(),
+                owner: o.owner.to_string(),
+                avatar: o.kind == metatopia_sim::state::ObjectKind::Avatar,
+                position: [o.position.x.to_string(), o.position.y.to_string()],
+                color: format!("{:08x}", o.color),
+                text: o.text.clone(),
+                script: w.script_source(id).map(|s| s.source.clone()),
+            }));
+        }
+        Query::Root(tick, tx) => {
+            let _ = tx.send(core.root_of(tick).map(|r| RootView { tick, root: r.to_string() }));
+        }
+        Query::Chat(since, tx) => {
+            let _ = tx.send(chat.iter().filter(|c| c.tick >= since).cloned().collect());
         }
     }
 }
@@ -152,6 +214,7 @@ pub fn account_view(w: &metatopia_sim::World, id: &AccountId) -> Option<AccountV
         role: role_name(role_of(w, id, w.time_ms())).to_owned(),
         banned: g.banned.contains(id),
         kicked_until_ms: g.kicked_until_ms.get(id).copied().filter(|t| *t > w.time_ms()),
+        avatar: a.avatar.map(|o| o.to_string()),
     })
 }
 
@@ -229,6 +292,9 @@ pub fn router(service: Service) -> Router {
         .route("/v1/events/{id}", get(outcome))
         .route("/v1/accounts/{id}", get(account))
         .route("/v1/governance", get(governance))
+        .route("/v1/objects/{id}", get(object))
+        .route("/v1/roots/{tick}", get(root))
+        .route("/v1/chat/{since}", get(chat))
         .layer(DefaultBodyLimit::max(MAX_EVENT_BYTES as usize))
         .with_state(service)
 }
@@ -312,6 +378,32 @@ async fn account(State(s): State<Service>, Path(id): Path<String>) -> Response {
     match s.ask(|tx| Query::Account(AccountId(id), tx)).await {
         Ok(Some(a)) => axum::Json(a).into_response(),
         Ok(None) => err(StatusCode::NOT_FOUND, "no such account in this sim"),
+        Err(e) => e,
+    }
+}
+
+async fn object(State(s): State<Service>, Path(id): Path<String>) -> Response {
+    let parsed =
+        id.split_once('v').and_then(|(a, b)| Some(metatopia_sim::ObjectId::new(a.parse().ok()?, b.parse().ok()?)));
+    let Some(id) = parsed else { return err(StatusCode::BAD_REQUEST, "an object id is SLOTvGENERATION, like 12v0") };
+    match s.ask(|tx| Query::Object(id, tx)).await {
+        Ok(Some(o)) => axum::Json(o).into_response(),
+        Ok(None) => err(StatusCode::NOT_FOUND, "no such object"),
+        Err(e) => e,
+    }
+}
+
+async fn root(State(s): State<Service>, Path(tick): Path<u64>) -> Response {
+    match s.ask(|tx| Query::Root(tick, tx)).await {
+        Ok(Some(r)) => axum::Json(r).into_response(),
+        Ok(None) => err(StatusCode::NOT_FOUND, "not executed here, or too long ago (the last 512 ticks are kept)"),
+        Err(e) => e,
+    }
+}
+
+async fn chat(State(s): State<Service>, Path(since): Path<u64>) -> Response {
+    match s.ask(|tx| Query::Chat(since, tx)).await {
+        Ok(lines) => axum::Json(lines).into_response(),
         Err(e) => e,
     }
 }

@@ -11,6 +11,7 @@ mod local;
 mod raynet_sim;
 mod run;
 mod scenario_cmd;
+mod scenario_real;
 
 use clap::{Parser, Subcommand};
 

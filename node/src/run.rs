@@ -10,10 +10,10 @@ use metatopia_node::config::{NodeConfig, ValidatorEntry};
 use metatopia_node::core::{CoreOutput, DesyncReport, NodeCore};
 use metatopia_node::http::{Query, Service, Status};
 use metatopia_node::net::Mesh;
+use metatopia_node::scenario::AnyPhysics;
 use metatopia_node::store::{CommitLog, DataDir};
 use metatopia_node::timing::{StageTimes, TimedHost, TimedPhysics};
 use metatopia_node::wire::NodeMsg;
-use metatopia_physics::RegionStage;
 use metatopia_scripting::RhaiHost;
 use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen};
 use metatopia_sim::{SimId, Snapshot};
@@ -108,25 +108,40 @@ fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
-/// The genesis world a config describes: the seeded demo world, with the config's validators
-/// and tick rate in its governance state.
-pub fn demo_of(cfg: &NodeConfig) -> anyhow::Result<DemoWorld> {
-    // One prim in ten carries an example rhai script.
-    let mut demo = metatopia_node::scenario::rhai_demo_world(
-        DemoSpec {
-            seed: cfg.world.seed,
-            sim: SimId(cfg.world.sim_id),
-            objects: cfg.world.objects,
-            players: cfg.world.players,
-            ..DemoSpec::default()
-        },
-        10,
-    )?;
+/// The genesis world a config describes: the seeded demo world (or the scenario file's), with
+/// the config's validators and tick rate in its governance state; and its physics.
+pub fn demo_of(cfg: &NodeConfig) -> anyhow::Result<(DemoWorld, String)> {
     let keys = cfg.keys()?;
-    demo.world.set_genesis_validators(keys.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())));
+    let validators: Vec<metatopia_sim::AccountId> =
+        keys.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect();
+    let (mut demo, physics) = match &cfg.world.scenario {
+        Some(path) => {
+            let (spec, _) = metatopia_node::scenario::load(path)?;
+            let scripts_dir =
+                cfg.world.scripts.clone().unwrap_or_else(|| path.parent().unwrap_or(Path::new(".")).join("../scripts"));
+            let opts = metatopia_node::scenario::Options { seed: cfg.world.seed, scripts_dir };
+            let g = metatopia_node::scenario::genesis(&spec, cfg.world.seed, &opts, &validators)?;
+            (DemoWorld { world: g.world, admin: g.demo.admin, players: g.demo.players }, spec.world.physics)
+        }
+        None => {
+            // One prim in ten carries an example rhai script.
+            let demo = metatopia_node::scenario::rhai_demo_world(
+                DemoSpec {
+                    seed: cfg.world.seed,
+                    sim: SimId(cfg.world.sim_id),
+                    objects: cfg.world.objects,
+                    players: cfg.world.players,
+                    ..DemoSpec::default()
+                },
+                10,
+            )?;
+            (demo, "rapier".to_owned())
+        }
+    };
+    demo.world.set_genesis_validators(validators);
     let settings = metatopia_sim::Settings { tick_rate_hz: cfg.tick_rate_hz, ..demo.world.settings().clone() };
     demo.world.set_genesis_settings(settings);
-    Ok(demo)
+    Ok((demo, physics))
 }
 
 /// `metatopia run`.
@@ -135,7 +150,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     rt.block_on(node(args))
 }
 
-type Core = NodeCore<Validator, TimedHost<RhaiHost>, TimedPhysics<RegionStage>>;
+type Core = NodeCore<Validator, TimedHost<RhaiHost>, TimedPhysics<AnyPhysics>>;
 
 /// Figures for `stats` and `/metrics` the loop keeps between status updates.
 #[derive(Debug, Default)]
@@ -180,7 +195,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         .iter()
         .position(|k| *k == key.verifying_key())
         .context("this node's key is not among the config's validators (observers join with --join, not yet built)")?;
-    let demo = demo_of(&cfg)?;
+    let (demo, physics_kind) = demo_of(&cfg)?;
     let consensus = Config {
         period_us: 1_000_000 / u64::from(cfg.tick_rate_hz),
         leader_timeout_us: 400_000,
@@ -203,7 +218,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     }
     let times = StageTimes::default();
     let host = || TimedHost::new(RhaiHost::default(), &times);
-    let physics = || TimedPhysics::new(RegionStage::single(), &times);
+    let physics = || TimedPhysics::new(AnyPhysics::of(&physics_kind), &times);
     let mut sim = None;
     for (tick, path) in dir.snapshots()?.into_iter().rev() {
         let loaded = std::fs::read(&path)
@@ -284,6 +299,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let mut bot_timer = tokio::time::interval(Duration::from_micros(1_000_000 / u64::from(cfg.tick_rate_hz)));
     let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
     let mut last_state = [0u8; 32];
+    let mut chat = std::collections::VecDeque::new();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut last_root = core.root();
@@ -295,7 +311,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         tokio::select! {
             q = queries.recv() => {
                 if let Some(q) = q {
-                    metatopia_node::http::answer(&mut core, now_us(), q);
+                    metatopia_node::http::answer(&mut core, now_us(), &chat, q);
                 }
             }
             m = inbox.recv() => {
@@ -327,7 +343,18 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     meter.latency(metatopia_node::unix_ms().saturating_sub(rec.time_ms) as f64);
                     committed = true;
                 }
-                CoreOutput::Executed { tick, root, accepted, rejected, .. } => {
+                CoreOutput::Executed { tick, root, accepted, rejected, chat: lines } => {
+                    for l in lines.into_iter().filter(|l| l.to.is_none()) {
+                        chat.push_back(metatopia_node::http::ChatView {
+                            tick: tick.0,
+                            name: l.name,
+                            channel: l.channel,
+                            text: l.text,
+                        });
+                        if chat.len() > 1024 {
+                            chat.pop_front();
+                        }
+                    }
                     last_root = root;
                     if !exec_charged {
                         // The call that executed ticks: its wall time is execution time.

@@ -126,16 +126,18 @@ impl Report {
     pub fn table(&self) -> String {
         let mut out = format!("scenario {} (seed {})\n", self.name, self.seed);
         let ticks: Vec<String> = self.ticks.iter().map(|t| t.map_or("down".to_owned(), |t| t.to_string())).collect();
+        let net = if self.net.sent > 0 {
+            format!(" · messages sent {} lost {} cut {}", self.net.sent, self.net.lost, self.net.cut)
+        } else {
+            String::new()
+        };
         out += &format!(
-            "  nodes: ticks executed {} · honest {:?} · steps submitted {} · messages sent {} lost {} cut {}\n",
+            "  nodes: ticks executed {} · honest {:?} · steps submitted {}{net}\n",
             ticks.join("/"),
             self.honest,
             self.steps_submitted,
-            self.net.sent,
-            self.net.lost,
-            self.net.cut
         );
-        out += &format!("  trace {}\n", &self.trace[..16]);
+        out += &format!("  trace {}\n", self.trace.get(..16).filter(|_| self.trace.len() == 64).unwrap_or(&self.trace));
         for v in &self.verdicts {
             out +=
                 &format!("  {} line {:<4} {:<40} {}\n", if v.ok { "PASS" } else { "FAIL" }, v.line, v.what, v.detail);
@@ -168,7 +170,7 @@ pub fn account_key(name: &str) -> SigningKey {
     derived_key("account", name)
 }
 
-fn validator_key(i: u16) -> SigningKey {
+pub fn validator_key(i: u16) -> SigningKey {
     derived_key("validator", &i.to_string())
 }
 
@@ -182,14 +184,18 @@ fn v2(a: [f64; 2]) -> Vec2 {
     Vec2::new(fx(a[0]), fx(a[1]))
 }
 
-/// The genesis world of a scenario and the names of its objects.
-struct Genesis {
-    world: World,
-    demo: DemoWorld,
-    objects: BTreeMap<String, ObjectId>,
+/// The genesis world of a scenario, the demo world it grew from (its players are the bots'
+/// accounts) and the ids of its named objects.
+#[derive(Debug)]
+pub struct Genesis {
+    pub world: World,
+    pub demo: DemoWorld,
+    pub objects: BTreeMap<String, ObjectId>,
 }
 
-fn genesis(spec: &Scenario, seed: u64, opts: &Options, validators: &[SigningKey]) -> anyhow::Result<Genesis> {
+/// Build a scenario's genesis world for these validators (a pure function of its arguments: every
+/// node of a sim builds the same one).
+pub fn genesis(spec: &Scenario, seed: u64, opts: &Options, validators: &[AccountId]) -> anyhow::Result<Genesis> {
     let w = &spec.world;
     let demo = demo_world(DemoSpec {
         seed,
@@ -206,7 +212,7 @@ fn genesis(spec: &Scenario, seed: u64, opts: &Options, validators: &[SigningKey]
         None => demo.admin.clone(),
     };
     world.set_genesis_admin(account_of(&admin));
-    world.set_genesis_validators(validators.iter().map(account_of));
+    world.set_genesis_validators(validators.iter().copied());
     let mut settings = world.settings().clone();
     settings.tick_rate_hz = w.tick_rate_hz;
     settings.admin_absent_days = w.admin_absent_days.unwrap_or(settings.admin_absent_days);
@@ -272,7 +278,8 @@ pub fn run(
     );
     let keys: Vec<SigningKey> = (0..n).map(validator_key).collect();
     let public: Vec<_> = keys.iter().map(|k| k.verifying_key()).collect();
-    let g = genesis(spec, seed, opts, &keys)?;
+    let accounts: Vec<AccountId> = keys.iter().map(account_of).collect();
+    let g = genesis(spec, seed, opts, &accounts)?;
     let faults: Vec<_> = spec.faults.iter().map(|f| f.get_ref().clone()).collect();
     let fault_of = |kind: &str| -> BTreeMap<u16, metatopia_scenarios::spec::FaultSpec> {
         faults.iter().filter(|f| f.kind == kind).filter_map(|f| f.node.map(|x| (x, f.clone()))).collect()
@@ -300,7 +307,7 @@ pub fn run(
     let nodes_of = Arc::new(nodes_of);
     let other_world = || -> anyhow::Result<World> {
         let other = Scenario { seed: seed ^ 0xd1fe, ..spec.clone() };
-        Ok(genesis(&other, seed ^ 0xd1fe, opts, &keys)?.world)
+        Ok(genesis(&other, seed ^ 0xd1fe, opts, &accounts)?.world)
     };
     let make = |node: usize, world: World, actor: Actor| -> anyhow::Result<Node> {
         let sim = Sim::new(world, RhaiHost::default(), AnyPhysics::of(&w.physics), 1)
@@ -424,8 +431,9 @@ pub fn run(
                     None => anyhow::bail!("line {line}: {} has nothing to replay yet", s.by),
                 },
                 _ => {
-                    let payload = payload(s, &g, p.core.sim().world(), &acc.key, opts, &public)
-                        .with_context(|| format!("line {line}"))?;
+                    let avatar = p.core.sim().world().account(&account_of(&acc.key)).and_then(|a| a.avatar);
+                    let payload =
+                        payload(s, &g.objects, avatar, opts, &public).with_context(|| format!("line {line}"))?;
                     acc.nonce += 1;
                     SignedEvent::new(&acc.key, SimId(1), acc.nonce, payload)
                 }
@@ -516,15 +524,15 @@ pub fn run(
     Ok((report, recording))
 }
 
-fn payload(
+/// The payload of a step (`avatar`: the signer's avatar, for `move`).
+pub fn payload(
     s: &metatopia_scenarios::spec::StepSpec,
-    g: &Genesis,
-    world: &World,
-    key: &SigningKey,
+    objects: &BTreeMap<String, ObjectId>,
+    avatar: Option<ObjectId>,
     opts: &Options,
     validators: &[metatopia_consensus::VerifyingKey],
 ) -> anyhow::Result<Payload> {
-    let object = || s.object.as_ref().and_then(|o| g.objects.get(o)).copied().context("no such object");
+    let object = || s.object.as_ref().and_then(|o| objects.get(o)).copied().context("no such object");
     let account = || account_of(&account_key(s.account.as_deref().unwrap_or_default()));
     let validator = || -> AccountId {
         let i = s.validator.unwrap_or_default();
@@ -547,8 +555,7 @@ fn payload(
         },
         Action::Touch => Payload::Touch { object: object()? },
         Action::Move => {
-            let me = account_of(key);
-            let avatar = world.account(&me).and_then(|a| a.avatar).context("move: log in first (no avatar)")?;
+            let avatar = avatar.context("move: log in first (no avatar)")?;
             Payload::Move { object: avatar, velocity: v2(s.velocity.unwrap_or_default()) }
         }
         Action::Deploy => {

@@ -18,9 +18,12 @@ pub struct RunArgs {
     /// Write the committed inputs and their roots here (for `replay verify` and `synctest`).
     #[arg(long)]
     record: Option<PathBuf>,
-    /// Run as real processes on loopback (not built yet).
+    /// Run as real `metatopia run` processes on loopback (crash and diverge faults only).
     #[arg(long)]
     real: bool,
+    /// With --real: where the nodes' data directories go (default: $TMP/metatopia-scenario-NAME).
+    #[arg(long)]
+    dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -63,13 +66,21 @@ fn run_file(file: &Path, seed: Option<u64>, scripts: Option<PathBuf>) -> anyhow:
 
 /// `metatopia scenario run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !args.real,
-        "--real (the scenario as processes on loopback) is not built yet; run it in simulation (the default)"
-    );
-    let (report, recording) = run_file(&args.file, args.seed, args.scripts.clone())?;
+    let (report, recording) = if args.real {
+        anyhow::ensure!(args.record.is_none(), "--record works in simulation only");
+        let (spec, text) = scenario::load(&args.file)?;
+        let opts = Options {
+            seed: args.seed.unwrap_or(spec.seed),
+            scripts_dir: scripts_dir(&args.file, args.scripts.clone()),
+        };
+        let dir = args.dir.clone().unwrap_or_else(|| crate::scenario_real::default_dir(&spec.name));
+        (crate::scenario_real::run(&args.file, &spec, &text, &opts, &dir)?, None)
+    } else {
+        let (r, rec) = run_file(&args.file, args.seed, args.scripts.clone())?;
+        (r, Some(rec))
+    };
     print!("{}", report.table());
-    if let Some(path) = &args.record {
+    if let (Some(path), Some(recording)) = (&args.record, recording) {
         std::fs::write(path, postcard::to_allocvec(&recording)?).with_context(|| path.display().to_string())?;
         println!("recorded {} ticks to {}", recording.ticks.len(), path.display());
     }
@@ -78,11 +89,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         Ok(())
     } else {
         anyhow::bail!(
-            "scenario {} failed with seed {}; replay exactly with: metatopia scenario run {} --seed {}",
+            "scenario {} failed with seed {}; replay exactly with: metatopia scenario run {} --seed {}{}",
             report.name,
             report.seed,
             args.file.display(),
-            report.seed
+            report.seed,
+            if args.real { " --real (real runs are not bit-for-bit reproducible)" } else { "" }
         )
     }
 }

@@ -114,3 +114,20 @@ fn a_bad_scenario_file_is_an_error_naming_the_line() {
     let (ok, _, err) = cli(&["scenario", "run", file.to_str().unwrap()]);
     assert!(!ok && err.contains("line 3") && err.contains("wordl"), "{err}");
 }
+
+#[test]
+fn a_subset_of_the_catalogue_passes_as_real_processes_on_loopback() {
+    let base = std::env::temp_dir().join(format!("metatopia-scenario-real-{}", std::process::id()));
+    for name in ["door", "echo-chat", "ban-and-replay", "crash-restart", "diverging-node"] {
+        let file = root().join("catalogue").join(format!("{name}.toml"));
+        let dir = base.join(name);
+        let (ok, out, err) =
+            cli(&["scenario", "run", file.to_str().unwrap(), "--real", "--dir", dir.to_str().unwrap()]);
+        assert!(ok && out.contains("passed") && !out.contains("FAIL"), "{name}:\n{out}\n{err}");
+        assert!(out.contains("real run"), "{out}");
+    }
+    // Simulation-only faults are refused with the line, not ignored.
+    let (ok, _, err) =
+        cli(&["scenario", "run", root().join("catalogue").join("partition-heal.toml").to_str().unwrap(), "--real"]);
+    assert!(!ok && err.contains("simulation-only") && err.contains("line"), "{err}");
+}

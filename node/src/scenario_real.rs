@@ -1,0 +1,415 @@
+//! `metatopia scenario run --real`: the scenario as real `metatopia run` processes on loopback.
+//! Steps are signed here and submitted through the nodes' HTTP API when the `via` node reaches
+//! their tick; crashes are `kill -9` and a restart from the data directory; expectations are read
+//! back through the API from every honest node. Real time and real sockets: the run is not
+//! reproducible bit for bit (its trace is "real"), but every node must still agree.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use metatopia_node::config::{BotsConfig, NodeConfig, ValidatorEntry, WorldConfig};
+use metatopia_node::core::Outcome;
+use metatopia_node::http::{AccountView, ChatView, Client, ObjectView, RootView, Status};
+use metatopia_node::scenario::{self, Options, Report, Verdict, account_key};
+use metatopia_node::store::{DataDir, write_atomic};
+use metatopia_scenarios::Scenario;
+use metatopia_scenarios::spec::Action;
+use metatopia_sim::event::account_of;
+use metatopia_sim::{EventId, ObjectId, SignedEvent, SimId};
+
+struct Proc {
+    child: Option<Child>,
+    out: Arc<Mutex<String>>,
+    err: Arc<Mutex<String>>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn(dir: &Path, out: &Arc<Mutex<String>>, err: &Arc<Mutex<String>>) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("finding this program")?;
+    let mut child = Command::new(exe)
+        .arg("run")
+        .arg("--data-dir")
+        .arg(dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting a node")?;
+    for (pipe, sink) in [
+        (child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), out.clone()),
+        (child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), err.clone()),
+    ] {
+        if let Some(p) = pipe {
+            std::thread::spawn(move || {
+                for line in BufReader::new(p).lines().map_while(Result::ok) {
+                    sink.lock().unwrap_or_else(|e| e.into_inner()).push_str(&(line + "\n"));
+                }
+            });
+        }
+    }
+    Ok(child)
+}
+
+fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    Ok(ls.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.port()).collect())
+}
+
+fn check_supported(spec: &Scenario, text: &str) -> anyhow::Result<()> {
+    for f in &spec.faults {
+        let k = f.get_ref().kind.as_str();
+        anyhow::ensure!(
+            k == "crash" || k == "diverge",
+            "line {}: fault {k:?} is simulation-only; --real supports crash and diverge",
+            Scenario::line_of(text, f.span())
+        );
+    }
+    let n = &spec.network;
+    anyhow::ensure!(
+        n.loss_percent == 0.0 && n.duplicate_percent == 0.0,
+        "[network] loss and duplication are simulation-only; --real runs on loopback as it is"
+    );
+    Ok(())
+}
+
+/// Run a scenario as real processes; `dir` keeps the nodes' data.
+pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path) -> anyhow::Result<Report> {
+    check_supported(spec, text)?;
+    let n = usize::from(spec.validators.count);
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    let ports = free_ports(2 * n)?;
+    let dirs: Vec<DataDir> = (0..n).map(|i| DataDir::open(&dir.join(format!("node-{i}")))).collect::<Result<_, _>>()?;
+    let mut validators = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let key = d.key()?;
+        validators.push(ValidatorEntry {
+            key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
+            address: ([127, 0, 0, 1], ports[i]).into(),
+        });
+    }
+    let file = std::fs::canonicalize(file)?;
+    let scripts = std::fs::canonicalize(&opts.scripts_dir)
+        .with_context(|| format!("the scripts directory {}", opts.scripts_dir.display()))?;
+    let diverging: Vec<usize> = spec
+        .faults
+        .iter()
+        .filter(|f| f.get_ref().kind == "diverge")
+        .filter_map(|f| f.get_ref().node.map(usize::from))
+        .collect();
+    for (i, d) in dirs.iter().enumerate() {
+        let cfg = NodeConfig {
+            listen: validators[i].address,
+            http: Some(([127, 0, 0, 1], ports[n + i]).into()),
+            tick_rate_hz: spec.world.tick_rate_hz,
+            snapshot_every: 640,
+            world: WorldConfig {
+                seed: if diverging.contains(&i) { opts.seed ^ 0xd1fe } else { opts.seed },
+                time_scale: spec.world.time_scale,
+                scenario: Some(file.clone()),
+                scripts: Some(scripts.clone()),
+                ..WorldConfig::default()
+            },
+            bots: BotsConfig {
+                events_per_tick: if usize::from(spec.bots.node) == i { spec.bots.events_per_tick } else { 0 },
+            },
+            validators: validators.clone(),
+        };
+        write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
+    }
+    let keys = NodeConfig::load(&dirs[0].config_path())?.keys()?;
+    let accounts: Vec<_> = keys.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect();
+    let g = scenario::genesis(spec, opts.seed, opts, &accounts)?;
+    let honest: Vec<usize> = (0..n).filter(|i| !diverging.contains(i)).collect();
+
+    let mut procs: Vec<Proc> = Vec::new();
+    for d in &dirs {
+        let (out, err) = (Arc::default(), Arc::default());
+        let child = spawn(d.root(), &out, &err)?;
+        procs.push(Proc { child: Some(child), out, err });
+    }
+    let clients: Vec<Client> = (0..n).map(|i| Client::new(&format!("127.0.0.1:{}", ports[n + i]))).collect();
+    let status = |i: usize| clients[i].get::<Status>("/v1/status").ok().flatten();
+    // Wait for the nodes to serve (the first tick is the start of the scenario's time).
+    let t0 = Instant::now();
+    while !(0..n).all(|i| status(i).is_some()) {
+        anyhow::ensure!(t0.elapsed() < Duration::from_secs(60), "the nodes did not start within 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let mut crashes: Vec<(f64, usize, bool)> = Vec::new();
+    for f in spec.faults.iter().map(|f| f.get_ref()).filter(|f| f.kind == "crash") {
+        let node = usize::from(f.node.unwrap_or_default());
+        crashes.push((f.at_secs, node, false));
+        if let Some(u) = f.until_secs {
+            crashes.push((u, node, true));
+        }
+    }
+    crashes.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut crashes = std::collections::VecDeque::from(crashes);
+    let mut steps: Vec<(usize, &metatopia_scenarios::spec::StepSpec)> =
+        spec.steps.iter().map(|s| (Scenario::line_of(text, s.span()), s.get_ref())).collect();
+    steps.sort_by_key(|(_, s)| s.at_tick);
+    let mut pending = std::collections::VecDeque::from(steps);
+    let mut nonces: BTreeMap<String, u64> = BTreeMap::new();
+    let mut last: BTreeMap<String, SignedEvent> = BTreeMap::new();
+    let mut labelled: BTreeMap<String, EventId> = BTreeMap::new();
+    let mut roles: BTreeMap<usize, Verdict> = BTreeMap::new();
+    let mut submitted = 0;
+    let public = keys.clone();
+    let start = Instant::now();
+    let bar = indicatif::ProgressBar::new(1000);
+    while start.elapsed().as_secs_f64() < spec.duration_secs {
+        bar.set_position((start.elapsed().as_secs_f64() / spec.duration_secs * 1000.0) as u64);
+        std::thread::sleep(Duration::from_millis(50));
+        while crashes.front().is_some_and(|c| c.0 <= start.elapsed().as_secs_f64()) {
+            let Some((_, node, restart)) = crashes.pop_front() else { break };
+            let p = &mut procs[node];
+            if restart {
+                if p.child.is_none() {
+                    p.child = Some(spawn(dirs[node].root(), &p.out, &p.err)?);
+                }
+            } else if let Some(mut c) = p.child.take() {
+                c.kill()?;
+                c.wait()?;
+            }
+        }
+        while let Some((line, s)) = pending.front().copied() {
+            let via = usize::from(s.via);
+            let Some(st) = status(via) else { break };
+            if st.tick + 1 < s.at_tick {
+                break;
+            }
+            pending.pop_front();
+            let key = account_key(&s.by);
+            let event = if s.action == Action::Replay {
+                last.get(&s.by).cloned().with_context(|| format!("line {line}: {} has nothing to replay yet", s.by))?
+            } else {
+                let me = account_of(&key);
+                let view = clients[via].get::<AccountView>(&format!("/v1/accounts/{me}"))?;
+                let avatar = view.and_then(|a| a.avatar).and_then(|a| {
+                    let (slot, generation) = a.split_once('v')?;
+                    Some(ObjectId::new(slot.parse().ok()?, generation.parse().ok()?))
+                });
+                let payload =
+                    scenario::payload(s, &g.objects, avatar, opts, &public).with_context(|| format!("line {line}"))?;
+                let nonce = nonces.entry(s.by.clone()).or_default();
+                *nonce += 1;
+                SignedEvent::new(&key, SimId(1), *nonce, payload)
+            };
+            if let Some(l) = &s.label {
+                labelled.insert(l.clone(), event.id());
+            }
+            last.insert(s.by.clone(), event.clone());
+            // Refused at the door (a bad signature, say) is an outcome too: it never executes.
+            let _ = clients[via].submit(&metatopia_sim::codec::encode(&event));
+            submitted += 1;
+        }
+        for e in &spec.expect {
+            let v = e.get_ref();
+            let line = Scenario::line_of(text, e.span());
+            if v.kind != "role" || roles.contains_key(&line) {
+                continue;
+            }
+            let at = v.at_tick.unwrap_or_default();
+            let Some((i, st)) = honest.iter().find_map(|i| status(*i).filter(|s| s.tick + 1 >= at).map(|s| (*i, s)))
+            else {
+                continue;
+            };
+            let who = account_of(&account_key(v.account.as_deref().unwrap_or_default()));
+            let role = clients[i]
+                .get::<AccountView>(&format!("/v1/accounts/{who}"))?
+                .map_or("none".to_owned(), |a| a.role.replace(' ', "_"));
+            let want = v.role.as_deref().unwrap_or_default();
+            roles.insert(
+                line,
+                Verdict {
+                    line,
+                    what: format!("{} is {want} at tick {at}", v.account.as_deref().unwrap_or_default()),
+                    ok: role == want,
+                    detail: format!("{role} at tick {} on node {i}", st.tick + 1),
+                },
+            );
+        }
+    }
+    bar.finish_and_clear();
+    // Let in-flight acts execute everywhere.
+    std::thread::sleep(Duration::from_millis(1_000));
+    let up: Vec<usize> = honest.iter().copied().filter(|i| procs[*i].child.is_some()).collect();
+    let verdicts = judge(spec, text, &clients, &up, &procs, &g.objects, &labelled, roles)?;
+    let ticks = (0..n).map(|i| status(i).map(|s| s.tick + 1)).collect();
+    for p in &mut procs {
+        if let Some(c) = p.child.as_mut() {
+            let _ = Command::new("kill").arg("-INT").arg(c.id().to_string()).status();
+            let _ = c.wait();
+            p.child = None;
+        }
+    }
+    Ok(Report {
+        name: spec.name.clone(),
+        seed: opts.seed,
+        ticks,
+        honest: honest.iter().map(|i| *i as u32).collect(),
+        steps_submitted: submitted,
+        trace: "real run (not bit-for-bit reproducible)".into(),
+        verdicts,
+        net: Default::default(),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn judge(
+    spec: &Scenario,
+    text: &str,
+    clients: &[Client],
+    up: &[usize],
+    procs: &[Proc],
+    objects: &BTreeMap<String, ObjectId>,
+    labelled: &BTreeMap<String, EventId>,
+    mut roles: BTreeMap<usize, Verdict>,
+) -> anyhow::Result<Vec<Verdict>> {
+    let first = *up.first().context("no honest node is up at the end")?;
+    let status: Vec<Status> =
+        up.iter().map(|i| clients[*i].get::<Status>("/v1/status")?.context("no status")).collect::<Result<_, _>>()?;
+    // Agreement: every tick of the last 200 that all of them still remember.
+    let low = status.iter().map(|s| s.tick).min().unwrap_or(0);
+    let mut agree = (true, String::new());
+    let mut compared = 0;
+    for t in low.saturating_sub(200)..=low {
+        let roots: Vec<Option<RootView>> =
+            up.iter().map(|i| clients[*i].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten()).collect();
+        let known: Vec<&RootView> = roots.iter().flatten().collect();
+        if known.len() == up.len() {
+            compared += 1;
+            if known.iter().any(|r| r.root != known[0].root) {
+                agree = (false, format!("roots differ at tick {t}"));
+                break;
+            }
+        }
+    }
+    if agree.0 {
+        agree.1 = format!("{compared} ticks compared across {} honest nodes", up.len());
+    }
+    let mut out = vec![Verdict {
+        line: 0,
+        what: "honest nodes agree (always checked)".into(),
+        ok: agree.0 && compared > 0,
+        detail: agree.1.clone(),
+    }];
+    for e in &spec.expect {
+        let v = e.get_ref();
+        let line = Scenario::line_of(text, e.span());
+        let verdict = |what: String, ok: bool, detail: String| Verdict { line, what, ok, detail };
+        let vd = match v.kind.as_str() {
+            "roots_equal" => verdict("roots equal on every honest node".into(), out[0].ok, agree.1.clone()),
+            "min_ticks" => {
+                let want = v.ticks.unwrap_or_default();
+                let got: Vec<u64> = status.iter().map(|s| s.tick + 1).collect();
+                verdict(
+                    format!("every honest node executed {want} ticks"),
+                    got.iter().all(|t| *t >= want),
+                    format!("{got:?}"),
+                )
+            }
+            "no_desync" => {
+                let bad: Vec<_> = status.iter().filter_map(|s| s.desynced).collect();
+                verdict("no honest node diverged".into(), bad.is_empty(), format!("{bad:?}"))
+            }
+            "desync" | "resynced" => {
+                let node = usize::from(v.node.unwrap_or_default());
+                let (out, err) = (procs[node].out.lock().map(|s| s.clone()), procs[node].err.lock().map(|s| s.clone()));
+                let (out, err) = (out.unwrap_or_default(), err.unwrap_or_default());
+                if v.kind == "desync" {
+                    let ok = err.contains("diverged at tick");
+                    verdict(
+                        format!("node {node} noticed it diverged"),
+                        ok,
+                        err.lines().find(|l| l.contains("diverged")).unwrap_or("").to_owned(),
+                    )
+                } else {
+                    let line = out.lines().find(|l| l.starts_with("resynced")).unwrap_or("").to_owned();
+                    // And it agrees now: its root of a recent tick is the first honest node's.
+                    let t = status[0].tick.saturating_sub(5);
+                    let mine = clients[node].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten();
+                    let theirs = clients[first].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten();
+                    let ok = !line.is_empty() && mine.is_some() && mine == theirs;
+                    verdict(
+                        format!("node {node} resynced and agrees"),
+                        ok,
+                        format!("{line}; tick {t} equal: {}", mine == theirs),
+                    )
+                }
+            }
+            "objects" => {
+                let want = v.count.unwrap_or_default();
+                verdict(
+                    format!("{want} objects at the end"),
+                    status[0].objects == want,
+                    format!("{}", status[0].objects),
+                )
+            }
+            "object_text" => {
+                let name = v.object.as_deref().unwrap_or_default();
+                let want = v.text.as_deref().unwrap_or_default();
+                let got = match objects.get(name) {
+                    Some(id) => clients[first].get::<ObjectView>(&format!("/v1/objects/{id}"))?.map(|o| o.text),
+                    None => None,
+                };
+                verdict(format!("{name} shows {want:?}"), got.as_deref() == Some(want), format!("{got:?}"))
+            }
+            "chat_seen" => {
+                let want = v.text.as_deref().unwrap_or_default();
+                let mut seen = Vec::new();
+                for i in up {
+                    let lines: Vec<ChatView> = clients[*i].get("/v1/chat/0")?.unwrap_or_default();
+                    seen.push(lines.iter().any(|l| l.text.contains(want)));
+                }
+                verdict(format!("chat {want:?} seen"), seen.iter().all(|s| *s), format!("on nodes: {seen:?}"))
+            }
+            "outcome" => {
+                let label = v.step.as_deref().unwrap_or_default();
+                let mut got: Vec<Option<Outcome>> = Vec::new();
+                for i in up {
+                    got.push(match labelled.get(label) {
+                        Some(id) => clients[*i].get::<Outcome>(&format!("/v1/events/{id}"))?,
+                        None => None,
+                    });
+                }
+                let want = v.status.as_deref().unwrap_or_default();
+                let reason = v.reason.as_deref().unwrap_or_default();
+                let ok = got.iter().all(|o| *o == got[0])
+                    && match &got[0] {
+                        Some(Outcome::Executed { .. }) => want == "executed",
+                        Some(Outcome::Refused { reason: r, .. }) => want == "refused" && r.contains(reason),
+                        None => false,
+                    };
+                verdict(format!("step {label} {want}"), ok, format!("{:?}", got[0]))
+            }
+            "role" => roles.remove(&line).unwrap_or_else(|| {
+                verdict(format!("role at tick {}", v.at_tick.unwrap_or_default()), false, "never reached".into())
+            }),
+            other => anyhow::bail!("line {line}: unknown expectation {other:?}"),
+        };
+        out.push(vd);
+    }
+    Ok(out)
+}
+
+/// Where `--real` keeps the nodes' data.
+pub fn default_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("metatopia-scenario-{name}"))
+}
