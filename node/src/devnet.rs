@@ -81,7 +81,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         http0.port() + args.nodes - 1
     );
     println!("admin: `metatopia admin --node {http0} --key {} status`", admin_key.display());
-    println!("web viewer: not built yet (issue 9); Ctrl-C stops the devnet");
+    println!("web viewer: http://{http0}/  (any node's http port serves it); Ctrl-C stops the devnet");
 
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();

@@ -41,6 +41,9 @@ pub struct Status {
     pub node: u32,
     pub validators: u32,
     pub tick_rate_hz: u32,
+    /// The sim's square region: origin and side, metres.
+    pub region_origin: [i64; 2],
+    pub region_size: i64,
     /// The last executed tick and the state root after it.
     pub tick: u64,
     pub root: String,
@@ -109,7 +112,7 @@ pub struct GovernanceView {
     pub settings: metatopia_sim::Settings,
 }
 
-/// An object as the API shows it (positions in metres, as decimal text).
+/// An object as the API shows it (lengths in metres, as decimal text).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ObjectView {
     pub id: String,
@@ -117,9 +120,49 @@ pub struct ObjectView {
     pub owner: String,
     pub avatar: bool,
     pub position: [String; 2],
+    /// `circle R` or `box HALF_W HALF_H`.
+    pub shape: String,
     pub color: String,
     pub text: String,
-    pub script: Option<String>,
+    /// Its script, readable by anyone (only in `GET /v1/objects/{id}`; the list says `scripted`).
+    pub script: Option<ScriptView>,
+    pub scripted: bool,
+}
+
+/// A script's source and provenance.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ScriptView {
+    pub source: String,
+    pub licence: String,
+    pub author: String,
+    pub derived_from: Option<String>,
+    pub id: String,
+}
+
+fn object_view(w: &metatopia_sim::World, o: &metatopia_sim::Object, with_source: bool) -> ObjectView {
+    let shape = match o.shape {
+        metatopia_sim::state::Shape::Circle { radius } => format!("circle {radius}"),
+        metatopia_sim::state::Shape::Box { half_width, half_height } => format!("box {half_width} {half_height}"),
+    };
+    let source = w.script_source(o.id);
+    ObjectView {
+        id: o.id.to_string(),
+        name: o.name.clone(),
+        owner: o.owner.to_string(),
+        avatar: o.kind == metatopia_sim::state::ObjectKind::Avatar,
+        position: [o.position.x.to_string(), o.position.y.to_string()],
+        shape,
+        color: format!("{:08x}", o.color),
+        text: o.text.clone(),
+        script: source.filter(|_| with_source).map(|s| ScriptView {
+            source: s.source.clone(),
+            licence: s.licence.clone(),
+            author: s.author.to_string(),
+            derived_from: s.derived_from.map(|d| d.to_string()),
+            id: s.id().to_string(),
+        }),
+        scripted: source.is_some(),
+    }
 }
 
 /// A line of chat heard in the sim.
@@ -146,6 +189,8 @@ pub enum Query {
     Account(AccountId, oneshot::Sender<Option<AccountView>>),
     Governance(oneshot::Sender<GovernanceView>),
     Object(metatopia_sim::ObjectId, oneshot::Sender<Option<ObjectView>>),
+    /// Every object (the first 10,000), without script sources.
+    Objects(oneshot::Sender<Vec<ObjectView>>),
     Root(u64, oneshot::Sender<Option<RootView>>),
     /// Chat heard since a tick (kept by the loop: the last 1,024 lines).
     Chat(u64, oneshot::Sender<Vec<ChatView>>),
@@ -174,16 +219,11 @@ pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(
         }
         Query::Object(id, tx) => {
             let w = core.sim().world();
-            let _ = tx.send(w.object(id).map(|o| ObjectView {
-                id: id.to_string(),
-                name: o.name.clone(),
-                owner: o.owner.to_string(),
-                avatar: o.kind == metatopia_sim::state::ObjectKind::Avatar,
-                position: [o.position.x.to_string(), o.position.y.to_string()],
-                color: format!("{:08x}", o.color),
-                text: o.text.clone(),
-                script: w.script_source(id).map(|s| s.source.clone()),
-            }));
+            let _ = tx.send(w.object(id).map(|o| object_view(w, o, true)));
+        }
+        Query::Objects(tx) => {
+            let w = core.sim().world();
+            let _ = tx.send(w.objects().values().take(10_000).map(|o| object_view(w, o, false)).collect());
         }
         Query::Root(tick, tx) => {
             let _ = tx.send(core.root_of(tick).map(|r| RootView { tick, root: r.to_string() }));
@@ -292,7 +332,19 @@ pub fn router(service: Service) -> Router {
         .route("/v1/events/{id}", get(outcome))
         .route("/v1/accounts/{id}", get(account))
         .route("/v1/governance", get(governance))
+        .route("/v1/objects", get(objects))
         .route("/v1/objects/{id}", get(object))
+        .route("/", get(|| async { axum::response::Html(include_str!("../web/index.html")) }))
+        .route(
+            "/viewer.js",
+            get(|| async {
+                ([(axum::http::header::CONTENT_TYPE, "text/javascript")], include_str!("../web/viewer.js"))
+            }),
+        )
+        .route(
+            "/viewer.css",
+            get(|| async { ([(axum::http::header::CONTENT_TYPE, "text/css")], include_str!("../web/viewer.css")) }),
+        )
         .route("/v1/roots/{tick}", get(root))
         .route("/v1/chat/{since}", get(chat))
         .layer(DefaultBodyLimit::max(MAX_EVENT_BYTES as usize))
@@ -389,6 +441,13 @@ async fn object(State(s): State<Service>, Path(id): Path<String>) -> Response {
     match s.ask(|tx| Query::Object(id, tx)).await {
         Ok(Some(o)) => axum::Json(o).into_response(),
         Ok(None) => err(StatusCode::NOT_FOUND, "no such object"),
+        Err(e) => e,
+    }
+}
+
+async fn objects(State(s): State<Service>) -> Response {
+    match s.ask(Query::Objects).await {
+        Ok(list) => axum::Json(list).into_response(),
         Err(e) => e,
     }
 }

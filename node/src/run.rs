@@ -275,6 +275,11 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             node: me as u32,
             validators: keys.len() as u32,
             tick_rate_hz: cfg.tick_rate_hz,
+            region_origin: [
+                core.sim().world().region().origin.x.floor_int(),
+                core.sim().world().region().origin.y.floor_int(),
+            ],
+            region_size: core.sim().world().region().size.floor_int(),
             tick: core.sim().world().tick().0,
             root: root.to_string(),
             ..Status::default()

@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: AGPL-3.0-or-later
+// The Metatopia web viewer: the node's JSON API for what is there, and signed events for what
+// you do. The key is an Ed25519 key made by the browser (WebCrypto) and kept in local storage;
+// events are encoded exactly as the Rust side does (postcard) and signed over the same
+// domain-separated bytes, so a node checks them like any client's.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  status: null, objects: [], byId: new Map(), selected: null, chatSince: 0,
+  key: null, account: null, nonce: 0, name: null, avatar: null,
+  view: { x: 32, y: 32, scale: 8 }, drag: null, velocity: [0, 0],
+};
+
+// ---- postcard encoding (varints, zigzag, length-prefixed strings) ----
+class Writer {
+  constructor() { this.bytes = []; }
+  varint(v) { let n = BigInt(v); do { let b = Number(n & 0x7fn); n >>= 7n; if (n) b |= 0x80; this.bytes.push(b); } while (n); }
+  zigzag(v) { const n = BigInt(v); this.varint(n >= 0n ? n << 1n : ((-n) << 1n) - 1n); }
+  raw(arr) { for (const b of arr) this.bytes.push(b); }
+  string(s) { const u = new TextEncoder().encode(s); this.varint(u.length); this.raw(u); }
+  out() { return new Uint8Array(this.bytes); }
+}
+
+const FX_ONE = 65536;
+const fx = (x) => Math.round(x * FX_ONE);
+const objectBits = (id) => { const [slot, gen] = id.split("v").map(BigInt); return (slot << 32n) | gen; };
+const hex = (b) => Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+const unhex = (s) => Uint8Array.from(s.match(/../g).map((h) => parseInt(h, 16)));
+
+// Payloads, in the order of `sim::event::Payload`'s variants.
+const PAYLOAD = { Login: 0, Logout: 1, Move: 2, Chat: 3, Touch: 4 };
+function encodeBody(payload) {
+  const w = new Writer();
+  w.varint(state.status.sim);
+  w.raw(unhex(state.account));
+  w.varint(state.nonce);
+  w.varint(PAYLOAD[payload.kind]);
+  switch (payload.kind) {
+    case "Login": w.string(payload.name); break;
+    case "Logout": break;
+    case "Move": w.varint(objectBits(payload.object)); w.zigzag(fx(payload.velocity[0])); w.zigzag(fx(payload.velocity[1])); break;
+    case "Chat": w.zigzag(payload.channel); w.varint(1 /* say */); w.string(payload.text); break;
+    case "Touch": w.varint(objectBits(payload.object)); break;
+  }
+  return w.out();
+}
+
+const DOMAIN = new TextEncoder().encode("metatopia/event/v1\0");
+
+async function loadKey() {
+  if (!crypto.subtle) throw new Error("this page needs a secure context (localhost or https) for WebCrypto");
+  const saved = localStorage.getItem("metatopia-key");
+  let pair;
+  if (saved) {
+    const pkcs8 = unhex(saved);
+    const priv = await crypto.subtle.importKey("pkcs8", pkcs8, { name: "Ed25519" }, true, ["sign"]);
+    const jwk = await crypto.subtle.exportKey("jwk", priv);
+    const pub = await crypto.subtle.importKey("jwk", { kty: "OKP", crv: "Ed25519", x: jwk.x }, { name: "Ed25519" }, true, ["verify"]);
+    pair = { privateKey: priv, publicKey: pub };
+  } else {
+    pair = await crypto.subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]);
+    localStorage.setItem("metatopia-key", hex(new Uint8Array(await crypto.subtle.exportKey("pkcs8", pair.privateKey))));
+  }
+  state.key = pair.privateKey;
+  state.account = hex(new Uint8Array(await crypto.subtle.exportKey("raw", pair.publicKey)));
+}
+
+async function api(path, opts) {
+  const r = await fetch(path, opts);
+  const body = r.headers.get("content-type")?.includes("json") ? await r.json() : await r.text();
+  if (!r.ok) throw new Error(body.error || body || `HTTP ${r.status}`);
+  return body;
+}
+
+// Sign and submit; resolves with the outcome once the sim executed it.
+async function act(payload) {
+  const acct = await api(`/v1/accounts/${state.account}`).catch(() => null);
+  state.nonce = Math.max(state.nonce + 1, (acct ? acct.last_nonce : 0) + 1);
+  const body = encodeBody(payload);
+  const msg = new Uint8Array(DOMAIN.length + body.length);
+  msg.set(DOMAIN); msg.set(body, DOMAIN.length);
+  const sig = new Uint8Array(await crypto.subtle.sign({ name: "Ed25519" }, state.key, msg));
+  const event = new Uint8Array(body.length + 64);
+  event.set(body); event.set(sig, body.length);
+  const { id } = await api("/v1/events", { method: "POST", body: event, headers: { "content-type": "application/octet-stream" } });
+  for (let i = 0; i < 100; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    const o = await api(`/v1/events/${id}`).catch(() => null);
+    if (o) {
+      if (o.status === "refused") notice(`${payload.kind} refused at tick ${o.tick}: ${o.reason}`);
+      return o;
+    }
+  }
+  notice(`${payload.kind} not executed yet`);
+  return null;
+}
+
+function notice(text) { $("notice").textContent = text; }
+
+// ---- polling the node ----
+async function pollStatus() {
+  const t0 = performance.now();
+  const s = await api("/v1/status");
+  const ms = performance.now() - t0;
+  state.status = s;
+  document.body.dataset.tick = s.tick;
+  $("st-sim").textContent = s.sim;
+  $("st-node").textContent = `${s.node} of ${s.validators}`;
+  $("st-tick").textContent = s.tick;
+  $("st-dilation").textContent = s.dilation.toFixed(2);
+  $("st-latency").textContent = ms.toFixed(0);
+}
+
+async function pollObjects() {
+  const list = await api("/v1/objects");
+  state.objects = list;
+  state.byId = new Map(list.map((o) => [o.id, o]));
+  const me = state.avatar && state.byId.get(state.avatar);
+  if (me && $("follow").checked) { state.view.x = +me.position[0]; state.view.y = +me.position[1]; }
+  const ul = $("objects");
+  const named = list.filter((o) => !o.name.startsWith("prim-")).concat(list.filter((o) => o.name.startsWith("prim-")).slice(0, 200));
+  ul.replaceChildren(...named.map((o) => {
+    const li = document.createElement("li");
+    li.dataset.id = o.id; li.dataset.name = o.name; li.dataset.text = o.text;
+    li.textContent = `${o.avatar ? "☺" : o.scripted ? "✎" : "□"} ${o.name}${o.text ? " — " + o.text : ""}`;
+    if (o.id === state.selected) li.className = "sel";
+    li.onclick = () => select(o.id);
+    return li;
+  }));
+  if (state.selected) {
+    const o = state.byId.get(state.selected);
+    if (o) { $("sel-text").textContent = o.text; $("sel-text").dataset.text = o.text; }
+  }
+}
+
+async function pollChat() {
+  const lines = await api(`/v1/chat/${state.chatSince}`);
+  const ul = $("chat-log");
+  const seen = new Set(Array.from(ul.children, (li) => li.dataset.key));
+  for (const l of lines) {
+    const key = `${l.tick}|${l.name}|${l.channel}|${l.text}`;
+    if (seen.has(key)) continue;
+    const li = document.createElement("li");
+    li.dataset.key = key;
+    li.textContent = `${l.channel ? `[${l.channel}] ` : ""}${l.name}: ${l.text}`;
+    ul.appendChild(li);
+    state.chatSince = Math.max(state.chatSince, l.tick);
+  }
+  while (ul.children.length > 300) ul.firstChild.remove();
+  ul.scrollTop = ul.scrollHeight;
+}
+
+async function select(id) {
+  state.selected = id;
+  const o = await api(`/v1/objects/${id}`);
+  $("selected").hidden = false;
+  $("sel-name").textContent = o.name;
+  $("sel-text").textContent = o.text;
+  $("sel-meta").textContent = `id ${o.id} · owner ${o.owner.slice(0, 16)}…`;
+  const box = $("script");
+  box.replaceChildren();
+  if (o.script) {
+    const meta = document.createElement("p");
+    meta.textContent = `licence ${o.script.licence} · author ${o.script.author.slice(0, 16)}… · ${o.script.derived_from ? "derived from " + o.script.derived_from.slice(0, 16) + "…" : "original"}`;
+    const pre = document.createElement("pre");
+    pre.textContent = o.script.source;
+    box.append(meta, pre);
+  }
+}
+
+// ---- drawing ----
+function draw() {
+  const c = $("map"), g = c.getContext("2d");
+  if (c.width !== c.clientWidth || c.height !== c.clientHeight) { c.width = c.clientWidth; c.height = c.clientHeight; }
+  const { x, y, scale } = state.view;
+  const sx = (wx) => c.width / 2 + (wx - x) * scale, sy = (wy) => c.height / 2 - (wy - y) * scale;
+  g.fillStyle = "#0d1014"; g.fillRect(0, 0, c.width, c.height);
+  const s = state.status;
+  if (s) {
+    const [ox, oy] = s.region_origin, size = s.region_size;
+    g.strokeStyle = "#1f2630"; g.lineWidth = 1;
+    for (let m = 0; m <= size; m += 8) {
+      g.beginPath(); g.moveTo(sx(ox + m), sy(oy)); g.lineTo(sx(ox + m), sy(oy + size)); g.stroke();
+      g.beginPath(); g.moveTo(sx(ox), sy(oy + m)); g.lineTo(sx(ox + size), sy(oy + m)); g.stroke();
+    }
+    g.strokeStyle = "#4a6"; g.lineWidth = 2;
+    g.strokeRect(sx(ox), sy(oy + size), size * scale, size * scale);
+    g.fillStyle = "#4a6"; g.font = "12px sans-serif";
+    g.fillText(`sim ${s.sim}`, sx(ox) + 4, sy(oy + size) + 14);
+  }
+  for (const o of state.objects) {
+    const px = sx(+o.position[0]), py = sy(+o.position[1]);
+    const [kind, a, b] = o.shape.split(" ");
+    g.fillStyle = "#" + o.color.slice(0, 6);
+    if (kind === "circle") { g.beginPath(); g.arc(px, py, Math.max(2, +a * scale), 0, 7); g.fill(); }
+    else { const w = +a * scale, h = +b * scale; g.fillRect(px - w, py - h, 2 * w, 2 * h); }
+    if (o.id === state.selected) { g.strokeStyle = "#fff"; g.strokeRect(px - 6, py - 6, 12, 12); }
+    const label = o.avatar ? o.name : o.text;
+    if (label && scale >= 4) { g.fillStyle = o.avatar ? "#fff" : "#bbc"; g.font = "11px sans-serif"; g.fillText(label, px + 6, py - 6); }
+  }
+  requestAnimationFrame(draw);
+}
+
+function worldAt(ev) {
+  const c = $("map"), r = c.getBoundingClientRect();
+  const { x, y, scale } = state.view;
+  return [x + (ev.clientX - r.left - c.width / 2) / scale, y - (ev.clientY - r.top - c.height / 2) / scale];
+}
+
+function setupInput() {
+  const c = $("map");
+  c.addEventListener("wheel", (e) => { e.preventDefault(); state.view.scale = Math.min(64, Math.max(0.5, state.view.scale * (e.deltaY < 0 ? 1.2 : 1 / 1.2))); });
+  c.addEventListener("mousedown", (e) => { state.drag = { x: e.clientX, y: e.clientY, moved: false }; });
+  c.addEventListener("mousemove", (e) => {
+    if (!state.drag) return;
+    const dx = e.clientX - state.drag.x, dy = e.clientY - state.drag.y;
+    if (Math.abs(dx) + Math.abs(dy) > 3) { state.drag.moved = true; $("follow").checked = false; }
+    state.view.x -= dx / state.view.scale; state.view.y += dy / state.view.scale;
+    state.drag.x = e.clientX; state.drag.y = e.clientY;
+  });
+  c.addEventListener("mouseup", (e) => {
+    const moved = state.drag && state.drag.moved; state.drag = null;
+    if (moved) return;
+    const [wx, wy] = worldAt(e);
+    // Click an object to select it; click the ground to walk there (3 m/s, for the distance).
+    let best = null, bd = 1.5;
+    for (const o of state.objects) { const d = Math.hypot(+o.position[0] - wx, +o.position[1] - wy); if (d < bd) { bd = d; best = o; } }
+    if (best && best.id !== state.avatar) return select(best.id);
+    const me = state.avatar && state.byId.get(state.avatar);
+    if (!me) return;
+    const dx = wx - me.position[0], dy = wy - me.position[1], d = Math.hypot(dx, dy) || 1;
+    act({ kind: "Move", object: state.avatar, velocity: [dx / d * 3, dy / d * 3] });
+    setTimeout(() => act({ kind: "Move", object: state.avatar, velocity: [0, 0] }), d / 3 * 1000);
+  });
+  const keys = { ArrowLeft: [-1, 0], ArrowRight: [1, 0], ArrowUp: [0, 1], ArrowDown: [0, -1] };
+  c.addEventListener("keydown", (e) => {
+    const k = keys[e.key]; if (!k || !state.avatar || e.repeat) return;
+    e.preventDefault(); act({ kind: "Move", object: state.avatar, velocity: [k[0] * 3, k[1] * 3] });
+  });
+  c.addEventListener("keyup", (e) => { if (keys[e.key] && state.avatar) act({ kind: "Move", object: state.avatar, velocity: [0, 0] }); });
+  $("chat-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const input = $("chat-input"); let text = input.value.trim(); let channel = 0;
+    const m = text.match(/^\/(-?\d+)\s+(.*)$/); if (m) { channel = +m[1]; text = m[2]; }
+    if (text) act({ kind: "Chat", channel, text });
+    input.value = "";
+  });
+  $("touch").addEventListener("click", () => state.selected && act({ kind: "Touch", object: state.selected }));
+}
+
+async function login() {
+  state.name = localStorage.getItem("metatopia-name") || `visitor-${state.account.slice(0, 4)}`;
+  localStorage.setItem("metatopia-name", state.name);
+  const o = await act({ kind: "Login", name: state.name });
+  const acct = await api(`/v1/accounts/${state.account}`).catch(() => null);
+  if (acct && acct.avatar) {
+    state.avatar = acct.avatar;
+    $("me").textContent = `${state.name} (${state.account.slice(0, 8)}…)`;
+    $("me").dataset.loggedIn = "true";
+  } else {
+    notice(`login: ${o ? JSON.stringify(o) : "no answer"}`);
+  }
+}
+
+async function main() {
+  setupInput();
+  requestAnimationFrame(draw);
+  const loop = (f, ms) => { const go = () => f().catch((e) => notice(String(e.message || e))).finally(() => setTimeout(go, ms)); go(); };
+  await pollStatus();
+  loop(pollStatus, 1000); loop(pollObjects, 500); loop(pollChat, 500);
+  try { await loadKey(); await login(); } catch (e) { notice(`cannot sign: ${e.message || e}`); }
+}
+
+main();
