@@ -34,7 +34,14 @@ pub struct DevnetArgs {
     /// Stop after this many ticks (default: until Ctrl-C).
     #[arg(long)]
     ticks: Option<u64>,
+    /// The world, as a scenario file (its objects, scripts, accounts and settings; faults and
+    /// steps are ignored). Default: the built-in devnet scenario (scenarios/catalogue/devnet.toml).
+    #[arg(long)]
+    scenario: Option<PathBuf>,
 }
+
+/// The built-in default world.
+const DEVNET_SCENARIO: &str = include_str!("../../scenarios/catalogue/devnet.toml");
 
 pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     anyhow::ensure!((4..=31).contains(&args.nodes), "--nodes must be 4..=31 (n = 3f + 1 with f >= 1)");
@@ -49,21 +56,49 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         let address = std::net::SocketAddr::from(([127, 0, 0, 1], args.port + i as u16));
         validators.push(ValidatorEntry { key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()), address });
     }
+    // The world: the given scenario file, or the built-in one with the example scripts, both
+    // written into the devnet's directory so the nodes read them from there.
+    let (scenario, scripts) = match &args.scenario {
+        Some(f) => {
+            let f = std::fs::canonicalize(f).with_context(|| format!("the scenario {}", f.display()))?;
+            let scripts = f.parent().unwrap_or(std::path::Path::new(".")).join("../scripts");
+            (f, scripts)
+        }
+        None => {
+            let f = args.dir.join("scenario.toml");
+            write_atomic(&f, DEVNET_SCENARIO.as_bytes())?;
+            let scripts = args.dir.join("scripts");
+            std::fs::create_dir_all(&scripts)?;
+            for (name, src) in metatopia_node::scenario::EXAMPLE_SCRIPTS {
+                write_atomic(&scripts.join(format!("{name}.rhai")), src.as_bytes())?;
+            }
+            (std::fs::canonicalize(f)?, std::fs::canonicalize(scripts)?)
+        }
+    };
+    let (spec, _) = metatopia_node::scenario::load(&scenario)?;
+    let world = WorldConfig {
+        seed: spec.seed,
+        time_scale: spec.world.time_scale,
+        scenario: Some(scenario.clone()),
+        scripts: Some(scripts),
+        ..WorldConfig::default()
+    };
     for (i, d) in dirs.iter().enumerate() {
         let cfg = NodeConfig {
             listen: validators[i].address,
             http: None,
             tick_rate_hz: args.rate,
             snapshot_every: 640,
-            world: WorldConfig::default(),
+            world: world.clone(),
             bots: BotsConfig { events_per_tick: if i == 0 { args.bots } else { 0 } },
             validators: validators.clone(),
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }
     println!(
-        "devnet: {} validators of one sim on 127.0.0.1:{}..{}, {} Hz, {} bot events per tick; data in {}",
+        "devnet: {} validators of one sim ({}) on 127.0.0.1:{}..{}, {} Hz, {} bot events per tick; data in {}",
         args.nodes,
+        scenario.display(),
         args.port,
         args.port + args.nodes - 1,
         args.rate,
@@ -71,10 +106,13 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         args.dir.display()
     );
     println!("join address: {}@{}", validators[0].key, validators[0].address);
-    // The demo world's admin key, so the devnet can be governed with `metatopia admin`.
-    let world = WorldConfig::default();
+    // The admin's key, so the devnet can be governed with `metatopia admin`.
+    let admin = match spec.accounts.iter().find(|a| a.get_ref().admin) {
+        Some(a) => metatopia_node::scenario::account_key(&a.get_ref().name),
+        None => metatopia_sim::genesis::demo_key(world.seed, 0),
+    };
     let admin_key = args.dir.join("admin.key");
-    write_key(&admin_key, &metatopia_sim::genesis::demo_key(world.seed, 0))?;
+    write_key(&admin_key, &admin)?;
     let http0 = std::net::SocketAddr::new(validators[0].address.ip(), validators[0].address.port() + 1000);
     println!(
         "node http: http://{http0} .. port {} (/healthz /readyz /metrics); `metatopia stats --node {http0}`",
