@@ -11,6 +11,8 @@
 //! | `GET /v1/objects/{id}`    | [`ObjectView`] (with its script's source, readable by anyone) |
 //! | `GET /v1/roots/{tick}`    | [`RootView`]: this node's root for a recent tick              |
 //! | `GET /v1/chat/{since}`    | [`ChatView`]s heard since a tick (the last 1,024 lines)       |
+//! | `GET /v1/ws`              | the WebSocket gateway ([`crate::gateway`]): deltas, chat, acts |
+//! | `GET /`                   | the web viewer (`node/web/`, embedded)                        |
 //!
 //! The handlers never touch the sim: they ask the node's loop through a channel ([`Query`]) and
 //! read the status it publishes after every tick, so the lockstep loop stays the only owner of
@@ -139,7 +141,8 @@ pub struct ScriptView {
     pub id: String,
 }
 
-fn object_view(w: &metatopia_sim::World, o: &metatopia_sim::Object, with_source: bool) -> ObjectView {
+/// How the API shows an object (`with_source`: include its script's source).
+pub fn object_view(w: &metatopia_sim::World, o: &metatopia_sim::Object, with_source: bool) -> ObjectView {
     let shape = match o.shape {
         metatopia_sim::state::Shape::Circle { radius } => format!("circle {radius}"),
         metatopia_sim::state::Shape::Box { half_width, half_height } => format!("box {half_width} {half_height}"),
@@ -303,6 +306,8 @@ pub struct Service {
     /// Renders `/metrics` (None: metrics are off in this process).
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     pub started: Instant,
+    /// Per-tick deltas, chat and status for the WebSocket gateway (None: no gateway).
+    pub feed: Option<tokio::sync::broadcast::Sender<crate::gateway::Feed>>,
 }
 
 /// A tick older than this makes the node not ready.
@@ -332,6 +337,7 @@ pub fn router(service: Service) -> Router {
         .route("/v1/events/{id}", get(outcome))
         .route("/v1/accounts/{id}", get(account))
         .route("/v1/governance", get(governance))
+        .route("/v1/ws", get(crate::gateway::upgrade))
         .route("/v1/objects", get(objects))
         .route("/v1/objects/{id}", get(object))
         .route("/", get(|| async { axum::response::Html(include_str!("../web/index.html")) }))
@@ -339,6 +345,12 @@ pub fn router(service: Service) -> Router {
             "/viewer.js",
             get(|| async {
                 ([(axum::http::header::CONTENT_TYPE, "text/javascript")], include_str!("../web/viewer.js"))
+            }),
+        )
+        .route(
+            "/nacl.js",
+            get(|| async {
+                ([(axum::http::header::CONTENT_TYPE, "text/javascript")], include_str!("../web/nacl-fast.min.js"))
             }),
         )
         .route(

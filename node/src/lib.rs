@@ -8,12 +8,14 @@
 //! - [`scenario`]: scenario files run on whole node cores in the deterministic cluster;
 //!   recordings, `replay verify` and `synctest`;
 //! - [`http`]: health, readiness, Prometheus metrics and the JSON API of `stats` and `admin`;
+//! - [`gateway`]: the WebSocket gateway the web viewer speaks;
 //! - [`timing`]: wall-clock timers around the script host and physics stage.
 //!
 //! The `metatopia` binary (`src/main.rs`) adds the clock, the network and the command line.
 
 pub mod config;
 pub mod core;
+pub mod gateway;
 pub mod http;
 pub mod net;
 pub mod scenario;

@@ -8,6 +8,7 @@ use anyhow::Context;
 use metatopia_consensus::{Config, Validator};
 use metatopia_node::config::{NodeConfig, ValidatorEntry};
 use metatopia_node::core::{CoreOutput, DesyncReport, NodeCore};
+use metatopia_node::gateway::Feed;
 use metatopia_node::http::{Query, Service, Status};
 use metatopia_node::net::Mesh;
 use metatopia_node::scenario::AnyPhysics;
@@ -289,8 +290,15 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let (status_tx, status_rx) = tokio::sync::watch::channel(meter.status.clone());
     let (query_tx, mut queries) = tokio::sync::mpsc::channel::<Query>(1024);
     let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let service =
-        Service { status: status_rx, queries: query_tx, metrics: Some(prometheus), started: std::time::Instant::now() };
+    let (feed, _) = tokio::sync::broadcast::channel::<Feed>(64);
+    let mut views: std::collections::BTreeMap<String, metatopia_node::http::ObjectView> = Default::default();
+    let service = Service {
+        status: status_rx,
+        queries: query_tx,
+        metrics: Some(prometheus),
+        started: std::time::Instant::now(),
+        feed: Some(feed.clone()),
+    };
     let http_addr = args.http.unwrap_or_else(|| cfg.http_addr());
     let (http_bound, http_task) = metatopia_node::http::serve(http_addr, service, async move {
         let _ = http_stopped.await;
@@ -350,12 +358,16 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                 }
                 CoreOutput::Executed { tick, root, accepted, rejected, chat: lines } => {
                     for l in lines.into_iter().filter(|l| l.to.is_none()) {
-                        chat.push_back(metatopia_node::http::ChatView {
+                        let line = metatopia_node::http::ChatView {
                             tick: tick.0,
                             name: l.name,
                             channel: l.channel,
                             text: l.text,
-                        });
+                        };
+                        if feed.receiver_count() > 0 {
+                            let _ = feed.send(Feed::Chat(line.clone()));
+                        }
+                        chat.push_back(line);
                         if chat.len() > 1024 {
                             chat.pop_front();
                         }
@@ -367,6 +379,11 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                         exec_charged = true;
                     }
                     publish(&mut meter, &core, tick.0, &root, mesh.connected() as u32);
+                    if feed.receiver_count() > 0 {
+                        let _ = feed.send(delta(core.sim().world(), tick.0, &mut views));
+                    } else {
+                        views.clear();
+                    }
                     metrics::counter!("metatopia_events_accepted_total").increment(u64::from(accepted));
                     metrics::counter!("metatopia_events_rejected_total").increment(u64::from(rejected));
                     if (tick.0 + 1).is_multiple_of(cfg.snapshot_every) {
@@ -383,6 +400,9 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                             (tick.0 + 1).saturating_sub(last_report_tick) as f64 / f64::from(cfg.tick_rate_hz) / wall;
                         (last_report, last_report_tick) = (std::time::Instant::now(), tick.0 + 1);
                         per_second(&mut meter, &times, dilation);
+                        if feed.receiver_count() > 0 {
+                            let _ = feed.send(Feed::Status(Box::new(meter.status.clone())));
+                        }
                         println!(
                             "tick {} root {} accepted {} rejected {} (total {} / {}) peers {} dilation {:.2}",
                             tick.0,
@@ -462,6 +482,28 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let how = outcome?;
     println!("stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
     Ok(())
+}
+
+/// The objects that entered, changed or left since the last delta (for the gateway).
+fn delta(
+    w: &metatopia_sim::World,
+    tick: u64,
+    views: &mut std::collections::BTreeMap<String, metatopia_node::http::ObjectView>,
+) -> Feed {
+    let (mut enter, mut update) = (Vec::new(), Vec::new());
+    let mut now = std::collections::BTreeMap::new();
+    for o in w.objects().values() {
+        let v = metatopia_node::http::object_view(w, o, false);
+        match views.get(&v.id) {
+            None => enter.push(v.clone()),
+            Some(old) if *old != v => update.push(v.clone()),
+            Some(_) => {}
+        }
+        now.insert(v.id.clone(), v);
+    }
+    let leave = views.keys().filter(|k| !now.contains_key(*k)).cloned().collect();
+    *views = now;
+    Feed::Tick { tick, enter, update, leave }
 }
 
 /// After every executed tick: the status the HTTP service shows, and the gauges.

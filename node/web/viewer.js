@@ -48,13 +48,24 @@ function encodeBody(payload) {
 
 const DOMAIN = new TextEncoder().encode("metatopia/event/v1\0");
 
+// The key: WebCrypto's Ed25519 where the browser has it; otherwise TweetNaCl (audited, public
+// domain, shipped as /nacl.js: tweetnacl 1.0.3 nacl-fast.min.js). Both sign the same bytes.
 async function loadKey() {
-  if (!crypto.subtle) throw new Error("this page needs a secure context (localhost or https) for WebCrypto");
+  try {
+    await loadWebCryptoKey();
+    state.signer = "webcrypto";
+  } catch (e) {
+    await loadNaclKey();
+    state.signer = "tweetnacl";
+  }
+}
+
+async function loadWebCryptoKey() {
+  if (!crypto.subtle) throw new Error("no WebCrypto (the page needs localhost or https)");
   const saved = localStorage.getItem("metatopia-key");
   let pair;
   if (saved) {
-    const pkcs8 = unhex(saved);
-    const priv = await crypto.subtle.importKey("pkcs8", pkcs8, { name: "Ed25519" }, true, ["sign"]);
+    const priv = await crypto.subtle.importKey("pkcs8", unhex(saved), { name: "Ed25519" }, true, ["sign"]);
     const jwk = await crypto.subtle.exportKey("jwk", priv);
     const pub = await crypto.subtle.importKey("jwk", { kty: "OKP", crv: "Ed25519", x: jwk.x }, { name: "Ed25519" }, true, ["verify"]);
     pair = { privateKey: priv, publicKey: pub };
@@ -66,56 +77,113 @@ async function loadKey() {
   state.account = hex(new Uint8Array(await crypto.subtle.exportKey("raw", pair.publicKey)));
 }
 
-async function api(path, opts) {
-  const r = await fetch(path, opts);
-  const body = r.headers.get("content-type")?.includes("json") ? await r.json() : await r.text();
-  if (!r.ok) throw new Error(body.error || body || `HTTP ${r.status}`);
-  return body;
+async function loadNaclKey() {
+  await new Promise((resolve, reject) => {
+    const s = document.createElement("script");
+    s.src = "/nacl.js"; s.onload = resolve; s.onerror = () => reject(new Error("no signing library"));
+    document.head.append(s);
+  });
+  let seed = localStorage.getItem("metatopia-seed");
+  if (!seed) { seed = hex(crypto.getRandomValues(new Uint8Array(32))); localStorage.setItem("metatopia-seed", seed); }
+  const kp = window.nacl.sign.keyPair.fromSeed(unhex(seed));
+  state.secret = kp.secretKey;
+  state.account = hex(kp.publicKey);
 }
 
-// Sign and submit; resolves with the outcome once the sim executed it.
+async function sign(msg) {
+  if (state.signer === "tweetnacl") return window.nacl.sign.detached(msg, state.secret);
+  return new Uint8Array(await crypto.subtle.sign({ name: "Ed25519" }, state.key, msg));
+}
+
+// ---- the WebSocket gateway (node/src/gateway.rs) ----
+let ws = null, refSeq = 0;
+const pending = new Map();   // submit ref -> { resolve, reject }
+const waiting = new Map();   // event id -> resolve(outcome)
+const early = new Map();     // outcomes that came before their waiter
+const replies = { object: [], account: [] };
+
+function connect() {
+  ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/ws`);
+  ws.onmessage = (e) => handle(JSON.parse(e.data));
+  ws.onclose = () => { notice("disconnected from the node; reconnecting"); setTimeout(connect, 1000); };
+  ws.onopen = () => { notice(""); if (state.account && !state.avatar) login().catch((e) => notice(String(e.message || e))); };
+}
+
+function request(kind, id) {
+  return new Promise((resolve) => { replies[kind].push(resolve); ws.send(JSON.stringify({ type: kind, id })); });
+}
+
+function handle(m) {
+  switch (m.type) {
+    case "status": applyStatus(m); break;
+    case "tick":
+      for (const o of m.enter.concat(m.update)) state.byId.set(o.id, o);
+      for (const id of m.leave) state.byId.delete(id);
+      state.objects = Array.from(state.byId.values());
+      state.dirty = true;
+      document.body.dataset.tick = m.tick; $("st-tick").textContent = m.tick;
+      break;
+    case "chat": addChat(m); break;
+    case "submitted": pending.get(m.ref)?.resolve(m.id); pending.delete(m.ref); break;
+    case "error":
+      if (m.ref != null && pending.has(m.ref)) { pending.get(m.ref).reject(new Error(m.message)); pending.delete(m.ref); }
+      else notice(m.message);
+      break;
+    case "outcome":
+      if (waiting.has(m.id)) { waiting.get(m.id)(m.outcome); waiting.delete(m.id); } else early.set(m.id, m.outcome);
+      break;
+    case "object": replies.object.shift()?.(m.object); break;
+    case "account": replies.account.shift()?.(m.account); break;
+  }
+}
+
+// Sign and submit; resolves with the outcome once the sim executed it (null if not in 15 s).
 async function act(payload) {
-  const acct = await api(`/v1/accounts/${state.account}`).catch(() => null);
+  const acct = await request("account", state.account);
   state.nonce = Math.max(state.nonce + 1, (acct ? acct.last_nonce : 0) + 1);
   const body = encodeBody(payload);
   const msg = new Uint8Array(DOMAIN.length + body.length);
   msg.set(DOMAIN); msg.set(body, DOMAIN.length);
-  const sig = new Uint8Array(await crypto.subtle.sign({ name: "Ed25519" }, state.key, msg));
+  const sig = await sign(msg);
   const event = new Uint8Array(body.length + 64);
   event.set(body); event.set(sig, body.length);
-  const { id } = await api("/v1/events", { method: "POST", body: event, headers: { "content-type": "application/octet-stream" } });
-  for (let i = 0; i < 100; i++) {
-    await new Promise((r) => setTimeout(r, 100));
-    const o = await api(`/v1/events/${id}`).catch(() => null);
-    if (o) {
-      if (o.status === "refused") notice(`${payload.kind} refused at tick ${o.tick}: ${o.reason}`);
-      return o;
-    }
-  }
-  notice(`${payload.kind} not executed yet`);
-  return null;
+  const ref = ++refSeq;
+  const id = await new Promise((resolve, reject) => {
+    pending.set(ref, { resolve, reject });
+    ws.send(JSON.stringify({ type: "submit", ref, event: hex(event) }));
+  });
+  const o = early.get(id) || await new Promise((resolve) => {
+    waiting.set(id, resolve);
+    setTimeout(() => { if (waiting.delete(id)) resolve(null); }, 15000);
+  });
+  early.delete(id);
+  if (!o) notice(`${payload.kind} not executed yet`);
+  else if (o.status === "refused") notice(`${payload.kind} refused at tick ${o.tick}: ${o.reason}`);
+  return o;
 }
 
 function notice(text) { $("notice").textContent = text; }
 
-// ---- polling the node ----
-async function pollStatus() {
-  const t0 = performance.now();
-  const s = await api("/v1/status");
-  const ms = performance.now() - t0;
+function applyStatus(s) {
   state.status = s;
   document.body.dataset.tick = s.tick;
   $("st-sim").textContent = s.sim;
   $("st-node").textContent = `${s.node} of ${s.validators}`;
   $("st-tick").textContent = s.tick;
   $("st-dilation").textContent = s.dilation.toFixed(2);
-  $("st-latency").textContent = ms.toFixed(0);
 }
 
-async function pollObjects() {
-  const list = await api("/v1/objects");
-  state.objects = list;
-  state.byId = new Map(list.map((o) => [o.id, o]));
+// The round trip to the node, for the status bar.
+async function ping() {
+  const t0 = performance.now();
+  await request("account", state.account || "0".repeat(64));
+  $("st-latency").textContent = (performance.now() - t0).toFixed(0);
+}
+
+function renderObjects() {
+  if (!state.dirty) return;
+  state.dirty = false;
+  const list = state.objects;
   const me = state.avatar && state.byId.get(state.avatar);
   if (me && $("follow").checked) { state.view.x = +me.position[0]; state.view.y = +me.position[1]; }
   const ul = $("objects");
@@ -134,26 +202,22 @@ async function pollObjects() {
   }
 }
 
-async function pollChat() {
-  const lines = await api(`/v1/chat/${state.chatSince}`);
+function addChat(l) {
   const ul = $("chat-log");
-  const seen = new Set(Array.from(ul.children, (li) => li.dataset.key));
-  for (const l of lines) {
-    const key = `${l.tick}|${l.name}|${l.channel}|${l.text}`;
-    if (seen.has(key)) continue;
-    const li = document.createElement("li");
-    li.dataset.key = key;
-    li.textContent = `${l.channel ? `[${l.channel}] ` : ""}${l.name}: ${l.text}`;
-    ul.appendChild(li);
-    state.chatSince = Math.max(state.chatSince, l.tick);
-  }
+  const key = `${l.tick}|${l.name}|${l.channel}|${l.text}`;
+  if (Array.from(ul.children).some((li) => li.dataset.key === key)) return;
+  const li = document.createElement("li");
+  li.dataset.key = key;
+  li.textContent = `${l.channel ? `[${l.channel}] ` : ""}${l.name}: ${l.text}`;
+  ul.appendChild(li);
   while (ul.children.length > 300) ul.firstChild.remove();
   ul.scrollTop = ul.scrollHeight;
 }
 
 async function select(id) {
   state.selected = id;
-  const o = await api(`/v1/objects/${id}`);
+  const o = await request("object", id);
+  if (!o) return;
   $("selected").hidden = false;
   $("sel-name").textContent = o.name;
   $("sel-text").textContent = o.text;
@@ -167,6 +231,7 @@ async function select(id) {
     pre.textContent = o.script.source;
     box.append(meta, pre);
   }
+  state.dirty = true;
 }
 
 // ---- drawing ----
@@ -253,10 +318,11 @@ async function login() {
   state.name = localStorage.getItem("metatopia-name") || `visitor-${state.account.slice(0, 4)}`;
   localStorage.setItem("metatopia-name", state.name);
   const o = await act({ kind: "Login", name: state.name });
-  const acct = await api(`/v1/accounts/${state.account}`).catch(() => null);
+  const acct = await request("account", state.account);
   if (acct && acct.avatar) {
     state.avatar = acct.avatar;
-    $("me").textContent = `${state.name} (${state.account.slice(0, 8)}…)`;
+    $("me").textContent = `${state.name} (${state.account.slice(0, 8)}…, ${state.signer})`;
+    $("me").dataset.signer = state.signer;
     $("me").dataset.loggedIn = "true";
   } else {
     notice(`login: ${o ? JSON.stringify(o) : "no answer"}`);
@@ -266,10 +332,10 @@ async function login() {
 async function main() {
   setupInput();
   requestAnimationFrame(draw);
-  const loop = (f, ms) => { const go = () => f().catch((e) => notice(String(e.message || e))).finally(() => setTimeout(go, ms)); go(); };
-  await pollStatus();
-  loop(pollStatus, 1000); loop(pollObjects, 500); loop(pollChat, 500);
-  try { await loadKey(); await login(); } catch (e) { notice(`cannot sign: ${e.message || e}`); }
+  setInterval(renderObjects, 250);
+  try { await loadKey(); } catch (e) { notice(`cannot sign: ${e.message || e}`); }
+  connect();
+  setInterval(() => { if (ws && ws.readyState === 1) ping().catch(() => {}); }, 2000);
 }
 
 main();

@@ -38,6 +38,27 @@ try {
     null, { timeout: 30000 });
   await page.screenshot({ path: shot });
   step(`screenshot ${shot}`);
+  if ((await page.getAttribute("#me", "data-signer")) !== "webcrypto") throw new Error("expected WebCrypto's Ed25519 in Chromium");
+
+  step("a browser without WebCrypto Ed25519 signs with the shipped TweetNaCl");
+  const plain = await browser.newContext();
+  await plain.addInitScript(() => {
+    const subtle = crypto.subtle;
+    for (const f of ["generateKey", "importKey"]) {
+      const orig = subtle[f].bind(subtle);
+      subtle[f] = (...a) => JSON.stringify(a).includes("Ed25519") ? Promise.reject(new Error("no Ed25519 here")) : orig(...a);
+    }
+  });
+  const old = await plain.newPage();
+  old.on("pageerror", (e) => console.log(`  [page error] ${e.message}`));
+  await old.goto(url);
+  await old.waitForSelector('#me[data-logged-in="true"]', { timeout: 30000 });
+  if ((await old.getAttribute("#me", "data-signer")) !== "tweetnacl") throw new Error("expected the TweetNaCl fallback");
+  await old.fill("#chat-input", "signed by tweetnacl");
+  await old.press("#chat-input", "Enter");
+  await old.waitForFunction(
+    () => [...document.querySelectorAll("#chat-log li")].some((li) => li.textContent.includes("echo: signed by tweetnacl")),
+    null, { timeout: 30000 });
   console.log("viewer e2e passed");
 } finally {
   await browser.close();
