@@ -55,7 +55,9 @@ pub use types::{
     Block, Certificate, CertificateError, DecodeError, Digest, Message, Micros, Parent, RootReport, Sig, SigCache,
     ValidatorIndex, View, Vote, VoteKind, event_id,
 };
-pub use validator::{Commit, Config, Evidence, Output, ProposalError, Validator, genesis_digest, seed_of};
+pub use validator::{
+    Anchor, Commit, Config, Evidence, Output, ProposalError, Validator, epoch_digest, genesis_digest, seed_of,
+};
 
 /// Re-exported so callers build keys with the same ed25519 the core verifies with.
 pub use ed25519_dalek::{SigningKey, VerifyingKey};

@@ -75,7 +75,7 @@ impl Byzantine {
     }
 
     fn me(&self) -> ValidatorIndex {
-        self.inner.index()
+        self.inner.index().expect("a Byzantine mock is in the validator set")
     }
 
     fn corrupt(&mut self) {
@@ -118,7 +118,7 @@ impl Byzantine {
                     (VoteKind::Nullify, Default::default()),
                     (VoteKind::Finalize, v.digest),
                 ] {
-                    let extra = Vote::sign(&self.key, self.me(), kind, view, digest, root);
+                    let extra = Vote::sign(&self.key, &self.inner.genesis(), self.me(), kind, view, digest, root);
                     self.emit(to, Message::Vote(extra));
                 }
             }
@@ -127,8 +127,15 @@ impl Byzantine {
                 other.time_ms += 1;
                 other.events.reverse();
                 other.events.push(format!("equivocation {}", block.view.0).into_bytes());
-                let other_vote =
-                    Vote::sign(&self.key, self.me(), VoteKind::Notarize, other.view, other.digest(), vote.root);
+                let other_vote = Vote::sign(
+                    &self.key,
+                    &self.inner.genesis(),
+                    self.me(),
+                    VoteKind::Notarize,
+                    other.view,
+                    other.digest(),
+                    vote.root,
+                );
                 for i in 0..self.n {
                     let target = ValidatorIndex(i);
                     if target == self.me() {

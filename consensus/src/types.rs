@@ -123,8 +123,11 @@ pub struct Vote {
     pub sig: Sig,
 }
 
-fn vote_message(kind: VoteKind, view: View, digest: &Digest, root: &Option<RootReport>) -> Vec<u8> {
-    let mut m = b"metatopia/consensus/vote/v1\0".to_vec();
+/// The signed bytes of a vote. `chain` (the genesis digest of the chain or epoch the vote
+/// belongs to) keeps a vote of one epoch from counting in another, where views start over.
+fn vote_message(chain: &Digest, kind: VoteKind, view: View, digest: &Digest, root: &Option<RootReport>) -> Vec<u8> {
+    let mut m = b"metatopia/consensus/vote/v2\0".to_vec();
+    m.extend_from_slice(&chain.0);
     m.extend_from_slice(&postcard::to_allocvec(&(kind, view, digest, root)).expect("encoding into a Vec cannot fail"));
     m
 }
@@ -165,24 +168,26 @@ impl SigCache {
 }
 
 impl Vote {
+    #[allow(clippy::too_many_arguments)]
     pub fn sign(
         key: &SigningKey,
+        chain: &Digest,
         signer: ValidatorIndex,
         kind: VoteKind,
         view: View,
         digest: Digest,
         root: Option<RootReport>,
     ) -> Vote {
-        let sig = Sig::from_dalek(key.sign(&vote_message(kind, view, &digest, &root)));
+        let sig = Sig::from_dalek(key.sign(&vote_message(chain, kind, view, &digest, &root)));
         Vote { kind, view, digest, signer, root, sig }
     }
 
-    /// Check the signature against the validator set.
-    pub fn verify(&self, keys: &[VerifyingKey], cache: &SigCache) -> bool {
+    /// Check the signature against the validator set of the chain (or epoch) `chain`.
+    pub fn verify(&self, chain: &Digest, keys: &[VerifyingKey], cache: &SigCache) -> bool {
         let Some(key) = keys.get(self.signer.0 as usize) else {
             return false;
         };
-        cache.verify(key, &vote_message(self.kind, self.view, &self.digest, &self.root), &self.sig)
+        cache.verify(key, &vote_message(chain, self.kind, self.view, &self.digest, &self.root), &self.sig)
     }
 }
 
@@ -208,13 +213,19 @@ pub enum CertificateError {
 
 impl Certificate {
     /// Check kind, view, digest, distinct signers, every signature, and the quorum.
-    pub fn verify(&self, keys: &[VerifyingKey], quorum: usize, cache: &SigCache) -> Result<(), CertificateError> {
+    pub fn verify(
+        &self,
+        chain: &Digest,
+        keys: &[VerifyingKey],
+        quorum: usize,
+        cache: &SigCache,
+    ) -> Result<(), CertificateError> {
         let mut signers = BTreeSet::new();
         for v in &self.votes {
             if v.kind != self.kind || v.view != self.view || v.digest != self.digest {
                 return Err(CertificateError::Mismatch);
             }
-            if !v.verify(keys, cache) {
+            if !v.verify(chain, keys, cache) {
                 return Err(CertificateError::BadSignature);
             }
             signers.insert(v.signer);

@@ -47,6 +47,11 @@ pub struct Config {
     /// execution is slow, ticks come later (time dilation) instead of execution falling ever
     /// further behind agreement. `None`: no backpressure (an application that never reports).
     pub max_exec_lag: Option<u64>,
+    /// The last tick this instance decides (an epoch's end): it never proposes or votes for a
+    /// block beyond it, and goes quiet once that block is finalized. `None`: no end.
+    pub last_tick: Option<u64>,
+    /// Start after a previous epoch's last block instead of at genesis.
+    pub anchor: Option<Anchor>,
     /// Test-only planted bug: accept 2f votes as a quorum. The Byzantine suite must catch it.
     #[cfg(feature = "mocks")]
     pub planted_bug_weak_quorum: bool,
@@ -70,6 +75,8 @@ impl Default for Config {
             chain_id: 0,
             sig_cache: Default::default(),
             max_exec_lag: None,
+            last_tick: None,
+            anchor: None,
             #[cfg(feature = "mocks")]
             planted_bug_weak_quorum: false,
         }
@@ -147,6 +154,19 @@ struct Persisted {
     finalized: Vec<Certificate>,
 }
 
+/// Where an epoch starts: the previous epoch's last block, finalized there, with a notarization
+/// of it by the previous validator set (the new epoch's first block carries it, and its hash
+/// seeds that last block's canonical order).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Anchor {
+    pub epoch: u64,
+    pub block: Block,
+    pub notarization: Certificate,
+    pub prev_keys: Vec<[u8; 32]>,
+    /// The previous epoch's chain digest (its votes are signed under it).
+    pub prev_chain: Digest,
+}
+
 /// Why a proposal was not voted for.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum ProposalError {
@@ -164,6 +184,8 @@ pub enum ProposalError {
     BadTime { got: u64, parent: u64, now: u64 },
     #[error("batch over its limits or with duplicate events")]
     BadBatch,
+    #[error("tick {0} is beyond this epoch's last tick")]
+    BeyondEpoch(u64),
 }
 
 /// A validator.
@@ -171,7 +193,8 @@ pub enum ProposalError {
 pub struct Validator {
     cfg: Config,
     key: SigningKey,
-    me: ValidatorIndex,
+    /// This validator's index; `None`: an observer (follows and commits, never votes).
+    me: Option<ValidatorIndex>,
     keys: Vec<VerifyingKey>,
     quorum: usize,
     genesis: Digest,
@@ -214,13 +237,11 @@ impl Stored {
 
 impl Validator {
     /// A validator at genesis. `keys` is the validator set, `me` this validator's index in it.
+    /// A key that is not in the set makes an observer: it follows the chain and outputs its
+    /// commits, and never votes or proposes.
     pub fn new(cfg: Config, key: SigningKey, keys: Vec<VerifyingKey>, now: Micros) -> Validator {
         assert!(keys.len() >= 4, "BFT needs n = 3f+1 >= 4 validators, got {}", keys.len());
-        let me = keys
-            .iter()
-            .position(|k| *k == key.verifying_key())
-            .map(|i| ValidatorIndex(i as u16))
-            .expect("the key is in the validator set");
+        let me = keys.iter().position(|k| *k == key.verifying_key()).map(|i| ValidatorIndex(i as u16));
         let f = (keys.len() - 1) / 3;
         #[allow(unused_mut)]
         let mut quorum = 2 * f + 1;
@@ -228,7 +249,17 @@ impl Validator {
         if cfg.planted_bug_weak_quorum {
             quorum = 2 * f;
         }
-        let genesis = genesis_digest(cfg.chain_id, &keys);
+        let genesis = match &cfg.anchor {
+            None => genesis_digest(cfg.chain_id, &keys),
+            Some(a) => epoch_digest(cfg.chain_id, a.epoch, &keys, &a.block.digest()),
+        };
+        let mut blocks = BTreeMap::new();
+        let mut output_tick = None;
+        if let Some(a) = &cfg.anchor {
+            // The anchor is output by this epoch (its seed is in this epoch's first block).
+            blocks.insert(a.block.digest(), Stored::new(a.block.clone()));
+            output_tick = a.block.tick.checked_sub(1);
+        }
         Validator {
             cfg,
             key,
@@ -239,12 +270,12 @@ impl Validator {
             view: View(1),
             view_started: now,
             views: BTreeMap::new(),
-            blocks: BTreeMap::new(),
+            blocks,
             notarized: BTreeMap::new(),
             nullified: BTreeMap::new(),
             finalized: BTreeMap::new(),
             tip: (View(0), genesis),
-            output_tick: None,
+            output_tick,
             buffered: BTreeMap::new(),
             fetching: BTreeMap::new(),
             pool: Pool::default(),
@@ -269,7 +300,7 @@ impl Validator {
         let mut v = Validator::new(cfg, key, keys, now);
         v.view = p.view;
         for (view, (n, x, f)) in p.votes {
-            let lead = v.leader(view) == v.me;
+            let lead = Some(v.leader(view)) == v.me;
             let s = v.views.entry(view).or_default();
             s.my_notarize = n;
             s.my_nullify = x;
@@ -318,8 +349,41 @@ impl Validator {
         self.blocks.values().filter(|s| after.is_none_or(|t| s.block.tick >= t)).map(|s| (*s.block).clone()).collect()
     }
 
-    pub fn index(&self) -> ValidatorIndex {
+    /// This validator's index in the set; `None` for an observer.
+    pub fn index(&self) -> Option<ValidatorIndex> {
         self.me
+    }
+
+    /// The block an epoch ends with, once finalized here (with a notarization of it): what the
+    /// next epoch is anchored on.
+    pub fn final_block(&self) -> Option<(Block, Certificate)> {
+        let last = self.cfg.last_tick?;
+        let (view, digest) = self.tip;
+        let s = self.blocks.get(&digest)?;
+        if s.block.tick != last {
+            return None;
+        }
+        let n = self.notarized.get(&view).filter(|c| c.digest == digest)?;
+        Some(((*s.block).clone(), n.clone()))
+    }
+
+    /// Whether this epoch's last block is finalized: nothing more to decide here.
+    pub fn finished(&self) -> bool {
+        self.cfg.last_tick.is_some_and(|last| self.blocks.get(&self.tip.1).is_some_and(|s| s.block.tick >= last))
+    }
+
+    /// Take the client events still waiting in the pool (an epoch hands them to the next).
+    pub fn drain_pool(&mut self) -> Vec<Vec<u8>> {
+        self.pool.take(usize::MAX, usize::MAX, &BTreeSet::new())
+    }
+
+    /// Where this epoch started, if not at genesis.
+    pub fn anchor(&self) -> Option<&Anchor> {
+        self.cfg.anchor.as_ref()
+    }
+
+    fn root_parent(&self) -> Digest {
+        self.cfg.anchor.as_ref().map_or(self.genesis, |a| a.block.digest())
     }
     pub fn view(&self) -> View {
         self.view
@@ -360,6 +424,15 @@ impl Validator {
     /// When to call [`Validator::handle_timeout`] next.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Micros> {
+        let fetch = self.fetching.values().min().map(|at| at + self.cfg.retry_us);
+        if self.finished() {
+            return fetch;
+        }
+        if self.me.is_none() {
+            // An observer re-asks for what it misses and passes on what it has, now and then.
+            let retry = self.last_retry + self.cfg.retry_us;
+            return Some(fetch.map_or(retry, |f| f.min(retry)));
+        }
         let s = self.views.get(&self.view);
         let timed_out = s.is_some_and(|s| s.my_nullify.is_some());
         let mut t = if timed_out {
@@ -417,15 +490,22 @@ impl Validator {
     pub fn handle_timeout(&mut self, now: Micros) {
         self.try_propose(now);
         let view = self.view;
+        let finished = self.finished();
         let s = self.views.entry(view).or_default();
         let deadline = if s.proposal.is_some() { self.cfg.notarize_timeout_us } else { self.cfg.leader_timeout_us };
-        if s.my_nullify.is_none() && now >= self.view_started + deadline {
-            let vote = Vote::sign(&self.key, self.me, VoteKind::Nullify, view, Digest::default(), self.root);
+        if let (Some(me), false) = (self.me, finished)
+            && s.my_nullify.is_none()
+            && now >= self.view_started + deadline
+        {
+            let vote = Vote::sign(&self.key, &self.genesis, me, VoteKind::Nullify, view, Digest::default(), self.root);
             s.my_nullify = Some(vote.clone());
             self.last_retry = now;
             self.out.push_back(Output::Broadcast(Message::Vote(vote.clone())));
             self.on_vote(now, vote);
-        } else if s.my_nullify.is_some() && now >= self.last_retry + self.cfg.retry_us {
+        } else if (s.my_nullify.is_some() || self.me.is_none())
+            && !finished
+            && now >= self.last_retry + self.cfg.retry_us
+        {
             self.last_retry = now;
             self.resend(view);
         }
@@ -462,7 +542,7 @@ impl Validator {
                 self.on_proposal(now, from, block, vote, nullifications)
             }
             Message::Vote(v) => {
-                if v.verify(&self.keys, &self.cfg.sig_cache) {
+                if v.verify(&self.genesis, &self.keys, &self.cfg.sig_cache) {
                     self.on_vote(now, v);
                 }
             }
@@ -495,7 +575,7 @@ impl Validator {
         while w > 0 {
             w -= 1;
             if w == 0 {
-                return Some(Parent { view: View(0), digest: self.genesis });
+                return Some(Parent { view: View(0), digest: self.root_parent() });
             }
             if let Some(c) = self.notarized.get(&View(w)) {
                 return Some(Parent { view: View(w), digest: c.digest });
@@ -504,25 +584,31 @@ impl Validator {
                 return None;
             }
         }
-        Some(Parent { view: View(0), digest: self.genesis })
+        Some(Parent { view: View(0), digest: self.root_parent() })
     }
 
     fn parent_time_tick(&self, parent: &Parent) -> Option<(u64, u64)> {
         if parent.view == View(0) {
-            return Some((self.cfg.genesis_time_ms, 0));
+            return Some(match &self.cfg.anchor {
+                Some(a) => (a.block.time_ms, a.block.tick + 1),
+                None => (self.cfg.genesis_time_ms, 0),
+            });
         }
         self.blocks.get(&parent.digest).map(|s| (s.block.time_ms, s.block.tick + 1))
     }
 
     /// When this validator, as leader of the current view, may propose.
     fn propose_at(&self) -> Option<Micros> {
-        if self.leader(self.view) != self.me
+        if Some(self.leader(self.view)) != self.me
             || self.views.get(&self.view).is_some_and(|s| s.proposed || s.my_nullify.is_some())
         {
             return None;
         }
         let parent = self.parent_for(self.view)?;
         let (time_ms, tick) = self.parent_time_tick(&parent)?;
+        if self.cfg.last_tick.is_some_and(|last| tick > last) {
+            return None; // the epoch is over
+        }
         if let Some(lag) = self.cfg.max_exec_lag {
             let executed = self.root.map_or(0, |r| r.tick + 1);
             if tick > executed + lag {
@@ -542,19 +628,24 @@ impl Validator {
         let (parent_time, tick) = self.parent_time_tick(&parent).expect("propose_at checked");
         let exclude = self.uncommitted_event_ids(&parent);
         let events = self.pool.take(self.cfg.max_batch_events, self.cfg.max_batch_bytes, &exclude);
+        let Some(me) = self.me else { return };
         let block = Block {
             view,
-            leader: self.me,
+            leader: me,
             parent,
             tick,
             time_ms: (now / 1_000).max(parent_time + 1),
             events,
-            parent_certificate: self.notarized.get(&parent.view).filter(|_| parent.view > View(0)).cloned(),
+            parent_certificate: if parent.view > View(0) {
+                self.notarized.get(&parent.view).cloned()
+            } else {
+                self.cfg.anchor.as_ref().map(|a| a.notarization.clone())
+            },
         };
         let digest = block.digest();
         let nullifications: Vec<Certificate> =
             self.nullified.range(parent.view.next()..view).map(|(_, c)| c.clone()).collect();
-        let vote = Vote::sign(&self.key, self.me, VoteKind::Notarize, view, digest, self.root);
+        let vote = Vote::sign(&self.key, &self.genesis, me, VoteKind::Notarize, view, digest, self.root);
         let s = self.views.entry(view).or_default();
         s.proposed = true;
         s.proposal = Some(digest);
@@ -589,7 +680,7 @@ impl Validator {
             || vote.view != view
             || vote.digest != digest
             || vote.signer != block.leader
-            || !vote.verify(&self.keys, &self.cfg.sig_cache)
+            || !vote.verify(&self.genesis, &self.keys, &self.cfg.sig_cache)
         {
             return;
         }
@@ -619,8 +710,12 @@ impl Validator {
             _ => s.proposal = Some(digest),
         }
         // R2: notarize the first valid proposal of the current view, unless it timed out.
-        if view == self.view && s.my_notarize.is_none() && s.my_nullify.is_none() {
-            let mine = Vote::sign(&self.key, self.me, VoteKind::Notarize, view, digest, self.root);
+        if let Some(me) = self.me
+            && view == self.view
+            && s.my_notarize.is_none()
+            && s.my_nullify.is_none()
+        {
+            let mine = Vote::sign(&self.key, &self.genesis, me, VoteKind::Notarize, view, digest, self.root);
             s.my_notarize = Some(mine.clone());
             self.out.push_back(Output::Broadcast(Message::Vote(mine.clone())));
             self.on_vote(now, mine);
@@ -640,8 +735,30 @@ impl Validator {
         if p.view >= b.view {
             return Err(ProposalError::BadParent);
         }
+        if let Some(last) = self.cfg.last_tick
+            && b.tick > last
+        {
+            return Err(ProposalError::BeyondEpoch(b.tick));
+        }
         if p.view == View(0) {
-            if p.digest != self.genesis || b.parent_certificate.is_some() {
+            if p.digest != self.root_parent() {
+                return Err(ProposalError::BadParent);
+            }
+            let ok = match (&self.cfg.anchor, &b.parent_certificate) {
+                (None, None) => true,
+                // An epoch's first block carries a notarization of the anchor by the previous set.
+                (Some(a), Some(c)) => {
+                    let prev: Vec<VerifyingKey> =
+                        a.prev_keys.iter().filter_map(|k| VerifyingKey::from_bytes(k).ok()).collect();
+                    let quorum = 2 * (prev.len().saturating_sub(1) / 3) + 1;
+                    c.kind == VoteKind::Notarize
+                        && c.digest == p.digest
+                        && prev.len() == a.prev_keys.len()
+                        && c.verify(&a.prev_chain, &prev, quorum, &self.cfg.sig_cache).is_ok()
+                }
+                _ => false,
+            };
+            if !ok {
                 return Err(ProposalError::BadParent);
             }
         } else {
@@ -650,7 +767,7 @@ impl Validator {
                     c.kind == VoteKind::Notarize
                         && c.view == p.view
                         && c.digest == p.digest
-                        && c.verify(&self.keys, self.quorum, &self.cfg.sig_cache).is_ok()
+                        && c.verify(&self.genesis, &self.keys, self.quorum, &self.cfg.sig_cache).is_ok()
                 }
                 None => false,
             };
@@ -761,13 +878,13 @@ impl Validator {
                     .get(&v.view)
                     .and_then(|s| s.first.get(&(v.kind, v.signer)))
                     .is_some_and(|first| first.digest != v.digest);
-                if differs && v.verify(&self.keys, &self.cfg.sig_cache) {
+                if differs && v.verify(&self.genesis, &self.keys, &self.cfg.sig_cache) {
                     let _ = self.conflicts(v);
                 }
             }
             return;
         }
-        if c.verify(&self.keys, self.quorum, &self.cfg.sig_cache).is_err() {
+        if c.verify(&self.genesis, &self.keys, self.quorum, &self.cfg.sig_cache).is_err() {
             return;
         }
         for v in &c.votes {
@@ -793,8 +910,11 @@ impl Validator {
                 let s = self.views.entry(view).or_default();
                 // (Safe for any view: finalize and nullify quorums would meet in an honest
                 // validator that did both, which never happens.)
-                if s.my_nullify.is_none() && s.my_finalize.is_none() {
-                    let fin = Vote::sign(&self.key, self.me, VoteKind::Finalize, view, c.digest, self.root);
+                if let Some(me) = self.me
+                    && s.my_nullify.is_none()
+                    && s.my_finalize.is_none()
+                {
+                    let fin = Vote::sign(&self.key, &self.genesis, me, VoteKind::Finalize, view, c.digest, self.root);
                     s.my_finalize = Some(fin.clone());
                     self.out.push_back(Output::Broadcast(Message::Vote(fin.clone())));
                     self.on_vote(now, fin);
@@ -845,7 +965,11 @@ impl Validator {
     // ---- fetching and committing ----
 
     fn fetch(&mut self, now: Micros, d: Digest) {
-        if d == self.genesis || self.blocks.contains_key(&d) || self.fetching.contains_key(&d) {
+        if d == self.genesis
+            || d == self.root_parent()
+            || self.blocks.contains_key(&d)
+            || self.fetching.contains_key(&d)
+        {
             return;
         }
         self.fetching.insert(d, now);
@@ -860,7 +984,10 @@ impl Validator {
         if let Some(c) = notarization {
             self.on_certificate(now, c);
         }
-        if block.parent.view != View(0) && !self.blocks.contains_key(&block.parent.digest) {
+        if block.parent.view != View(0)
+            && block.digest() != self.root_parent()
+            && !self.blocks.contains_key(&block.parent.digest)
+        {
             self.fetch(now, block.parent.digest);
         }
         self.blocks.insert(d, Stored::new(block));
@@ -895,7 +1022,8 @@ impl Validator {
                 break;
             }
             chain.push((d, s.clone()));
-            if s.block.parent.view == View(0) {
+            let anchored = self.cfg.anchor.is_some();
+            if (anchored && d == self.root_parent()) || (!anchored && s.block.parent.view == View(0)) {
                 break;
             }
             d = s.block.parent.digest;
@@ -937,6 +1065,18 @@ pub fn seed_of(digest: &Digest, certificate: &Certificate) -> Digest {
     let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/seed/v1_____");
     h.update(&digest.0);
     h.update(&certificate.hash().0);
+    Digest(*h.finalize().as_bytes())
+}
+
+/// The digest standing for the start of an epoch: its chain, number, validator set and anchor.
+pub fn epoch_digest(chain_id: u64, epoch: u64, keys: &[VerifyingKey], anchor: &Digest) -> Digest {
+    let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/epoch/v1____");
+    h.update(&chain_id.to_le_bytes());
+    h.update(&epoch.to_le_bytes());
+    h.update(&anchor.0);
+    for k in keys {
+        h.update(k.as_bytes());
+    }
     Digest(*h.finalize().as_bytes())
 }
 

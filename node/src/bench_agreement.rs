@@ -174,7 +174,7 @@ async fn validator_loop(
     shared: Arc<Shared>,
     until_tick: u64,
 ) {
-    let me = v.index().0;
+    let me = v.index().expect("every bench node is a validator").0;
     let micros = |s: &Shared| s.start.elapsed().as_micros() as u64;
     loop {
         let deadline = v.poll_timeout().unwrap_or(u64::MAX);

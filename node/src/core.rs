@@ -60,6 +60,18 @@ pub trait Agreement {
     fn peer_roots(&self, _tick: u64) -> Vec<(ValidatorIndex, Digest)> {
         Vec::new()
     }
+    /// A message of validator epoch `epoch` (a single-epoch agreement only knows epoch 0).
+    fn handle_epoch_message(&mut self, now: Micros, from: ValidatorIndex, epoch: u64, msg: Message) {
+        if epoch == 0 {
+            self.handle_message(now, from, msg);
+        }
+    }
+    /// The next output with the epoch it belongs to.
+    fn poll_epoch_output(&mut self) -> Option<(u64, Output)> {
+        self.poll_output().map(|o| (0, o))
+    }
+    /// The sim executed `tick` and is now `world` (epochs follow its validator set).
+    fn on_executed(&mut self, _now: Micros, _tick: u64, _world: &metatopia_sim::World) {}
 }
 
 impl Agreement for Validator {
@@ -212,6 +224,8 @@ pub struct NodeCore<A, H, P> {
     time_scale: u64,
     time_anchor_ms: u64,
     resync: Option<Resync>,
+    /// The time of the input being handled (for agreement work triggered by execution).
+    now: Micros,
     /// Root reports for ticks below this are history (before a resync): not judged again.
     judge_from: u64,
     served: BTreeMap<ValidatorIndex, Micros>,
@@ -244,6 +258,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             time_scale: 1,
             time_anchor_ms: 0,
             resync: None,
+            now: 0,
             judge_from: 0,
             served: BTreeMap::new(),
         }
@@ -292,7 +307,10 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
 
     pub fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: NodeMsg) {
         match msg {
-            NodeMsg::Consensus(m) => self.agreement.handle_message(now, from, m),
+            NodeMsg::Consensus { epoch, msg } => {
+                self.now = now;
+                self.agreement.handle_epoch_message(now, from, epoch, msg)
+            }
             NodeMsg::SnapshotRequest => self.serve_snapshot(now, from),
             NodeMsg::Snapshot { tick, bytes } => {
                 if let Some(r) = self.resync.as_mut()
@@ -308,6 +326,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     }
 
     pub fn handle_timeout(&mut self, now: Micros) {
+        self.now = now;
         self.agreement.handle_timeout(now);
         if let Some(r) = self.resync.as_mut()
             && now >= r.next_request
@@ -391,6 +410,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// Signed events from clients. Events that do not decode, are for another sim or do not
     /// verify are refused here (counted), before they cost the validators anything.
     pub fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) -> usize {
+        self.now = now;
         let good: Vec<Vec<u8>> = events.into_iter().filter(|bytes| self.check_submission(bytes).is_ok()).collect();
         let n = good.len();
         if n > 0 {
@@ -428,10 +448,14 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     fn pump(&mut self, now: Micros) {
         loop {
             let mut executed = false;
-            while let Some(o) = self.agreement.poll_output() {
+            while let Some((epoch, o)) = self.agreement.poll_epoch_output() {
                 match o {
-                    Output::Broadcast(m) => self.out.push_back(CoreOutput::Broadcast(NodeMsg::Consensus(m))),
-                    Output::Send(to, m) => self.out.push_back(CoreOutput::Send(to, NodeMsg::Consensus(m))),
+                    Output::Broadcast(msg) => {
+                        self.out.push_back(CoreOutput::Broadcast(NodeMsg::Consensus { epoch, msg }))
+                    }
+                    Output::Send(to, msg) => {
+                        self.out.push_back(CoreOutput::Send(to, NodeMsg::Consensus { epoch, msg }))
+                    }
                     Output::Committed(c) => {
                         self.execute(&c);
                         executed = true;
@@ -528,6 +552,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     self.last_inputs.pop_front();
                 }
                 self.agreement.report_root(tick.0, Digest(report.root.0));
+                self.agreement.on_executed(self.now, tick.0, self.sim.world());
                 if !live {
                     return;
                 }

@@ -9,12 +9,14 @@
 //!   recordings, `replay verify` and `synctest`;
 //! - [`http`]: health, readiness, Prometheus metrics and the JSON API of `stats` and `admin`;
 //! - [`gateway`]: the WebSocket gateway the web viewer speaks;
+//! - [`epochs`]: the agreement whose validator set follows governance, epoch by epoch;
 //! - [`timing`]: wall-clock timers around the script host and physics stage.
 //!
 //! The `metatopia` binary (`src/main.rs`) adds the clock, the network and the command line.
 
 pub mod config;
 pub mod core;
+pub mod epochs;
 pub mod gateway;
 pub mod http;
 pub mod net;

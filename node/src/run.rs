@@ -446,7 +446,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         // never vote differently); commits move the restart point. Nothing else needs a write.
         let votes = sends.iter().any(|o| {
             matches!(o, CoreOutput::Broadcast(m) | CoreOutput::Send(_, m)
-                if matches!(m, NodeMsg::Consensus(metatopia_consensus::Message::Vote(_) | metatopia_consensus::Message::Propose { .. })))
+                if matches!(m, NodeMsg::Consensus { msg: metatopia_consensus::Message::Vote(_) | metatopia_consensus::Message::Propose { .. }, .. }))
         });
         if votes || committed {
             let state = core.agreement().persist();

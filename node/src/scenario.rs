@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use metatopia_consensus::mocks::{Behaviour, Byzantine};
-use metatopia_consensus::{Config, Digest, Message, Micros, Output, SigCache, SigningKey, Validator, ValidatorIndex};
+use metatopia_consensus::{Config, Digest, Message, Micros, Output, SigCache, SigningKey, ValidatorIndex};
 use metatopia_physics::RegionStage;
 use metatopia_scenarios::spec::{Action, Scenario};
 use metatopia_scenarios::{Cluster, Fault, NetConfig, NetStats, NodeId, Partition, Time};
@@ -33,6 +33,7 @@ use metatopia_sim::{
 use serde::{Deserialize, Serialize};
 
 use crate::core::{Agreement, CoreOutput, NodeCore, Outcome};
+use crate::epochs::Epochs;
 use crate::simnet::{Actor, CoreProcess, Saved};
 use crate::store::LogRecord;
 
@@ -276,9 +277,12 @@ pub fn run(
         spec.bots.events_per_tick == 0 || w.random_players > 0,
         "bots need players: set world.random_players"
     );
-    let keys: Vec<SigningKey> = (0..n).map(validator_key).collect();
+    // Every node's key (validators first, then observers); the genesis set is the validators'.
+    let total = n + spec.validators.observers;
+    let keys: Vec<SigningKey> = (0..total).map(validator_key).collect();
     let public: Vec<_> = keys.iter().map(|k| k.verifying_key()).collect();
-    let accounts: Vec<AccountId> = keys.iter().map(account_of).collect();
+    let genesis_set: Vec<_> = public[..usize::from(n)].to_vec();
+    let accounts: Vec<AccountId> = keys[..usize::from(n)].iter().map(account_of).collect();
     let g = genesis(spec, seed, opts, &accounts)?;
     let faults: Vec<_> = spec.faults.iter().map(|f| f.get_ref().clone()).collect();
     let fault_of = |kind: &str| -> BTreeMap<u16, metatopia_scenarios::spec::FaultSpec> {
@@ -296,9 +300,10 @@ pub fn run(
         max_exec_lag: Some(4),
         ..Config::default()
     };
-    // Cluster nodes: the validators, then a twin per `twin` fault.
-    let mut nodes_of: BTreeMap<u16, Vec<NodeId>> = (0..n).map(|i| (i, vec![u32::from(i)])).collect();
-    let mut key_of_node: Vec<u16> = (0..n).collect();
+    let epoch_ticks = g.world.settings().epoch_ticks;
+    // Cluster nodes: the validators, the observers, then a twin per `twin` fault.
+    let mut nodes_of: BTreeMap<u16, Vec<NodeId>> = (0..total).map(|i| (i, vec![u32::from(i)])).collect();
+    let mut key_of_node: Vec<u16> = (0..total).collect();
     for t in twins.keys() {
         let id = key_of_node.len() as NodeId;
         nodes_of.entry(*t).or_default().push(id);
@@ -327,11 +332,18 @@ pub fn run(
                 };
                 let c = Config { max_exec_lag: None, ..cfg.clone() };
                 Actor::Byz(
-                    Box::new(Byzantine::new(c, keys[k as usize].clone(), public.clone(), 0, behaviour)),
+                    Box::new(Byzantine::new(c, keys[k as usize].clone(), genesis_set.clone(), 0, behaviour)),
                     n as usize,
                 )
             }
-            None => Actor::Honest(Box::new(Validator::new(cfg.clone(), keys[k as usize].clone(), public.clone(), 0))),
+            None => Actor::Epochs(Box::new(Epochs::new(
+                cfg.clone(),
+                keys[k as usize].clone(),
+                public.clone(),
+                genesis_set.clone(),
+                epoch_ticks,
+                0,
+            ))),
         };
         let world = if diverging.contains_key(&k) { other_world()? } else { g.world.clone() };
         procs.push(make(node, world, actor)?);
@@ -348,17 +360,21 @@ pub fn run(
         let (cfg, keys, public, genesis_world) = (cfg.clone(), keys.clone(), public.clone(), g.world.clone());
         let (physics, scale, nodes_of) = (w.physics.clone(), w.time_scale, nodes_of.clone());
         let key_of_node = key_of_node.clone();
+        let genesis_n = usize::from(n);
         c.set_restarter(Box::new(move |id, now, saved| {
             let k = key_of_node[id as usize] as usize;
             let saved: Saved = saved.and_then(|b| postcard::from_bytes(&b).ok()).unwrap_or_default();
-            let v = match &saved.consensus {
-                Some(b) => Validator::restore(cfg.clone(), keys[k].clone(), public.clone(), now, b)
-                    .unwrap_or_else(|_| Validator::new(cfg.clone(), keys[k].clone(), public.clone(), now)),
-                None => Validator::new(cfg.clone(), keys[k].clone(), public.clone(), now),
+            let fresh = || {
+                let set = public[..genesis_n].to_vec();
+                Epochs::new(cfg.clone(), keys[k].clone(), public.clone(), set, epoch_ticks, now)
+            };
+            let e = match &saved.consensus {
+                Some(b) => Epochs::restore(cfg.clone(), keys[k].clone(), public.clone(), now, b).unwrap_or_else(fresh),
+                None => fresh(),
             };
             let sim = Sim::new(genesis_world.clone(), RhaiHost::default(), AnyPhysics::of(&physics), 1)
                 .expect("the genesis world loaded before");
-            let mut core = NodeCore::new(Actor::Honest(Box::new(v)), sim, 1).with_time_scale(scale, 0);
+            let mut core = NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1).with_time_scale(scale, 0);
             let mut log = Vec::new();
             for rec in &saved.log {
                 if core.replay(rec).is_err() {
@@ -391,7 +407,7 @@ pub fn run(
             _ => {}
         }
     }
-    let honest: Vec<NodeId> = (0..n)
+    let honest: Vec<NodeId> = (0..total)
         .filter(|k| !byzantine.contains_key(k) && !twins.contains_key(k) && !diverging.contains_key(k))
         .map(NodeId::from)
         .collect();
@@ -643,6 +659,21 @@ fn judge(
                     })
                 });
                 verdict(format!("node {node} noticed it diverged"), at.is_some(), format!("at tick {at:?}"))
+            }
+            "validator" | "observer" => {
+                let node = NodeId::from(v.node.unwrap_or_default());
+                let votes = c.node(node).and_then(|p| match p.core.agreement() {
+                    Actor::Epochs(e) => Some((e.index().is_some(), e.epoch())),
+                    _ => None,
+                });
+                let want = v.kind == "validator";
+                let (ok, detail) = match votes {
+                    Some((is, epoch)) => {
+                        (is == want, format!("{} in epoch {epoch}", if is { "votes" } else { "follows" }))
+                    }
+                    None => (false, "down or not an honest node".to_owned()),
+                };
+                verdict(format!("node {node} {}", if want { "votes" } else { "only follows" }), ok, detail)
             }
             "resynced" => {
                 let node = NodeId::from(v.node.unwrap_or_default());

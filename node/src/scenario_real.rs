@@ -77,6 +77,7 @@ fn check_supported(spec: &Scenario, text: &str) -> anyhow::Result<()> {
             Scenario::line_of(text, f.span())
         );
     }
+    anyhow::ensure!(spec.validators.observers == 0, "observers are simulation-only for now; --real runs validators");
     let n = &spec.network;
     anyhow::ensure!(
         n.loss_percent == 0.0 && n.duplicate_percent == 0.0,

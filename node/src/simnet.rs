@@ -18,6 +18,8 @@ use crate::wire::NodeMsg;
 #[derive(Debug)]
 pub enum Actor {
     Honest(Box<Validator>),
+    /// Honest, with the validator set following governance epoch by epoch.
+    Epochs(Box<crate::epochs::Epochs>),
     /// A mock and the size of the validator set.
     Byz(Box<Byzantine>, usize),
 }
@@ -26,60 +28,89 @@ impl Agreement for Actor {
     fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
         match self {
             Actor::Honest(v) => v.handle_message(now, from, msg),
+            Actor::Epochs(e) => e.handle_message(now, from, msg),
             Actor::Byz(b, _) => b.handle_message(now, from, msg),
         }
     }
     fn handle_timeout(&mut self, now: Micros) {
         match self {
             Actor::Honest(v) => v.handle_timeout(now),
+            Actor::Epochs(e) => e.handle_timeout(now),
             Actor::Byz(b, _) => b.handle_timeout(now),
         }
     }
     fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) {
         match self {
             Actor::Honest(v) => v.submit_events(now, events),
+            Actor::Epochs(e) => e.submit_events(now, events),
             Actor::Byz(b, _) => events.into_iter().for_each(|e| b.submit_event(now, e)),
         }
     }
     fn poll_output(&mut self) -> Option<Output> {
         match self {
             Actor::Honest(v) => v.poll_output(),
+            Actor::Epochs(e) => e.poll_output(),
             Actor::Byz(b, _) => b.poll_output(),
         }
     }
     fn poll_timeout(&self) -> Option<Micros> {
         match self {
             Actor::Honest(v) => v.poll_timeout(),
+            Actor::Epochs(e) => e.poll_timeout(),
             Actor::Byz(b, _) => b.poll_timeout(),
         }
     }
     fn report_root(&mut self, tick: u64, root: Digest) {
-        if let Actor::Honest(v) = self {
-            v.report_root(tick, root);
+        match self {
+            Actor::Honest(v) => v.report_root(tick, root),
+            Actor::Epochs(e) => e.report_root(tick, root),
+            Actor::Byz(..) => {}
         }
     }
     fn validators(&self) -> usize {
         match self {
             Actor::Honest(v) => v.keys().len(),
+            Actor::Epochs(e) => e.validators(),
             Actor::Byz(_, n) => *n,
         }
     }
     fn persist(&self) -> Option<Vec<u8>> {
         match self {
             Actor::Honest(v) => Some(v.persist()),
+            Actor::Epochs(e) => e.persist(),
             Actor::Byz(..) => None,
         }
     }
     fn pool_len(&self) -> usize {
         match self {
             Actor::Honest(v) => v.pool_len(),
+            Actor::Epochs(e) => e.pool_len(),
             Actor::Byz(..) => 0,
         }
     }
     fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
         match self {
             Actor::Honest(v) => Agreement::peer_roots(v.as_ref(), tick),
+            Actor::Epochs(e) => e.peer_roots(tick),
             Actor::Byz(..) => Vec::new(),
+        }
+    }
+    fn handle_epoch_message(&mut self, now: Micros, from: ValidatorIndex, epoch: u64, msg: Message) {
+        match self {
+            Actor::Epochs(e) => e.handle_epoch_message(now, from, epoch, msg),
+            other if epoch == 0 => other.handle_message(now, from, msg),
+            _ => {}
+        }
+    }
+    fn poll_epoch_output(&mut self) -> Option<(u64, Output)> {
+        match self {
+            Actor::Epochs(e) => e.poll_epoch_output(),
+            other => other.poll_output().map(|o| (0, o)),
+        }
+    }
+    fn on_executed(&mut self, now: Micros, tick: u64, world: &metatopia_sim::World) {
+        if let Actor::Epochs(e) = self {
+            e.on_executed(now, tick, world);
         }
     }
 }

@@ -9,15 +9,13 @@ use serde::{Deserialize, Serialize};
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeMsg {
-    Consensus(Message),
+    /// A consensus message of validator epoch `epoch` (0 until the set first changes).
+    Consensus { epoch: u64, msg: Message },
     /// "Send me your newest state": from a node that diverged (or joins).
     SnapshotRequest,
     /// The sender's state after executing ticks `0..tick` (an encoded `Snapshot`). Trusted by
     /// the receiver only when its root is the one 2f+1 validators reported for `tick - 1`.
-    Snapshot {
-        tick: u64,
-        bytes: Vec<u8>,
-    },
+    Snapshot { tick: u64, bytes: Vec<u8> },
 }
 
 /// Why bytes are not a node message.
@@ -52,7 +50,7 @@ impl NodeMsg {
     /// A short name, for traces and logs.
     pub fn kind(&self) -> &'static str {
         match self {
-            NodeMsg::Consensus(m) => m.kind(),
+            NodeMsg::Consensus { msg, .. } => msg.kind(),
             NodeMsg::SnapshotRequest => "snapshot-request",
             NodeMsg::Snapshot { .. } => "snapshot",
         }

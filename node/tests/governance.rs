@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use metatopia_consensus::{Config, SigCache, SigningKey, Validator};
 use metatopia_node::core::{NodeCore, Outcome};
+use metatopia_node::epochs::Epochs;
 use metatopia_node::http::governance_view;
-use metatopia_node::simnet::CoreProcess;
+use metatopia_node::simnet::{Actor, CoreProcess};
 use metatopia_scenarios::{Cluster, NetConfig, NodeId, Time};
 use metatopia_sim::event::account_of;
 use metatopia_sim::genesis::{DemoSpec, demo_key, demo_world};
@@ -296,4 +297,129 @@ fn validator_changes_wait_for_the_epoch_boundary_on_every_node() {
         assert!(s.contains(&newcomer) && !s.contains(&leaving), "node {i}: {s:?}");
         assert_eq!(*s, sets[0]);
     }
+}
+
+/// Five nodes, four of them validators at genesis, all following governance epoch by epoch.
+fn epoch_cluster(seed: u64) -> (Cluster<Epochal>, Person) {
+    let peers: Vec<_> = (0..5).map(|i| node_key(i).verifying_key()).collect();
+    let demo = demo_world(DemoSpec { seed: 10, objects: 20, players: 0, ..DemoSpec::default() });
+    let mut genesis = demo.world.clone();
+    genesis.set_genesis_validators(peers[..4].iter().map(|k| AccountId(k.to_bytes())));
+    genesis.set_genesis_settings(metatopia_sim::Settings {
+        epoch_ticks: EPOCH_TICKS,
+        tick_rate_hz: 20,
+        ..genesis.settings().clone()
+    });
+    let nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>> = Arc::new((0..5).map(|i| (i, vec![u32::from(i)])).collect());
+    let cfg = Config {
+        period_us: 50 * MS,
+        leader_timeout_us: 250 * MS,
+        notarize_timeout_us: 500 * MS,
+        retry_us: 250 * MS,
+        sig_cache: Arc::new(SigCache::default()),
+        max_exec_lag: Some(4),
+        ..Config::default()
+    };
+    let nodes = (0..5)
+        .map(|i| {
+            let e = Epochs::new(cfg.clone(), node_key(i), peers.clone(), peers[..4].to_vec(), EPOCH_TICKS, 0);
+            let sim = Sim::new(genesis.clone(), RuleHost::default(), KinematicPhysics::default(), 1).unwrap();
+            CoreProcess::new(NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1), nodes_of.clone())
+        })
+        .collect();
+    let net = NetConfig { delay_min_us: 300, delay_max_us: 5 * MS, loss_ppm: 5_000, duplicate_ppm: 5_000 };
+    (Cluster::new(seed, net, nodes), Person::new(demo.admin))
+}
+
+type Epochal = CoreProcess<Actor, RuleHost, KinematicPhysics>;
+
+fn epochs_of(c: &Cluster<Epochal>, i: NodeId) -> &Epochs {
+    match c.node(i).unwrap().core.agreement() {
+        Actor::Epochs(e) => e,
+        _ => unreachable!(),
+    }
+}
+
+fn tick_of(c: &Cluster<Epochal>, i: NodeId) -> u64 {
+    c.node(i).map_or(0, |p| p.core.sim().world().tick().0)
+}
+
+fn submit_and_wait(c: &mut Cluster<Epochal>, e: &SignedEvent) -> Outcome {
+    let id = e.id();
+    let bytes = metatopia_sim::codec::encode(e);
+    c.with_node(1, |p, now, out| {
+        p.submit(now, vec![bytes], out);
+    });
+    for _ in 0..60 {
+        let t = c.now() + 50 * MS;
+        c.run_until(t, |_| {});
+        if let Some(o) = c.node(1).unwrap().core.outcome(&id) {
+            return o.clone();
+        }
+    }
+    panic!("not executed")
+}
+
+#[test]
+fn an_admitted_validator_votes_from_the_epoch_boundary_and_a_removed_one_stops() {
+    let (mut c, mut admin) = epoch_cluster(31);
+    let newcomer = AccountId(node_key(4).verifying_key().to_bytes());
+    let leaving = AccountId(node_key(3).verifying_key().to_bytes());
+    assert_executed(&submit_and_wait(&mut c, &admin.login("admin")), "admin login");
+    assert_executed(&submit_and_wait(&mut c, &admin.act(AdminAct::AdmitValidator { key: newcomer })), "admit");
+    assert_executed(&submit_and_wait(&mut c, &admin.act(AdminAct::RemoveValidator { key: leaving })), "remove");
+    assert!(tick_of(&c, 1) < EPOCH_TICKS, "the acts came before the first boundary");
+    // Before the boundary node 4 only follows; node 3 votes.
+    assert_eq!(epochs_of(&c, 4).index(), None);
+    assert!(epochs_of(&c, 3).index().is_some());
+
+    // Past the boundary: a new epoch on every node, node 4 in the set, node 3 out.
+    while (0..5).any(|i| tick_of(&c, i) < EPOCH_TICKS + 20) {
+        let t = c.now() + 100 * MS;
+        c.run_until(t, |_| {});
+        assert!(c.now() < 30_000 * MS, "stuck at ticks {:?}", (0..5).map(|i| tick_of(&c, i)).collect::<Vec<_>>());
+    }
+    for i in 0..5 {
+        let e = epochs_of(&c, i);
+        assert_eq!(e.epoch(), 1, "node {i}");
+        let set: Vec<AccountId> = e.keys().iter().map(|k| AccountId(k.to_bytes())).collect();
+        assert!(set.contains(&newcomer) && !set.contains(&leaving), "node {i}: {set:?}");
+    }
+    assert!(epochs_of(&c, 4).index().is_some(), "node 4 votes now");
+    assert_eq!(epochs_of(&c, 3).index(), None, "node 3 only follows now");
+
+    // Proof that node 4's votes count: with node 0 (in the set) and node 3 (out of it) down,
+    // the set {0, 1, 2, 4} still has 3 of 4 — the sim goes on only because node 4 votes.
+    c.schedule_fault(c.now() + MS, metatopia_scenarios::Fault::Crash(0));
+    c.schedule_fault(c.now() + MS, metatopia_scenarios::Fault::Crash(3));
+    let before = tick_of(&c, 1);
+    let t = c.now() + 6_000 * MS;
+    c.run_until(t, |_| {});
+    let after = tick_of(&c, 1);
+    assert!(after >= before + 40, "ticks went from {before} to {after} with nodes 0 and 3 down");
+
+    // Every node, observer or validator, executed the same roots all along.
+    let all: Vec<_> = [1u32, 2, 4].iter().map(|i| c.node(*i).unwrap().executed_roots()).collect();
+    for (k, mine) in all.iter().enumerate() {
+        assert!(mine.len() as u64 >= after - 2, "node {k} executed {}", mine.len());
+        for (t, r) in mine {
+            assert_eq!(all[0].get(t).unwrap_or(r), r, "differs at tick {t}");
+        }
+    }
+}
+
+#[test]
+fn without_the_admission_the_same_two_crashes_stop_the_sim() {
+    // The control: no change of set, nodes 0 and 3 of {0, 1, 2, 3} down: no quorum.
+    let (mut c, _) = epoch_cluster(32);
+    let t = c.now() + 2_000 * MS;
+    c.run_until(t, |_| {});
+    c.schedule_fault(c.now() + MS, metatopia_scenarios::Fault::Crash(0));
+    c.schedule_fault(c.now() + MS, metatopia_scenarios::Fault::Crash(3));
+    let t = c.now() + 500 * MS;
+    c.run_until(t, |_| {});
+    let before = tick_of(&c, 1);
+    let t = c.now() + 4_000 * MS;
+    c.run_until(t, |_| {});
+    assert!(tick_of(&c, 1) <= before + 1, "went from {before} to {} without a quorum", tick_of(&c, 1));
 }

@@ -92,7 +92,8 @@ impl Default for WorldSpec {
 #[serde(deny_unknown_fields, default)]
 pub struct ValidatorsSpec {
     pub count: u16,
-    /// Nodes that follow without voting (not built yet: an error if set).
+    /// Nodes that follow without voting (numbered after the validators); an admin's
+    /// `admit_validator` makes one vote from the next epoch boundary.
     pub observers: u16,
 }
 
@@ -286,7 +287,9 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 const BEHAVIOURS: [&str; 4] = ["equivocate", "double_vote", "invalid_signatures", "withhold"];
-const EXPECT_KINDS: [&str; 10] = [
+const EXPECT_KINDS: [&str; 12] = [
+    "validator",
+    "observer",
     "roots_equal",
     "min_ticks",
     "objects",
@@ -341,9 +344,11 @@ impl Scenario {
         if !(4..=31).contains(&n) {
             return Err(top(format!("validators.count must be 4..=31 (n = 3f + 1, f >= 1), not {n}")));
         }
-        if self.validators.observers > 0 {
-            return Err(top("validators.observers: observers are not built yet; use 0".into()));
+        if self.validators.observers > 8 {
+            return Err(top("validators.observers: at most 8".into()));
         }
+        // Validators and observers: the nodes a step, crash or expectation may name.
+        let total = n + self.validators.observers;
         let net = &self.network;
         if !(net.delay_min_ms >= 0.0 && net.delay_min_ms <= net.delay_max_ms && net.delay_max_ms <= 10_000.0) {
             return Err(top("network: need 0 <= delay_min_ms <= delay_max_ms <= 10000".into()));
@@ -353,8 +358,8 @@ impl Scenario {
                 return Err(top(format!("network.{k} must be 0..=100, not {v}")));
             }
         }
-        if self.bots.events_per_tick > 0 && self.bots.node >= n {
-            return Err(top(format!("bots.node {} is not a validator (0..{n})", self.bots.node)));
+        if self.bots.events_per_tick > 0 && self.bots.node >= total {
+            return Err(top(format!("bots.node {} is not a node (0..{total})", self.bots.node)));
         }
         let mut names = BTreeSet::new();
         let mut admins = 0;
@@ -394,8 +399,8 @@ impl Scenario {
         for s in &self.steps {
             let v = s.get_ref();
             account(s.span(), &v.by, "by")?;
-            if v.via >= n {
-                return Err(at(s.span(), format!("via {} is not a validator (0..{n})", v.via)));
+            if v.via >= total {
+                return Err(at(s.span(), format!("via {} is not a node (0..{total})", v.via)));
             }
             let need = |field: &str, present: bool| {
                 if present { Ok(()) } else { Err(at(s.span(), format!("{:?} needs `{field}`", v.action))) }
@@ -433,10 +438,14 @@ impl Scenario {
         }
         for f in &self.faults {
             let v = f.get_ref();
-            let node_ok = v.node.is_some_and(|x| x < n);
+            let node_ok = v.node.is_some_and(|x| x < total);
+            let validator_ok = v.node.is_some_and(|x| x < n);
             match v.kind.as_str() {
-                "crash" | "skew" | "byzantine" | "twin" | "diverge" if !node_ok => {
-                    return Err(at(f.span(), format!("{} needs `node` in 0..{n}", v.kind)));
+                "crash" | "skew" | "diverge" if !node_ok => {
+                    return Err(at(f.span(), format!("{} needs `node` in 0..{total}", v.kind)));
+                }
+                "byzantine" | "twin" if !validator_ok => {
+                    return Err(at(f.span(), format!("{} needs a validator: `node` in 0..{n}", v.kind)));
                 }
                 "crash" => {
                     if v.until_secs.is_some_and(|u| u <= v.at_secs) {
@@ -445,8 +454,8 @@ impl Scenario {
                 }
                 "partition" => {
                     let groups = v.groups.as_ref().ok_or_else(|| at(f.span(), "partition needs `groups`".into()))?;
-                    if groups.iter().flatten().any(|x| *x >= n) {
-                        return Err(at(f.span(), format!("partition groups name nodes beyond 0..{n}")));
+                    if groups.iter().flatten().any(|x| *x >= total) {
+                        return Err(at(f.span(), format!("partition groups name nodes beyond 0..{total}")));
                     }
                     if v.until_secs.is_none_or(|u| u <= v.at_secs) {
                         return Err(at(f.span(), "partition needs until_secs after at_secs".into()));
@@ -504,7 +513,7 @@ impl Scenario {
                         return Err(at(e.span(), format!("status must be executed or refused, not {status:?}")));
                     }
                 }
-                "desync" | "resynced" => need("node", v.node.is_some_and(|x| x < n))?,
+                "desync" | "resynced" | "validator" | "observer" => need("node", v.node.is_some_and(|x| x < total))?,
                 _ => {}
             }
             if let Some(o) = &v.object

@@ -268,6 +268,8 @@ impl Checker {
             if !node.honest() {
                 continue;
             }
+            // The chain digest votes are signed under (chain id 0, this validator set).
+            let chain = metatopia_consensus::genesis_digest(0, &self.keys);
             let entry = self.cursor.entry(id).or_insert((node.incarnation, 0, None));
             if entry.0 != node.incarnation {
                 *entry = (node.incarnation, 0, entry.2);
@@ -286,8 +288,8 @@ impl Checker {
                 }
                 entry.2 = Some((tick, c.digest));
                 if c.certificate.digest != c.digest
-                    || c.certificate.verify(&self.keys, self.quorum, &self.cache).is_err()
-                    || c.finalization.verify(&self.keys, self.quorum, &self.cache).is_err()
+                    || c.certificate.verify(&chain, &self.keys, self.quorum, &self.cache).is_err()
+                    || c.finalization.verify(&chain, &self.keys, self.quorum, &self.cache).is_err()
                 {
                     self.violations.push(format!("node {id}: tick {tick} committed without a valid certificate"));
                 }

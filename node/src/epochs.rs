@@ -1,0 +1,330 @@
+//! Validator epochs: the agreement whose validator set follows the sim's governance (DESIGN
+//! §10: validators are admitted and removed by admin acts, at epoch boundaries).
+//!
+//! The sim applies pending validator changes after executing tick `kL - 1` (`L` =
+//! `epoch_ticks`). Consensus runs one instance per epoch: epoch `e` decides ticks up to its last
+//! tick `E = kL`, then goes quiet. Block `E - 1` is committed once `E` is finalized; once this
+//! node has executed it, the set for the next epoch is the sim's validator set at that point —
+//! the same on every node — and the next instance starts, anchored on `E` (its first block, tick
+//! `E + 1`, carries a notarization of `E` by the old set, and so commits `E` with its seed). A key
+//! in the new set votes from then on; a key no longer in it follows as an observer. Events still
+//! in the old pool move to the new one. Messages carry their epoch: the previous instance still
+//! answers laggards, the next one's messages wait until this node gets there.
+
+use std::collections::VecDeque;
+
+use metatopia_consensus::{
+    Anchor, Config, Digest, Message, Micros, Output, SigningKey, Validator, ValidatorIndex, VerifyingKey,
+};
+use metatopia_sim::World;
+use serde::{Deserialize, Serialize};
+
+use crate::core::Agreement;
+
+/// Senders that are not in an epoch's set get indices from here on (so a fetch can be answered).
+const OUTSIDE: u16 = 0x8000;
+/// Messages of the next epoch kept until this node gets there.
+const MAX_EARLY: usize = 8_192;
+/// The shortest epoch consensus accepts (the sim's `epoch_ticks` may say less).
+const MIN_EPOCH: u64 = 8;
+
+struct Instance {
+    epoch: u64,
+    keys: Vec<VerifyingKey>,
+    validator: Validator,
+    last_tick: u64,
+}
+
+impl Instance {
+    fn local(&self, peers: &[VerifyingKey], from: ValidatorIndex) -> ValidatorIndex {
+        let key = peers.get(usize::from(from.0));
+        match key.and_then(|k| self.keys.iter().position(|x| x == k)) {
+            Some(i) => ValidatorIndex(i as u16),
+            None => ValidatorIndex(OUTSIDE.saturating_add(from.0)),
+        }
+    }
+
+    fn peer(&self, peers: &[VerifyingKey], local: ValidatorIndex) -> Option<ValidatorIndex> {
+        if local.0 >= OUTSIDE {
+            return Some(ValidatorIndex(local.0 - OUTSIDE));
+        }
+        let key = self.keys.get(usize::from(local.0))?;
+        peers.iter().position(|k| k == key).map(|i| ValidatorIndex(i as u16))
+    }
+}
+
+/// What survives a restart.
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    epoch: u64,
+    keys: Vec<[u8; 32]>,
+    last_tick: u64,
+    anchor: Option<Anchor>,
+    validator: Vec<u8>,
+}
+
+/// The agreement of a sim whose validators change at epoch boundaries.
+pub struct Epochs {
+    cfg: Config,
+    key: SigningKey,
+    /// Every node this one talks to, by peer index (the transport's numbering).
+    peers: Vec<VerifyingKey>,
+    current: Instance,
+    previous: Option<Instance>,
+    early: VecDeque<(ValidatorIndex, u64, Message)>,
+    out: VecDeque<(u64, Output)>,
+    last_root: Option<(u64, Digest)>,
+}
+
+impl std::fmt::Debug for Epochs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Epochs")
+            .field("epoch", &self.current.epoch)
+            .field("validators", &self.current.keys.len())
+            .field("last_tick", &self.current.last_tick)
+            .finish_non_exhaustive()
+    }
+}
+
+fn next_end(after: u64, epoch_ticks: u64) -> u64 {
+    let l = epoch_ticks.max(MIN_EPOCH);
+    let mut end = (after / l + 1) * l;
+    if end < after + 2 {
+        end += l;
+    }
+    end
+}
+
+impl Epochs {
+    /// At genesis: `keys` is the genesis validator set, `epoch_ticks` the genesis world's.
+    pub fn new(
+        cfg: Config,
+        key: SigningKey,
+        peers: Vec<VerifyingKey>,
+        keys: Vec<VerifyingKey>,
+        epoch_ticks: u64,
+        now: Micros,
+    ) -> Epochs {
+        let last_tick = next_end(0, epoch_ticks);
+        let c = Config { last_tick: Some(last_tick), anchor: None, ..cfg.clone() };
+        let validator = Validator::new(c, key.clone(), keys.clone(), now);
+        let current = Instance { epoch: 0, keys, validator, last_tick };
+        Epochs {
+            cfg,
+            key,
+            peers,
+            current,
+            previous: None,
+            early: VecDeque::new(),
+            out: VecDeque::new(),
+            last_root: None,
+        }
+    }
+
+    /// Continue after a crash from what [`Agreement::persist`] returned.
+    pub fn restore(
+        cfg: Config,
+        key: SigningKey,
+        peers: Vec<VerifyingKey>,
+        now: Micros,
+        saved: &[u8],
+    ) -> Option<Epochs> {
+        let s: Saved = postcard::from_bytes(saved).ok()?;
+        let keys: Vec<VerifyingKey> = s.keys.iter().filter_map(|k| VerifyingKey::from_bytes(k).ok()).collect();
+        let c = Config { last_tick: Some(s.last_tick), anchor: s.anchor, ..cfg.clone() };
+        let validator = Validator::restore(c, key.clone(), keys.clone(), now, &s.validator).ok()?;
+        let current = Instance { epoch: s.epoch, keys, validator, last_tick: s.last_tick };
+        Some(Epochs {
+            cfg,
+            key,
+            peers,
+            current,
+            previous: None,
+            early: VecDeque::new(),
+            out: VecDeque::new(),
+            last_root: None,
+        })
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.current.epoch
+    }
+
+    /// The current validator set.
+    pub fn keys(&self) -> &[VerifyingKey] {
+        &self.current.keys
+    }
+
+    /// This node's index in the current set (`None`: it only follows).
+    pub fn index(&self) -> Option<ValidatorIndex> {
+        self.current.validator.index()
+    }
+
+    fn drain(&mut self) {
+        for inst in self.previous.iter_mut().chain(std::iter::once(&mut self.current)) {
+            while let Some(o) = inst.validator.poll_output() {
+                let o = match o {
+                    Output::Send(to, m) => match inst.peer(&self.peers, to) {
+                        Some(p) => Output::Send(p, m),
+                        None => continue,
+                    },
+                    Output::RootMismatch { tick, mine, theirs, validator } => match inst.peer(&self.peers, validator) {
+                        Some(p) => Output::RootMismatch { tick, mine, theirs, validator: p },
+                        None => continue,
+                    },
+                    other => other,
+                };
+                self.out.push_back((inst.epoch, o));
+            }
+        }
+    }
+
+    /// The switch: after executing the tick before the epoch's last, start the next epoch.
+    fn next_epoch(&mut self, now: Micros, world: &World) {
+        let Some((block, notarization)) = self.current.validator.final_block() else {
+            tracing::error!(epoch = self.current.epoch, "the epoch's last block is not final here yet");
+            return;
+        };
+        let mut keys: Vec<VerifyingKey> =
+            world.governance().validators.iter().filter_map(|a| VerifyingKey::from_bytes(&a.0).ok()).collect();
+        if keys.len() < 4 {
+            // A set too small for BFT would stop the sim: keep the old one (the same on every node).
+            tracing::warn!(validators = keys.len(), "the sim's validator set is below 4; keeping the old one");
+            keys = self.current.keys.clone();
+        }
+        let anchor = Anchor {
+            epoch: self.current.epoch + 1,
+            block,
+            notarization,
+            prev_keys: self.current.keys.iter().map(|k| k.to_bytes()).collect(),
+            prev_chain: self.current.validator.genesis(),
+        };
+        let last_tick = next_end(anchor.block.tick, world.settings().epoch_ticks);
+        let c = Config { last_tick: Some(last_tick), anchor: Some(anchor), ..self.cfg.clone() };
+        let mut validator = Validator::new(c, self.key.clone(), keys.clone(), now);
+        if let Some((tick, root)) = self.last_root {
+            validator.report_root(tick, root);
+        }
+        let pending = self.current.validator.drain_pool();
+        if !pending.is_empty() {
+            validator.submit_events(now, pending);
+        }
+        let next = Instance { epoch: self.current.epoch + 1, keys, validator, last_tick };
+        tracing::info!(
+            epoch = next.epoch,
+            validators = next.keys.len(),
+            from_tick = next.last_tick,
+            "a new validator epoch"
+        );
+        self.previous = Some(std::mem::replace(&mut self.current, next));
+        // What arrived early for this epoch.
+        let early = std::mem::take(&mut self.early);
+        for (from, epoch, msg) in early {
+            self.route(now, from, epoch, msg);
+        }
+        self.current.validator.handle_timeout(now);
+    }
+
+    fn route(&mut self, now: Micros, from: ValidatorIndex, epoch: u64, msg: Message) {
+        if epoch == self.current.epoch {
+            let local = self.current.local(&self.peers, from);
+            self.current.validator.handle_message(now, local, msg);
+        } else if epoch > self.current.epoch {
+            if self.early.len() < MAX_EARLY {
+                self.early.push_back((from, epoch, msg));
+            }
+        } else if let Some(p) = self.previous.as_mut().filter(|p| p.epoch == epoch) {
+            let local = p.local(&self.peers, from);
+            p.validator.handle_message(now, local, msg);
+        }
+    }
+}
+
+impl Agreement for Epochs {
+    fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
+        self.handle_epoch_message(now, from, self.current.epoch, msg);
+    }
+    fn handle_epoch_message(&mut self, now: Micros, from: ValidatorIndex, epoch: u64, msg: Message) {
+        self.route(now, from, epoch, msg);
+        self.drain();
+    }
+    fn handle_timeout(&mut self, now: Micros) {
+        if let Some(p) = self.previous.as_mut() {
+            p.validator.handle_timeout(now);
+        }
+        self.current.validator.handle_timeout(now);
+        self.drain();
+    }
+    fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) {
+        self.current.validator.submit_events(now, events);
+        self.drain();
+    }
+    fn poll_output(&mut self) -> Option<Output> {
+        self.poll_epoch_output().map(|(_, o)| o)
+    }
+    fn poll_epoch_output(&mut self) -> Option<(u64, Output)> {
+        self.drain();
+        self.out.pop_front()
+    }
+    fn poll_timeout(&self) -> Option<Micros> {
+        let a = self.current.validator.poll_timeout();
+        let b = self.previous.as_ref().and_then(|p| p.validator.poll_timeout());
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+    fn report_root(&mut self, tick: u64, root: Digest) {
+        self.last_root = Some((tick, root));
+        self.current.validator.report_root(tick, root);
+    }
+    fn on_executed(&mut self, now: Micros, tick: u64, world: &World) {
+        if tick + 1 == self.current.last_tick {
+            self.next_epoch(now, world);
+            self.drain();
+        }
+    }
+    fn validators(&self) -> usize {
+        self.current.keys.len()
+    }
+    fn persist(&self) -> Option<Vec<u8>> {
+        let s = Saved {
+            epoch: self.current.epoch,
+            keys: self.current.keys.iter().map(|k| k.to_bytes()).collect(),
+            last_tick: self.current.last_tick,
+            anchor: self.cfg_anchor(),
+            validator: self.current.validator.persist(),
+        };
+        postcard::to_allocvec(&s).ok()
+    }
+    fn pool_len(&self) -> usize {
+        self.current.validator.pool_len()
+    }
+    fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
+        let inst = &self.current;
+        inst.validator
+            .peer_roots(tick)
+            .map(|m| m.iter().filter_map(|(v, d)| inst.peer(&self.peers, *v).map(|p| (p, *d))).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Epochs {
+    fn cfg_anchor(&self) -> Option<Anchor> {
+        self.current.validator.anchor().cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_end;
+
+    #[test]
+    fn epochs_end_on_multiples_of_the_length_at_least_two_ticks_on() {
+        assert_eq!(next_end(0, 40), 40);
+        assert_eq!(next_end(40, 40), 80);
+        assert_eq!(next_end(79, 40), 120);
+        assert_eq!(next_end(0, 1), 8);
+        assert_eq!(next_end(39, 40), 80);
+    }
+}
