@@ -102,6 +102,7 @@ impl Mesh {
         let writers = self.writers.clone();
         tokio::spawn(async move {
             while let Ok(frame) = read_frame(&mut r).await {
+                metrics::counter!("metatopia_net_bytes_in_total").increment(frame.len() as u64 + 4);
                 match NodeMsg::decode(&frame, MAX_FRAME as usize) {
                     Ok(m) => {
                         if inbox.send((ValidatorIndex(peer), m)).is_err() {
@@ -126,13 +127,17 @@ impl Mesh {
             return;
         }
         if let Some((_, w)) = self.writers.lock().expect("not poisoned").get(&to) {
-            let _ = w.send(Arc::new(msg.encode()));
+            let frame = msg.encode();
+            metrics::counter!("metatopia_net_bytes_out_total").increment(frame.len() as u64 + 4);
+            let _ = w.send(Arc::new(frame));
         }
     }
 
     pub fn broadcast(&self, msg: &NodeMsg) {
         let frame = Arc::new(msg.encode());
-        for (_, w) in self.writers.lock().expect("not poisoned").values() {
+        let writers = self.writers.lock().expect("not poisoned");
+        metrics::counter!("metatopia_net_bytes_out_total").increment((frame.len() as u64 + 4) * writers.len() as u64);
+        for (_, w) in writers.values() {
             let _ = w.send(frame.clone());
         }
     }

@@ -547,6 +547,7 @@ fn per_second(meter: &mut Meter, times: &StageTimes, dilation: f64) {
     st.commit_latency_p99_ms = p99;
     meter.last = (executed, meter.exec_ns, script_ns, physics_ns);
     metrics::gauge!("metatopia_time_dilation").set(dilation);
+    metrics::gauge!("metatopia_tick_rate_hz").set(f64::from(st.tick_rate_hz) * dilation);
     metrics::gauge!("metatopia_execute_seconds_per_tick").set(st.execute_ms / 1000.0);
     metrics::gauge!("metatopia_script_seconds_per_tick").set(st.script_ms / 1000.0);
     metrics::gauge!("metatopia_physics_seconds_per_tick").set(st.physics_ms / 1000.0);

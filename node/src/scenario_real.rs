@@ -1,4 +1,6 @@
 //! `metatopia scenario run --real`: the scenario as real `metatopia run` processes on loopback.
+//! Its times are sim time, as in simulation: the run lasts until the nodes have executed
+//! `duration_secs × tick_rate_hz` ticks, and faults happen at the ticks their seconds stand for.
 //! Steps are signed here and submitted through the nodes' HTTP API when the `via` node reaches
 //! their tick; crashes are `kill -9` and a restart from the data directory; expectations are read
 //! back through the API from every honest node. Real time and real sockets: the run is not
@@ -172,12 +174,27 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     let mut roles: BTreeMap<usize, Verdict> = BTreeMap::new();
     let mut submitted = 0;
     let public = keys.clone();
+    // The scenario's clock is sim time: run until the honest nodes have executed
+    // `duration × rate` ticks (a loaded machine dilates time, it does not fail the run), and
+    // crash or restart nodes at the tick their `at_secs` / `until_secs` stand for.
+    let rate = f64::from(spec.world.tick_rate_hz);
+    let target = (spec.duration_secs * rate) as u64;
+    let cap = Duration::from_secs_f64(spec.duration_secs * 4.0 + 60.0);
     let start = Instant::now();
-    let bar = indicatif::ProgressBar::new(1000);
-    while start.elapsed().as_secs_f64() < spec.duration_secs {
-        bar.set_position((start.elapsed().as_secs_f64() / spec.duration_secs * 1000.0) as u64);
+    let bar = indicatif::ProgressBar::new(target.max(1));
+    loop {
+        let ticks: Vec<u64> = honest
+            .iter()
+            .filter(|i| procs[**i].child.is_some())
+            .filter_map(|i| status(*i).map(|s| s.tick + 1))
+            .collect();
+        let (low, high) = (ticks.iter().copied().min().unwrap_or(0), ticks.iter().copied().max().unwrap_or(0));
+        if low >= target || start.elapsed() > cap {
+            break;
+        }
+        bar.set_position(low);
         std::thread::sleep(Duration::from_millis(50));
-        while crashes.front().is_some_and(|c| c.0 <= start.elapsed().as_secs_f64()) {
+        while crashes.front().is_some_and(|c| (c.0 * rate) as u64 <= high) {
             let Some((_, node, restart)) = crashes.pop_front() else { break };
             let p = &mut procs[node];
             if restart {
