@@ -16,11 +16,11 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use metatopia_consensus::{Commit, Digest, Message, Micros, Output, Validator, ValidatorIndex};
-
-use crate::wire::NodeMsg;
 use metatopia_sim::host::{PhysicsStage, ScriptHost};
 use metatopia_sim::state::SubsystemRoots;
 use metatopia_sim::{Batch, EventId, Hash32, SignedEvent, Sim, Snapshot, Tick, VerifiedBatch};
+
+use crate::wire::NodeMsg;
 
 /// Largest signed event accepted from a client or a block.
 pub const MAX_EVENT_BYTES: u32 = 64 * 1024;
@@ -39,7 +39,8 @@ pub enum Outcome {
     Refused { tick: u64, reason: String },
 }
 
-/// The agreement a node runs: the honest [`Validator`], or (in tests) a Byzantine mock.
+/// The agreement a node runs: the honest [`Validator`] (one fixed set), [`crate::epochs::Epochs`]
+/// (the set follows governance), or in tests and scenarios a Byzantine mock.
 pub trait Agreement {
     fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message);
     fn handle_timeout(&mut self, now: Micros);
