@@ -309,6 +309,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let examples: Vec<&str> = metatopia_node::scenario::EXAMPLE_SCRIPTS.iter().map(|(_, s)| *s).collect();
     let mut bots =
         (cfg.bots.events_per_tick > 0).then(|| EventGen::new(&demo, cfg.world.seed ^ 0xb075).with_scripts(&examples));
+    let mut last_bot_tick = 0;
     let mut bot_timer = tokio::time::interval(Duration::from_micros(1_000_000 / u64::from(cfg.tick_rate_hz)));
     let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
     let mut last_state = [0u8; 32];
@@ -333,8 +334,11 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             }
             _ = tokio::time::sleep(wait) => core.handle_timeout(now_us()),
             _ = bot_timer.tick(), if bots.is_some() => {
-                if let Some(g) = bots.as_mut() {
-                    let w = core.sim().world();
+                // One batch per executed tick: when time dilates, the bots slow down with the
+                // sim instead of piling events up faster than it executes them.
+                let w = core.sim().world();
+                if let Some(g) = bots.as_mut().filter(|_| w.tick().0 > last_bot_tick) {
+                    last_bot_tick = w.tick().0;
                     let batch = g.batch(w, w.tick(), cfg.bots.events_per_tick as usize);
                     let bytes = batch.events.iter().map(metatopia_sim::codec::encode).collect();
                     core.submit_events(now_us(), bytes);
