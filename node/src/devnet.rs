@@ -45,7 +45,12 @@ const DEVNET_SCENARIO: &str = include_str!("../../scenarios/catalogue/devnet.tom
 
 pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     anyhow::ensure!((4..=31).contains(&args.nodes), "--nodes must be 4..=31 (n = 3f + 1 with f >= 1)");
-    if args.fresh && args.dir.exists() {
+    // A devnet is disposable: data from an older version of this program starts over.
+    let stale = (0..args.nodes).any(|i| DataDir::incompatible(&args.dir.join(format!("node-{i}"))));
+    if stale && !args.fresh {
+        println!("{} holds devnet data from an older version of metatopia: starting fresh", args.dir.display());
+    }
+    if (args.fresh || stale) && args.dir.exists() {
         std::fs::remove_dir_all(&args.dir).with_context(|| format!("removing {}", args.dir.display()))?;
     }
     let dirs: Vec<DataDir> =

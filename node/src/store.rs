@@ -184,13 +184,43 @@ pub struct DataDir {
     root: PathBuf,
 }
 
+/// The data format this node writes (consensus state, log, snapshots); a directory written by
+/// another format is refused with a clear error instead of being misread. 2: votes signed under
+/// their epoch's chain digest, node messages with epochs.
+pub const DATA_FORMAT: u32 = 2;
+
 impl DataDir {
-    /// Open (creating what is missing) the data directory at `root`.
+    /// Open (creating what is missing) the data directory at `root`. A directory holding
+    /// consensus state or a log in another format (or from before formats were recorded) is an
+    /// error that says so.
     pub fn open(root: &Path) -> anyhow::Result<DataDir> {
+        let marker = root.join("format");
+        let used = root.join("consensus.state").exists() || root.join("log").join("commits.log").exists();
+        match fs::read_to_string(&marker) {
+            Ok(text) if text.trim() == DATA_FORMAT.to_string() => {}
+            Ok(text) => anyhow::bail!(
+                "{} holds data format {}, this node writes format {DATA_FORMAT}: move it away or start a new one",
+                root.display(),
+                text.trim()
+            ),
+            Err(_) if used => anyhow::bail!(
+                "{} holds data from an older version (no format marker; this node writes format {DATA_FORMAT}): move it away or start a new one",
+                root.display()
+            ),
+            Err(_) => {}
+        }
         for d in [root.to_owned(), root.join("log"), root.join("snapshots")] {
             fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
         }
+        if !marker.exists() {
+            write_atomic(&marker, format!("{DATA_FORMAT}\n").as_bytes())?;
+        }
         Ok(DataDir { root: root.to_owned() })
+    }
+
+    /// Whether `root` holds data this node cannot read (another format).
+    pub fn incompatible(root: &Path) -> bool {
+        root.exists() && DataDir::open(root).is_err()
     }
 
     pub fn root(&self) -> &Path {
@@ -429,6 +459,22 @@ mod tests {
         fs::write(d.join("node.key"), "zz").unwrap();
         let e = dir.key().unwrap_err();
         assert!(format!("{e:#}").contains("64 hex digits"), "{e:#}");
+    }
+
+    #[test]
+    fn a_directory_of_another_data_format_is_refused_not_misread() {
+        let root = tmp("format");
+        DataDir::open(&root).unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("format")).unwrap().trim(), DATA_FORMAT.to_string());
+        std::fs::write(root.join("format"), "1\n").unwrap();
+        let e = DataDir::open(&root).unwrap_err().to_string();
+        assert!(e.contains("format 1") && e.contains("move it away"), "{e}");
+        assert!(DataDir::incompatible(&root));
+        // Data from before the marker existed.
+        std::fs::remove_file(root.join("format")).unwrap();
+        std::fs::write(root.join("consensus.state"), b"old").unwrap();
+        let e = DataDir::open(&root).unwrap_err().to_string();
+        assert!(e.contains("older version"), "{e}");
     }
 
     #[test]
