@@ -733,12 +733,7 @@ fn judge(
                     up.iter().map(|p| id.and_then(|id| p.core.outcome(id).cloned())).collect();
                 let want = v.status.as_deref().unwrap_or_default();
                 let reason = v.reason.as_deref().unwrap_or_default();
-                let ok = got.iter().all(|o| *o == got[0])
-                    && match &got[0] {
-                        Some(Outcome::Executed { .. }) => want == "executed",
-                        Some(Outcome::Refused { reason: r, .. }) => want == "refused" && r.contains(reason),
-                        None => false,
-                    };
+                let ok = outcome_holds(&got, want, reason);
                 let detail = match &got[0] {
                     None if id.is_none() => "the step was never submitted".to_owned(),
                     other => format!("{other:?}"),
@@ -762,6 +757,17 @@ fn judge(
         out.push(vd);
     }
     Ok(out)
+}
+
+/// An `outcome` expectation: every node saw the same outcome, of the wanted status (`executed`
+/// or `refused`), and a refusal's reason contains `reason`.
+pub fn outcome_holds(got: &[Option<Outcome>], want: &str, reason: &str) -> bool {
+    got.iter().all(|o| *o == got[0])
+        && match got.first().and_then(Option::as_ref) {
+            Some(Outcome::Executed { .. }) => want == "executed",
+            Some(Outcome::Refused { reason: r, .. }) => want == "refused" && r.contains(reason),
+            None => false,
+        }
 }
 
 /// Agreement for re-execution alone: nothing to agree on.

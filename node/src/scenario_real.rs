@@ -409,12 +409,7 @@ fn judge(
                 }
                 let want = v.status.as_deref().unwrap_or_default();
                 let reason = v.reason.as_deref().unwrap_or_default();
-                let ok = got.iter().all(|o| *o == got[0])
-                    && match &got[0] {
-                        Some(Outcome::Executed { .. }) => want == "executed",
-                        Some(Outcome::Refused { reason: r, .. }) => want == "refused" && r.contains(reason),
-                        None => false,
-                    };
+                let ok = scenario::outcome_holds(&got, want, reason);
                 verdict(format!("step {label} {want}"), ok, format!("{:?}", got[0]))
             }
             "role" => roles.remove(&line).unwrap_or_else(|| {

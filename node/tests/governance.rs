@@ -34,6 +34,19 @@ fn node_key(i: u16) -> SigningKey {
     SigningKey::from_bytes(&b)
 }
 
+/// 20 Hz ticks, timeouts as the node's, one shared signature cache.
+fn consensus_config() -> Config {
+    Config {
+        period_us: 50 * MS,
+        leader_timeout_us: 250 * MS,
+        notarize_timeout_us: 500 * MS,
+        retry_us: 250 * MS,
+        sig_cache: Arc::new(SigCache::default()),
+        max_exec_lag: Some(4),
+        ..Config::default()
+    }
+}
+
 struct Person {
     key: SigningKey,
     nonce: u64,
@@ -74,15 +87,7 @@ fn world(seed: u64) -> (World, Person) {
         ..genesis.settings().clone()
     });
     let nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>> = Arc::new((0..n).map(|i| (i, vec![u32::from(i)])).collect());
-    let cfg = Config {
-        period_us: 50 * MS,
-        leader_timeout_us: 250 * MS,
-        notarize_timeout_us: 500 * MS,
-        retry_us: 250 * MS,
-        sig_cache: Arc::new(SigCache::default()),
-        max_exec_lag: Some(4),
-        ..Config::default()
-    };
+    let cfg = consensus_config();
     let nodes = (0..n)
         .map(|i| {
             let v = Validator::new(cfg.clone(), node_key(i), keys.clone(), 0);
@@ -311,15 +316,7 @@ fn epoch_cluster(seed: u64) -> (Cluster<Epochal>, Person) {
         ..genesis.settings().clone()
     });
     let nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>> = Arc::new((0..5).map(|i| (i, vec![u32::from(i)])).collect());
-    let cfg = Config {
-        period_us: 50 * MS,
-        leader_timeout_us: 250 * MS,
-        notarize_timeout_us: 500 * MS,
-        retry_us: 250 * MS,
-        sig_cache: Arc::new(SigCache::default()),
-        max_exec_lag: Some(4),
-        ..Config::default()
-    };
+    let cfg = consensus_config();
     let nodes = (0..5)
         .map(|i| {
             let e = Epochs::new(cfg.clone(), node_key(i), peers.clone(), peers[..4].to_vec(), EPOCH_TICKS, 0);
