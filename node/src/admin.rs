@@ -144,6 +144,9 @@ enum AdminCmd {
         epoch_ticks: Option<u64>,
         #[arg(long)]
         kick_cooldown_secs: Option<u64>,
+        /// How far around its avatar a client sees, metres.
+        #[arg(long)]
+        aoi_radius_m: Option<u32>,
         #[arg(long)]
         max_objects: Option<u32>,
         #[arg(long)]
@@ -191,6 +194,7 @@ pub fn admin(args: AdminArgs) -> anyhow::Result<()> {
             tick_rate_hz,
             epoch_ticks,
             kick_cooldown_secs,
+            aoi_radius_m,
             max_objects,
             max_script_state_bytes,
         } => {
@@ -200,6 +204,7 @@ pub fn admin(args: AdminArgs) -> anyhow::Result<()> {
             s.tick_rate_hz = tick_rate_hz.unwrap_or(s.tick_rate_hz);
             s.epoch_ticks = epoch_ticks.unwrap_or(s.epoch_ticks);
             s.kick_cooldown_ms = kick_cooldown_secs.map_or(s.kick_cooldown_ms, |x| x.saturating_mul(1000));
+            s.aoi_radius_m = aoi_radius_m.unwrap_or(s.aoi_radius_m);
             s.limits.max_objects = max_objects.unwrap_or(s.limits.max_objects);
             s.limits.max_script_state_bytes = max_script_state_bytes.unwrap_or(s.limits.max_script_state_bytes);
             Payload::Admin(AdminAct::SetSettings(s))

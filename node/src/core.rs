@@ -29,15 +29,7 @@ const KEEP_INPUTS: usize = 8;
 /// Outcomes of executed events remembered for `GET /v1/events/<id>`.
 const KEEP_OUTCOMES: usize = 1 << 16;
 
-/// What became of a committed event (for the client that submitted it).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case", tag = "status")]
-pub enum Outcome {
-    /// It took effect at this tick.
-    Executed { tick: u64 },
-    /// It was committed at this tick but refused, for this reason, the same on every node.
-    Refused { tick: u64, reason: String },
-}
+pub use metatopia_client::proto::Outcome;
 
 /// The agreement a node runs: the honest [`Validator`] (one fixed set), [`crate::epochs::Epochs`]
 /// (the set follows governance), or in tests and scenarios a Byzantine mock.

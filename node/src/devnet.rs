@@ -28,6 +28,9 @@ pub struct DevnetArgs {
     /// Bots' signed events per tick (submitted through node 0).
     #[arg(long, default_value_t = 20)]
     bots: u32,
+    /// Client bots: real clients over QUIC, spread over the nodes, that log in, wander and chat.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
     /// Tick rate.
     #[arg(long, default_value_t = 20)]
     rate: u32,
@@ -125,6 +128,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     );
     println!("admin: `metatopia admin --node {http0} --key {} status`", admin_key.display());
     println!("web viewer: http://{http0}/  (any node's http port serves it); Ctrl-C stops the devnet");
+    println!("terminal client: `metatopia client --node {}@{} --name you`", validators[0].key, validators[0].address);
 
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
@@ -146,6 +150,14 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             }
         }));
         children.push((i as u16, child));
+    }
+    if args.clients > 0 {
+        let joins: Vec<metatopia_client::proto::NodeAddr> = validators
+            .iter()
+            .map(|v| metatopia_client::proto::NodeAddr { key: v.key.clone(), addr: v.address.to_string() })
+            .collect();
+        println!("client bots: {} over QUIC, spread over the nodes (`--clients 0` for none)", args.clients);
+        std::thread::spawn(move || client_bots(joins, args.clients));
     }
     // Wait for the nodes to finish, or for Ctrl-C (which the terminal also sends them).
     loop {
@@ -178,6 +190,48 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         println!("devnet finished");
     }
     Ok(())
+}
+
+/// Client bots over QUIC for as long as the devnet runs, a line about them every 30 seconds.
+fn client_bots(nodes: Vec<metatopia_client::proto::NodeAddr>, count: usize) {
+    use metatopia_client::bots::{BotPlan, BotReport};
+    let Ok(rt) = tokio::runtime::Runtime::new() else { return };
+    rt.block_on(async move {
+        // Let the nodes start listening first.
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        let report = Arc::new(BotReport::default());
+        for (i, node) in nodes.iter().enumerate() {
+            let n = count / nodes.len() + usize::from(i < count % nodes.len());
+            if n == 0 {
+                continue;
+            }
+            let plan = BotPlan {
+                count: n,
+                run_for: std::time::Duration::from_secs(365 * 24 * 3600),
+                chat_every: std::time::Duration::from_secs(20),
+                seed: 1000 + i as u64,
+                ..BotPlan::default()
+            };
+            tokio::spawn(metatopia_client::bots::run(node.clone(), plan, report.clone()));
+        }
+        let g = BotReport::get;
+        let mut last = (0, 0);
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            let (ticks, bytes) = (g(&report.ticks), g(&report.bytes));
+            let n = g(&report.logged_in).max(1);
+            println!(
+                "[bots] {} of {count} in; per bot {:.1} ticks/s, {:.1} KB/s; {} ticks missed; {} acts executed, {} refused",
+                g(&report.logged_in),
+                (ticks - last.0) as f64 / 30.0 / n as f64,
+                (bytes - last.1) as f64 / 1024.0 / 30.0 / n as f64,
+                g(&report.missed_ticks),
+                g(&report.executed),
+                g(&report.refused),
+            );
+            last = (ticks, bytes);
+        }
+    });
 }
 
 /// Ask a child to stop as Ctrl-C would (SIGINT), so it syncs its log.

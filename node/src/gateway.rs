@@ -1,65 +1,283 @@
-//! The WebSocket gateway (`GET /v1/ws`): what the web viewer speaks. JSON text frames, one
-//! message each, tagged by `type`.
+//! The client service: one session logic behind two transports that speak the same messages
+//! ([`metatopia_client::proto`]):
+//! - QUIC ([`serve_quic`]): the native client, terminal client and bots; length-prefixed
+//!   postcard frames on one bidirectional stream; the node's certificate is made from its ed25519
+//!   key, which clients pin;
+//! - WebSocket (`GET /v1/ws`, [`upgrade`]): the web viewer; the same messages as JSON text frames.
 //!
-//! Client → node ([`ClientMsg`]):
-//! - `{"type":"submit","ref":7,"event":"<hex of a postcard SignedEvent>"}` → `submitted`
-//!   (with the event id) or `error`, then `outcome` once executed (executed or refused, why);
-//! - `{"type":"object","id":"12v0"}` → `object` (with its script's source and provenance);
-//! - `{"type":"account","id":"<64 hex>"}` → `account` (nonce, role, avatar).
+//! A session sees its **area of interest**: with `interest { follow: ACCOUNT }` the objects within
+//! the radius (default: the sim's `aoi_radius_m` setting) of that account's avatar, from a grid
+//! index ([`AoiIndex`]) the node's loop keeps after every tick; chat only within the line's range
+//! of the avatar (whisper 10 m, say 20 m, shout 100 m) and private lines to that account. Without
+//! an interest, a session sees the whole sim (the web viewer's overview).
 //!
-//! Node → client ([`ServerMsg`]): on connect `status`, a `tick` with every object in `enter`
-//! and the recent `chat`; then every tick a `tick` delta (objects that entered, changed or left;
-//! enter and update are both "upsert"), every chat line, `status` once a second. A client too
-//! slow for the deltas loses them and gets the whole state again (the sim never waits for it).
-//! A client may submit at most [`SUBMITS_PER_SECOND`] events a second; frames are bounded.
+//! Limits: a client may submit at most [`SUBMITS_PER_SECOND`] events a second, frames are bounded,
+//! and a frame that is not a message is answered with an error and the connection is cut; the
+//! loop that runs the sim is never waited on by a session. A session too slow for the per-tick
+//! deltas loses them (the broadcast channel drops them) and gets its whole area again.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
-use serde::{Deserialize, Serialize};
+use metatopia_client::proto::{
+    self, ChatView, ClientMsg, MAX_CLIENT_FRAME, NodeAddr, ObjectUpdate, ObjectView, ServerMsg, read_frame, write_frame,
+};
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::core::{MAX_EVENT_BYTES, Outcome};
-use crate::http::{AccountView, ChatView, ObjectView, Query, Service, Status, parse_hash};
+use crate::core::MAX_EVENT_BYTES;
+use crate::http::{Query, Service, parse_hash};
 
 /// Events one connection may submit per second.
 pub const SUBMITS_PER_SECOND: u32 = 50;
+/// The side of the index's grid cells, metres.
+const CELL_M: i64 = 16;
 
-/// What the node's loop publishes to every gateway session.
+/// What the node's loop publishes to every session.
 #[derive(Clone, Debug)]
 pub enum Feed {
-    Tick { tick: u64, enter: Vec<ObjectView>, update: Vec<ObjectView>, leave: Vec<String> },
+    /// A tick executed; these objects changed. Created and removed objects are found by
+    /// comparing the index with what a session has sent.
+    Tick {
+        tick: u64,
+        changed: Arc<Vec<ObjectUpdate>>,
+    },
     Chat(ChatView),
-    Status(Box<Status>),
+    Status(Box<proto::Status>),
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ServerMsg {
-    Status(Box<Status>),
-    Tick { tick: u64, enter: Vec<ObjectView>, update: Vec<ObjectView>, leave: Vec<String> },
-    Chat(ChatView),
-    Submitted { r#ref: u64, id: String },
-    Outcome { id: String, outcome: Outcome },
-    Object { object: Option<ObjectView> },
-    Account { id: String, account: Option<AccountView> },
-    Error { r#ref: Option<u64>, message: String },
+/// What sessions share with the node's loop.
+#[derive(Debug)]
+pub struct Hub {
+    pub feed: broadcast::Sender<Feed>,
+    pub index: RwLock<AoiIndex>,
+    /// The sim this node serves and the nodes clients may connect to for it.
+    pub sim: u32,
+    pub nodes: Vec<NodeAddr>,
+    /// Connected sessions.
+    pub clients: AtomicU32,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ClientMsg {
-    Submit { r#ref: u64, event: String },
-    Object { id: String },
-    Account { id: String },
+impl Hub {
+    pub fn new(sim: u32, nodes: Vec<NodeAddr>) -> Hub {
+        Hub {
+            feed: broadcast::channel(64).0,
+            index: RwLock::new(AoiIndex::default()),
+            sim,
+            nodes,
+            clients: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether any session listens (the loop skips building deltas otherwise).
+    pub fn listened(&self) -> bool {
+        self.feed.receiver_count() > 0
+    }
+
+    pub fn publish(&self, f: Feed) {
+        let _ = self.feed.send(f);
+    }
 }
 
-/// The upgrade handler.
+/// Every object's view, on a grid of [`CELL_M`]-metre cells, and each account's avatar.
+#[derive(Debug, Default)]
+pub struct AoiIndex {
+    pub tick: u64,
+    objects: BTreeMap<String, (ObjectView, (i64, i64))>,
+    cells: BTreeMap<(i64, i64), BTreeSet<String>>,
+    avatars: BTreeMap<String, String>,
+    /// The sim's area-of-interest radius setting, metres.
+    pub radius_m: u32,
+}
+
+impl AoiIndex {
+    fn cell(p: [i64; 2]) -> (i64, i64) {
+        (p[0].div_euclid(CELL_M), p[1].div_euclid(CELL_M))
+    }
+
+    /// Bring the index to `now` (every object of the world as the API shows it); what changed
+    /// in the objects it already had.
+    pub fn update(&mut self, tick: u64, now: impl Iterator<Item = ObjectView>) -> Vec<ObjectUpdate> {
+        self.tick = tick;
+        let mut changed = Vec::new();
+        let mut seen = BTreeSet::new();
+        for v in now {
+            seen.insert(v.id.clone());
+            match self.objects.get(&v.id) {
+                Some((old, _)) if *old == v => continue,
+                Some((old, _)) => {
+                    changed.push(ObjectUpdate::between(old, &v));
+                    self.remove(&v.id.clone());
+                }
+                None => {}
+            }
+            self.insert(v);
+        }
+        let gone: Vec<String> = self.objects.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+        for id in gone {
+            self.remove(&id);
+        }
+        changed
+    }
+
+    fn insert(&mut self, v: ObjectView) {
+        let c = Self::cell(v.metres());
+        self.cells.entry(c).or_default().insert(v.id.clone());
+        if v.avatar {
+            self.avatars.insert(v.owner.clone(), v.id.clone());
+        }
+        self.objects.insert(v.id.clone(), (v, c));
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some((v, c)) = self.objects.remove(id) {
+            if let Some(set) = self.cells.get_mut(&c) {
+                set.remove(id);
+                if set.is_empty() {
+                    self.cells.remove(&c);
+                }
+            }
+            if v.avatar && self.avatars.get(&v.owner).is_some_and(|a| a == id) {
+                self.avatars.remove(&v.owner);
+            }
+        }
+    }
+
+    pub fn clear(&mut self) {
+        *self = AoiIndex { radius_m: self.radius_m, ..AoiIndex::default() };
+    }
+
+    pub fn get(&self, id: &str) -> Option<&ObjectView> {
+        self.objects.get(id).map(|(v, _)| v)
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Where an account's avatar stands (whole metres), if it is in the sim.
+    pub fn avatar_at(&self, account: &str) -> Option<[i64; 2]> {
+        self.get(self.avatars.get(account)?).map(ObjectView::metres)
+    }
+
+    /// The ids of the objects within `radius` metres of `center`.
+    pub fn within(&self, center: [i64; 2], radius: u32) -> BTreeSet<String> {
+        let r = i64::from(radius);
+        let (lo, hi) = (Self::cell([center[0] - r, center[1] - r]), Self::cell([center[0] + r, center[1] + r]));
+        let mut out = BTreeSet::new();
+        for (_, ids) in
+            self.cells.range((lo.0, i64::MIN)..=(hi.0, i64::MAX)).filter(|((_, y), _)| (lo.1..=hi.1).contains(y))
+        {
+            for id in ids {
+                let p = self.objects[id].0.metres();
+                let (dx, dy) = (i128::from(p[0] - center[0]), i128::from(p[1] - center[1]));
+                if dx * dx + dy * dy <= i128::from(r) * i128::from(r) {
+                    out.insert(id.clone());
+                }
+            }
+        }
+        out
+    }
+
+    pub fn all(&self) -> BTreeSet<String> {
+        self.objects.keys().cloned().collect()
+    }
+}
+
+/// A session's transport: it yields client messages (or the reason a frame was not one) and
+/// carries server messages.
+pub trait Transport: Send {
+    /// `None`: the client went away.
+    fn recv(&mut self) -> impl Future<Output = Option<Result<ClientMsg, String>>> + Send;
+    /// `false`: the client went away.
+    fn send(&mut self, m: &ServerMsg) -> impl Future<Output = bool> + Send;
+}
+
+/// The web viewer's transport: JSON text frames.
+struct Ws(WebSocket);
+
+impl Transport for Ws {
+    async fn recv(&mut self) -> Option<Result<ClientMsg, String>> {
+        loop {
+            return match self.0.recv().await {
+                Some(Ok(Message::Text(t))) => {
+                    Some(serde_json::from_str(t.as_str()).map_err(|e| format!("not a client message: {e}")))
+                }
+                Some(Ok(Message::Binary(_))) => Some(Err("binary frames are not spoken here".into())),
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => None,
+                Some(Ok(_)) => continue,
+            };
+        }
+    }
+
+    async fn send(&mut self, m: &ServerMsg) -> bool {
+        match serde_json::to_string(m) {
+            Ok(text) => self.0.send(Message::Text(text.into())).await.is_ok(),
+            Err(_) => true,
+        }
+    }
+}
+
+/// The native client's transport: postcard frames on a QUIC stream.
+struct Quic {
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+}
+
+impl Transport for Quic {
+    async fn recv(&mut self) -> Option<Result<ClientMsg, String>> {
+        match read_frame(&mut self.recv, MAX_CLIENT_FRAME).await {
+            Ok(m) => Some(Ok(m)),
+            Err(proto::FrameError::Closed | proto::FrameError::Io(_)) => None,
+            Err(e) => Some(Err(e.to_string())),
+        }
+    }
+
+    async fn send(&mut self, m: &ServerMsg) -> bool {
+        write_frame(&mut self.send, m).await.is_ok()
+    }
+}
+
+/// The WebSocket upgrade handler.
 pub async fn upgrade(ws: WebSocketUpgrade, State(s): State<Service>) -> Response {
-    ws.max_message_size(2 * MAX_EVENT_BYTES as usize + 1024).on_upgrade(move |socket| session(socket, s))
+    ws.max_message_size(2 * MAX_EVENT_BYTES as usize + 1024).on_upgrade(move |socket| session(Ws(socket), s))
+}
+
+/// Serve QUIC clients on `addr` (UDP) until the returned endpoint is closed.
+pub fn serve_quic(
+    addr: SocketAddr,
+    key: &metatopia_sim::SigningKey,
+    service: Service,
+) -> anyhow::Result<(quinn::Endpoint, tokio::task::JoinHandle<()>)> {
+    let endpoint = quinn::Endpoint::server(metatopia_client::quic::server_config(key)?, addr)?;
+    let ep = endpoint.clone();
+    let task = tokio::spawn(async move {
+        while let Some(incoming) = ep.accept().await {
+            let s = service.clone();
+            tokio::spawn(async move {
+                let Ok(conn) = incoming.await else { return };
+                let Ok(Ok((send, recv))) = tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await else {
+                    return;
+                };
+                session(Quic { send, recv }, s).await;
+                // Let the last frames (an error before a cut-off) reach the client.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                conn.close(0u32.into(), b"bye");
+            });
+        }
+    });
+    Ok((endpoint, task))
 }
 
 async fn ask<T>(s: &Service, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> Option<T> {
@@ -68,103 +286,197 @@ async fn ask<T>(s: &Service, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> 
     tokio::time::timeout(Duration::from_secs(5), rx).await.ok()?.ok()
 }
 
-async fn send(socket: &mut WebSocket, m: &ServerMsg) -> bool {
-    match serde_json::to_string(m) {
-        Ok(text) => socket.send(Message::Text(text.into())).await.is_ok(),
-        Err(_) => true,
+/// One client's view: what it follows and which objects it has been sent.
+#[derive(Debug, Default)]
+struct View {
+    follow: Option<String>,
+    radius_m: Option<u32>,
+    known: BTreeSet<String>,
+}
+
+impl View {
+    /// Where the followed avatar stands, and the ids in the area (`None`: the whole sim).
+    fn area(&self, index: &AoiIndex) -> (Option<[i64; 2]>, BTreeSet<String>) {
+        match &self.follow {
+            None => (None, index.all()),
+            Some(account) => match index.avatar_at(account) {
+                Some(at) => {
+                    let r = self.radius_m.unwrap_or(index.radius_m).clamp(1, 4096);
+                    (Some(at), index.within(at, r))
+                }
+                None => (None, BTreeSet::new()),
+            },
+        }
+    }
+
+    /// The delta that brings the client from what it knows to the area now.
+    fn delta(&mut self, index: &AoiIndex, changed: &[ObjectUpdate]) -> ServerMsg {
+        let (_, area) = self.area(index);
+        let enter: Vec<ObjectView> = area.difference(&self.known).filter_map(|id| index.get(id)).cloned().collect();
+        let update: Vec<ObjectUpdate> =
+            changed.iter().filter(|u| self.known.contains(&u.id) && area.contains(&u.id)).cloned().collect();
+        let leave: Vec<String> = self.known.difference(&area).cloned().collect();
+        self.known = area;
+        ServerMsg::Tick { tick: index.tick, enter, update, leave }
+    }
+
+    /// Whether this client hears a line.
+    fn hears(&self, line: &ChatView, index: &AoiIndex) -> bool {
+        match (&self.follow, &line.to) {
+            (_, Some(to)) => self.follow.as_ref() == Some(to),
+            (None, None) => true,
+            (Some(account), None) => index.avatar_at(account).is_some_and(|at| line.heard_at(at)),
+        }
     }
 }
 
-/// Everything a new (or lagging) client needs: status, all objects, recent chat.
-async fn full_state(socket: &mut WebSocket, s: &Service) -> bool {
+/// Everything a new (or lagging) client needs: status, its whole area, recent chat it hears.
+async fn full_state<T: Transport>(t: &mut T, s: &Service, hub: &Hub, view: &mut View) -> bool {
     let status = s.status.borrow().clone();
     let tick = status.tick;
-    if !send(socket, &ServerMsg::Status(Box::new(status))).await {
+    if !t.send(&ServerMsg::Status(Box::new(status))).await {
         return false;
     }
-    let enter = ask(s, Query::Objects).await.unwrap_or_default();
-    if !send(socket, &ServerMsg::Tick { tick, enter, update: Vec::new(), leave: Vec::new() }).await {
+    let m = {
+        let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
+        view.known.clear();
+        let mut m = view.delta(&index, &[]);
+        if let ServerMsg::Tick { tick: t, .. } = &mut m {
+            // An index nobody kept (no session listened) is refilled at the next tick.
+            *t = (*t).max(tick);
+        }
+        m
+    };
+    if !t.send(&m).await {
         return false;
     }
-    for line in ask(s, |tx| Query::Chat(tick.saturating_sub(600), tx)).await.unwrap_or_default() {
-        if !send(socket, &ServerMsg::Chat(line)).await {
+    let lines = ask(s, |tx| Query::Chat(tick.saturating_sub(600), tx)).await.unwrap_or_default();
+    let lines: Vec<ChatView> = {
+        let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
+        lines.into_iter().filter(|l| view.hears(l, &index)).collect()
+    };
+    for line in lines {
+        if !t.send(&ServerMsg::Chat(line)).await {
             return false;
         }
     }
     true
 }
 
-async fn session(mut socket: WebSocket, s: Service) {
-    let Some(feed) = s.feed.as_ref() else { return };
-    let mut feed = feed.subscribe();
-    if !full_state(&mut socket, &s).await {
+/// Counts a session while it lives.
+struct Counted<'a>(&'a AtomicU32);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One client's session, whatever its transport.
+pub async fn session<T: Transport>(mut t: T, s: Service) {
+    let Some(hub) = s.hub.clone() else { return };
+    hub.clients.fetch_add(1, Ordering::Relaxed);
+    let _counted = Counted(&hub.clients);
+    let mut feed = hub.feed.subscribe();
+    let mut view = View::default();
+    if !full_state(&mut t, &s, &hub, &mut view).await {
         return;
     }
     let (outcomes_tx, mut outcomes) = mpsc::channel::<ServerMsg>(256);
     let (mut window, mut submits) = (Instant::now(), 0u32);
     loop {
         tokio::select! {
-            m = socket.recv() => {
-                let text = match m {
-                    Some(Ok(Message::Text(t))) => t,
-                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
-                    Some(Ok(_)) => continue,
+            m = t.recv() => {
+                let msg = match m {
+                    None => return,
+                    Some(Err(why)) => {
+                        // Garbage: say why, then cut the client off.
+                        let _ = t.send(&ServerMsg::Error { r#ref: None, message: format!("{why}: disconnected") }).await;
+                        return;
+                    }
+                    Some(Ok(msg)) => msg,
                 };
-                let reply = match serde_json::from_str::<ClientMsg>(text.as_str()) {
-                    Err(e) => ServerMsg::Error { r#ref: None, message: format!("not a client message: {e}") },
-                    Ok(ClientMsg::Object { id }) => {
+                let reply = match msg {
+                    ClientMsg::Route { .. } => {
+                        // One sim per node for now: the answer is this sim's nodes.
+                        Some(ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() })
+                    }
+                    ClientMsg::Interest { follow, radius_m } => {
+                        if let Some(f) = follow.as_deref().filter(|f| parse_hash(f).is_none()) {
+                            Some(ServerMsg::Error { r#ref: None, message: format!("{f:?} is not an account id") })
+                        } else {
+                            view.follow = follow.map(|f| f.to_ascii_lowercase());
+                            view.radius_m = radius_m;
+                            if !full_state(&mut t, &s, &hub, &mut view).await {
+                                return;
+                            }
+                            None
+                        }
+                    }
+                    ClientMsg::Object { id } => {
                         let parsed = id.split_once('v').and_then(|(a, b)| {
                             Some(metatopia_sim::ObjectId::new(a.parse().ok()?, b.parse().ok()?))
                         });
-                        match parsed {
+                        Some(match parsed {
                             Some(oid) => ServerMsg::Object { object: ask(&s, |tx| Query::Object(oid, tx)).await.flatten() },
                             None => ServerMsg::Error { r#ref: None, message: format!("{id:?} is not an object id") },
-                        }
+                        })
                     }
-                    Ok(ClientMsg::Account { id }) => match parse_hash(&id) {
+                    ClientMsg::Account { id } => Some(match parse_hash(&id) {
                         Some(a) => {
                             let account = ask(&s, |tx| Query::Account(metatopia_sim::AccountId(a), tx)).await.flatten();
                             ServerMsg::Account { id, account }
                         }
                         None => ServerMsg::Error { r#ref: None, message: format!("{id:?} is not an account id") },
-                    },
-                    Ok(ClientMsg::Submit { r#ref, event }) => {
+                    }),
+                    ClientMsg::Submit { r#ref, event } => {
                         if window.elapsed() >= Duration::from_secs(1) {
                             (window, submits) = (Instant::now(), 0);
                         }
                         submits += 1;
                         if submits > SUBMITS_PER_SECOND {
                             let m = format!("more than {SUBMITS_PER_SECOND} events a second: disconnected");
-                            let _ = send(&mut socket, &ServerMsg::Error { r#ref: Some(r#ref), message: m }).await;
+                            let _ = t.send(&ServerMsg::Error { r#ref: Some(r#ref), message: m }).await;
                             return;
                         }
-                        submit(&s, r#ref, &event, &outcomes_tx).await
+                        Some(submit(&s, r#ref, &event, &outcomes_tx).await)
                     }
                 };
-                if !send(&mut socket, &reply).await {
+                if let Some(reply) = reply
+                    && !t.send(&reply).await
+                {
                     return;
                 }
             }
             f = feed.recv() => {
                 let m = match f {
-                    Ok(Feed::Tick { tick, enter, update, leave }) => ServerMsg::Tick { tick, enter, update, leave },
-                    Ok(Feed::Chat(c)) => ServerMsg::Chat(c),
+                    Ok(Feed::Tick { changed, .. }) => {
+                        let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
+                        view.delta(&index, &changed)
+                    }
+                    Ok(Feed::Chat(c)) => {
+                        let heard = view.hears(&c, &hub.index.read().unwrap_or_else(|e| e.into_inner()));
+                        if !heard {
+                            continue;
+                        }
+                        ServerMsg::Chat(c)
+                    }
                     Ok(Feed::Status(st)) => ServerMsg::Status(st),
                     Err(RecvError::Lagged(_)) => {
-                        // Too slow for the deltas: they are dropped; start again from the whole state.
-                        if !full_state(&mut socket, &s).await {
+                        // Too slow for the deltas: they are dropped; start again from the whole area.
+                        if !full_state(&mut t, &s, &hub, &mut view).await {
                             return;
                         }
                         continue;
                     }
                     Err(RecvError::Closed) => return,
                 };
-                if !send(&mut socket, &m).await {
+                if !t.send(&m).await {
                     return;
                 }
             }
             Some(m) = outcomes.recv() => {
-                if !send(&mut socket, &m).await {
+                if !t.send(&m).await {
                     return;
                 }
             }
@@ -174,7 +486,7 @@ async fn session(mut socket: WebSocket, s: Service) {
 
 /// Decode, hand to the loop, and watch for the outcome (reported on `outcomes`).
 async fn submit(s: &Service, r#ref: u64, event: &str, outcomes: &mpsc::Sender<ServerMsg>) -> ServerMsg {
-    let bytes = match decode_hex(event) {
+    let bytes = match proto::unhex(event) {
         Some(b) if b.len() <= MAX_EVENT_BYTES as usize => b,
         _ => return ServerMsg::Error { r#ref: Some(r#ref), message: "event: hex of at most 64 KiB expected".into() },
     };
@@ -197,9 +509,114 @@ async fn submit(s: &Service, r#ref: u64, event: &str, outcomes: &mpsc::Sender<Se
     }
 }
 
-fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(id: &str, owner: &str, avatar: bool, x: i64, y: i64) -> ObjectView {
+        ObjectView {
+            id: id.into(),
+            name: id.into(),
+            owner: owner.into(),
+            avatar,
+            position: [x.to_string(), y.to_string()],
+            shape: "circle 0.5".into(),
+            color: "ffffffff".into(),
+            text: String::new(),
+            script: None,
+            scripted: false,
+        }
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+
+    #[test]
+    fn the_area_of_interest_follows_the_avatar_with_enter_update_leave() {
+        let me = "aa".repeat(32);
+        let mut index = AoiIndex { radius_m: 30, ..AoiIndex::default() };
+        let world = |me_x: i64, door_text: &str| {
+            let mut door = obj("1v0", "x", false, 100, 100);
+            door.text = door_text.into();
+            vec![
+                obj("0v0", &me, true, me_x, 100),
+                door,
+                obj("2v0", "x", false, 200, 100),
+                obj("3v0", "x", false, 125, 118),
+            ]
+        };
+        let changed = index.update(1, world(90, "closed").into_iter());
+        assert!(changed.is_empty(), "new objects are not changes");
+        let mut view = View { follow: Some(me.clone()), ..View::default() };
+        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index, &changed) else { panic!() };
+        let ids: Vec<&str> = enter.iter().map(|o| o.id.as_str()).collect();
+        // 3v0 is 35 x 18 m away (39 m): outside 30 m; 2v0 far away.
+        assert_eq!(ids, ["0v0", "1v0"]);
+        assert!(leave.is_empty());
+        // The door opens: an update; I walk east 20 m: 3v0 enters (15 m), nothing leaves.
+        let changed = index.update(2, world(110, "open").into_iter());
+        assert_eq!(changed.iter().map(|u| u.id.as_str()).collect::<Vec<_>>(), ["0v0", "1v0"]);
+        let ServerMsg::Tick { tick, enter, update, leave } = view.delta(&index, &changed) else { panic!() };
+        assert_eq!(tick, 2);
+        assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["3v0"]);
+        assert_eq!(update.len(), 2);
+        assert_eq!(
+            (update[0].id.as_str(), update[0].position.clone(), update[0].text.clone()),
+            ("0v0", Some(["110".into(), "100".into()]), None)
+        );
+        assert_eq!(
+            (update[1].id.as_str(), update[1].position.clone(), update[1].text.as_deref()),
+            ("1v0", None, Some("open"))
+        );
+        assert!(leave.is_empty());
+        // Far east: everything but 2v0 leaves and 2v0 enters; a removed object leaves too.
+        let mut w = world(190, "open");
+        w.remove(3);
+        let changed = index.update(3, w.into_iter());
+        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index, &changed) else { panic!() };
+        assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["2v0"]);
+        assert_eq!(leave, ["1v0", "3v0"]);
+        assert_eq!(index.len(), 3);
+        // Chat: heard within its range of the avatar, private lines only by their account.
+        let line = |x: i64, range_m: u32, to: Option<String>| ChatView {
+            tick: 3,
+            name: "n".into(),
+            channel: 0,
+            text: "t".into(),
+            position: [x, 100],
+            range_m,
+            to,
+        };
+        assert!(view.hears(&line(175, 20, None), &index));
+        assert!(!view.hears(&line(165, 20, None), &index));
+        assert!(view.hears(&line(100, 100, None), &index));
+        assert!(view.hears(&line(0, 10, Some(me.clone())), &index));
+        assert!(!view.hears(&line(190, 10, Some("bb".repeat(32))), &index));
+        // Without an interest: the whole sim, every public line.
+        let mut all = View::default();
+        let ServerMsg::Tick { enter, .. } = all.delta(&index, &[]) else { panic!() };
+        assert_eq!(enter.len(), 3);
+        assert!(all.hears(&line(-1000, 10, None), &index));
+    }
+
+    #[test]
+    fn the_grid_query_matches_a_scan_of_every_object() {
+        let mut index = AoiIndex::default();
+        let mut seed = 12345u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 33) % 600) as i64 - 300
+        };
+        let objects: Vec<ObjectView> = (0..500).map(|i| obj(&format!("{i}v0"), "o", false, next(), next())).collect();
+        index.update(1, objects.clone().into_iter());
+        for _ in 0..50 {
+            let (c, r) = ([next(), next()], (next().unsigned_abs() % 120) as u32);
+            let scan: BTreeSet<String> = objects
+                .iter()
+                .filter(|o| {
+                    let p = o.metres();
+                    (p[0] - c[0]).pow(2) + (p[1] - c[1]).pow(2) <= i64::from(r).pow(2)
+                })
+                .map(|o| o.id.clone())
+                .collect();
+            assert_eq!(index.within(c, r), scan, "center {c:?} radius {r}");
+        }
+    }
 }

@@ -30,116 +30,11 @@ use metatopia_consensus::Micros;
 use metatopia_sim::governance::{Role, report, role_of};
 use metatopia_sim::host::{PhysicsStage, ScriptHost};
 use metatopia_sim::{AccountId, EventId};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::core::{Agreement, MAX_EVENT_BYTES, NodeCore, Outcome};
 
-/// What the node publishes after every tick.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Status {
-    pub sim: u32,
-    /// This node's validator index and the number of validators.
-    pub node: u32,
-    pub validators: u32,
-    pub tick_rate_hz: u32,
-    /// The sim's square region: origin and side, metres.
-    pub region_origin: [i64; 2],
-    pub region_size: i64,
-    /// The last executed tick and the state root after it.
-    pub tick: u64,
-    pub root: String,
-    /// Sim seconds per wall second over the last second (1.0 in lockstep at the rate).
-    pub dilation: f64,
-    /// BFT time of a block to its commit here, milliseconds, over recent ticks.
-    pub commit_latency_p50_ms: f64,
-    pub commit_latency_p99_ms: f64,
-    /// Wall time per tick spent executing, scripts (summed over threads) and physics, ms,
-    /// averaged over the last second.
-    pub execute_ms: f64,
-    pub script_ms: f64,
-    pub physics_ms: f64,
-    pub objects: u64,
-    pub scripts: u64,
-    pub accounts: u64,
-    pub pool_events: u64,
-    pub accepted: u64,
-    pub rejected: u64,
-    pub refused_submissions: u64,
-    pub peers: u32,
-    /// The tick this node diverged at, if it did (it then stops executing).
-    pub desynced: Option<u64>,
-    /// Milliseconds since the UNIX epoch when the last tick executed here.
-    pub last_executed_unix_ms: u64,
-}
-
-/// An account as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct AccountView {
-    pub id: String,
-    pub name: String,
-    pub joined_at_ms: u64,
-    pub last_login_ms: u64,
-    /// Sign the next event with a nonce above this.
-    pub last_nonce: u64,
-    pub role: String,
-    pub banned: bool,
-    pub kicked_until_ms: Option<u64>,
-    /// The avatar's object id (`SLOTvGEN`) while logged in.
-    pub avatar: Option<String>,
-}
-
-/// Who governs the sim now, and why (`metatopia admin status`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct GovernanceView {
-    pub tick: u64,
-    /// Sim (BFT) time of the last executed tick, milliseconds.
-    pub time_ms: u64,
-    pub admin: String,
-    pub admin_name: Option<String>,
-    pub admin_days_absent: u64,
-    pub admin_absent: bool,
-    pub temp_admin: Option<String>,
-    pub temp_admin_name: Option<String>,
-    pub reason: String,
-    /// X and Y of DESIGN §10.
-    pub admin_absent_days: u32,
-    pub temp_admin_active_days: u32,
-    pub validators: Vec<String>,
-    /// Validator changes waiting for the epoch boundary: (key, admit?).
-    pub pending_validators: Vec<(String, bool)>,
-    pub next_epoch_tick: u64,
-    pub banned: Vec<String>,
-    /// All the settings (an admin's `settings` act replaces them whole).
-    pub settings: metatopia_sim::Settings,
-}
-
-/// An object as the API shows it (lengths in metres, as decimal text).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ObjectView {
-    pub id: String,
-    pub name: String,
-    pub owner: String,
-    pub avatar: bool,
-    pub position: [String; 2],
-    /// `circle R` or `box HALF_W HALF_H`.
-    pub shape: String,
-    pub color: String,
-    pub text: String,
-    /// Its script, readable by anyone (only in `GET /v1/objects/{id}`; the list says `scripted`).
-    pub script: Option<ScriptView>,
-    pub scripted: bool,
-}
-
-/// A script's source and provenance.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ScriptView {
-    pub source: String,
-    pub licence: String,
-    pub author: String,
-    pub derived_from: Option<String>,
-    pub id: String,
-}
+pub use metatopia_client::proto::{AccountView, ChatView, GovernanceView, ObjectView, RootView, ScriptView, Status};
 
 /// How the API shows an object (`with_source`: include its script's source).
 pub fn object_view(w: &metatopia_sim::World, o: &metatopia_sim::Object, with_source: bool) -> ObjectView {
@@ -166,22 +61,6 @@ pub fn object_view(w: &metatopia_sim::World, o: &metatopia_sim::Object, with_sou
         }),
         scripted: source.is_some(),
     }
-}
-
-/// A line of chat heard in the sim.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ChatView {
-    pub tick: u64,
-    pub name: String,
-    pub channel: i32,
-    pub text: String,
-}
-
-/// The root this node computed for a tick.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct RootView {
-    pub tick: u64,
-    pub root: String,
 }
 
 /// A question for the node's loop.
@@ -306,8 +185,8 @@ pub struct Service {
     /// Renders `/metrics` (None: metrics are off in this process).
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     pub started: Instant,
-    /// Per-tick deltas, chat and status for the WebSocket gateway (None: no gateway).
-    pub feed: Option<tokio::sync::broadcast::Sender<crate::gateway::Feed>>,
+    /// The client service's hub (None: no WebSocket gateway).
+    pub hub: Option<std::sync::Arc<crate::gateway::Hub>>,
 }
 
 /// A tick older than this makes the node not ready.

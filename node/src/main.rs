@@ -6,6 +6,7 @@
 
 mod admin;
 mod bench_agreement;
+mod client_cmd;
 mod devnet;
 mod local;
 mod raynet_sim;
@@ -45,6 +46,10 @@ enum Command {
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCmd),
+    /// The terminal client: walk an avatar, chat, touch things, read scripts (through any node).
+    Client(client_cmd::ClientArgs),
+    /// Headless clients that log in, wander and chat, for load; prints what they receive.
+    Bot(client_cmd::BotArgs),
     /// Run one sim locally on a seeded default world, with bots, and print its progress.
     Sim(local::SimArgs),
     /// Simulate the Raynet overlay with N peers and measure it against exact Delaunay.
@@ -101,6 +106,8 @@ fn run() -> anyhow::Result<()> {
         Command::Synctest(args) => scenario_cmd::synctest(args),
         Command::Replay(ReplayCmd::Verify(args)) => scenario_cmd::replay_verify(args),
         Command::Config(ConfigCmd::Check(args)) => run::config_check(args),
+        Command::Client(args) => client_cmd::client(args),
+        Command::Bot(args) => client_cmd::bot(args),
         Command::Sim(args) => local::run(args),
         Command::Raynet(args) => raynet_sim::run(args),
         Command::Bench(Bench::Agreement(args)) => bench_agreement::run(args),

@@ -8,7 +8,8 @@ use anyhow::Context;
 use metatopia_consensus::{Config, Validator};
 use metatopia_node::config::{NodeConfig, ValidatorEntry};
 use metatopia_node::core::{CoreOutput, DesyncReport, NodeCore};
-use metatopia_node::gateway::Feed;
+use metatopia_node::gateway::{Feed, Hub};
+use metatopia_node::http::object_view;
 use metatopia_node::http::{Query, Service, Status};
 use metatopia_node::net::Mesh;
 use metatopia_node::scenario::AnyPhysics;
@@ -243,7 +244,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let validator = match dir.read_consensus_state()? {
         Some(b) => Validator::restore(consensus.clone(), key.clone(), keys.clone(), now_us(), &b)
             .map_err(|e| anyhow::anyhow!("consensus.state: {e}"))?,
-        None => Validator::new(consensus, key, keys.clone(), now_us()),
+        None => Validator::new(consensus, key.clone(), keys.clone(), now_us()),
     };
     anyhow::ensure!(cfg.world.time_scale >= 1, "world.time_scale must be at least 1");
     let mut core: Core = NodeCore::new(validator, sim, 2).with_time_scale(cfg.world.time_scale, anchor_ms);
@@ -290,22 +291,35 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let (status_tx, status_rx) = tokio::sync::watch::channel(meter.status.clone());
     let (query_tx, mut queries) = tokio::sync::mpsc::channel::<Query>(1024);
     let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let (feed, _) = tokio::sync::broadcast::channel::<Feed>(64);
-    let mut views: std::collections::BTreeMap<String, metatopia_node::http::ObjectView> = Default::default();
+    // The client service: the nodes of this sim clients may use (QUIC on each one's listen port).
+    let nodes = cfg
+        .validators
+        .iter()
+        .map(|v| metatopia_client::proto::NodeAddr { key: v.key.to_ascii_lowercase(), addr: v.address.to_string() })
+        .collect();
+    let hub = std::sync::Arc::new(Hub::new(cfg.world.sim_id, nodes));
     let service = Service {
         status: status_rx,
         queries: query_tx,
         metrics: Some(prometheus),
         started: std::time::Instant::now(),
-        feed: Some(feed.clone()),
+        hub: Some(hub.clone()),
     };
     let http_addr = args.http.unwrap_or_else(|| cfg.http_addr());
-    let (http_bound, http_task) = metatopia_node::http::serve(http_addr, service, async move {
+    let (http_bound, http_task) = metatopia_node::http::serve(http_addr, service.clone(), async move {
         let _ = http_stopped.await;
     })
     .await
     .with_context(|| format!("serving HTTP on {http_addr} (set `http` in the config or --http)"))?;
     println!("http on http://{http_bound} (/healthz /readyz /metrics /v1/status)");
+    let (quic, quic_task) = metatopia_node::gateway::serve_quic(cfg.listen, &key, service.clone())
+        .with_context(|| format!("serving clients over QUIC on udp {}", cfg.listen))?;
+    println!(
+        "clients: QUIC on udp {} (join address {}@{})",
+        cfg.listen,
+        metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
+        cfg.listen
+    );
     let examples: Vec<&str> = metatopia_node::scenario::EXAMPLE_SCRIPTS.iter().map(|(_, s)| *s).collect();
     let mut bots =
         (cfg.bots.events_per_tick > 0).then(|| EventGen::new(&demo, cfg.world.seed ^ 0xb075).with_scripts(&examples));
@@ -361,15 +375,18 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     committed = true;
                 }
                 CoreOutput::Executed { tick, root, accepted, rejected, chat: lines } => {
-                    for l in lines.into_iter().filter(|l| l.to.is_none()) {
+                    for l in lines {
                         let line = metatopia_node::http::ChatView {
                             tick: tick.0,
                             name: l.name,
                             channel: l.channel,
                             text: l.text,
+                            position: [l.position.x.floor_int(), l.position.y.floor_int()],
+                            range_m: l.range.metres().floor_int() as u32,
+                            to: l.to.map(|a| a.to_string()),
                         };
-                        if feed.receiver_count() > 0 {
-                            let _ = feed.send(Feed::Chat(line.clone()));
+                        if hub.listened() {
+                            hub.publish(Feed::Chat(line.clone()));
                         }
                         chat.push_back(line);
                         if chat.len() > 1024 {
@@ -383,10 +400,18 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                         exec_charged = true;
                     }
                     publish(&mut meter, &core, tick.0, &root, mesh.connected() as u32);
-                    if feed.receiver_count() > 0 {
-                        let _ = feed.send(delta(core.sim().world(), tick.0, &mut views));
-                    } else {
-                        views.clear();
+                    {
+                        let w = core.sim().world();
+                        let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
+                        if hub.listened() {
+                            index.radius_m = w.settings().aoi_radius_m;
+                            let changed = index.update(tick.0, w.objects().values().map(|o| object_view(w, o, false)));
+                            drop(index);
+                            hub.publish(Feed::Tick { tick: tick.0, changed: std::sync::Arc::new(changed) });
+                        } else if !index.is_empty() {
+                            // Nobody looks: building views every tick would be wasted.
+                            index.clear();
+                        }
                     }
                     metrics::counter!("metatopia_events_accepted_total").increment(u64::from(accepted));
                     metrics::counter!("metatopia_events_rejected_total").increment(u64::from(rejected));
@@ -404,8 +429,9 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                             (tick.0 + 1).saturating_sub(last_report_tick) as f64 / f64::from(cfg.tick_rate_hz) / wall;
                         (last_report, last_report_tick) = (std::time::Instant::now(), tick.0 + 1);
                         per_second(&mut meter, &times, dilation);
-                        if feed.receiver_count() > 0 {
-                            let _ = feed.send(Feed::Status(Box::new(meter.status.clone())));
+                        meter.status.clients = hub.clients.load(std::sync::atomic::Ordering::Relaxed);
+                        if hub.listened() {
+                            hub.publish(Feed::Status(Box::new(meter.status.clone())));
                         }
                         println!(
                             "tick {} root {} accepted {} rejected {} (total {} / {}) peers {} dilation {:.2}",
@@ -480,34 +506,14 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             break s;
         }
     };
+    quic.close(0u32.into(), b"the node is stopping");
+    quic_task.abort();
     let _ = http_stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(2), http_task).await;
     log.sync()?;
     let how = outcome?;
     println!("stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
     Ok(())
-}
-
-/// The objects that entered, changed or left since the last delta (for the gateway).
-fn delta(
-    w: &metatopia_sim::World,
-    tick: u64,
-    views: &mut std::collections::BTreeMap<String, metatopia_node::http::ObjectView>,
-) -> Feed {
-    let (mut enter, mut update) = (Vec::new(), Vec::new());
-    let mut now = std::collections::BTreeMap::new();
-    for o in w.objects().values() {
-        let v = metatopia_node::http::object_view(w, o, false);
-        match views.get(&v.id) {
-            None => enter.push(v.clone()),
-            Some(old) if *old != v => update.push(v.clone()),
-            Some(_) => {}
-        }
-        now.insert(v.id.clone(), v);
-    }
-    let leave = views.keys().filter(|k| !now.contains_key(*k)).cloned().collect();
-    *views = now;
-    Feed::Tick { tick, enter, update, leave }
 }
 
 /// After every executed tick: the status the HTTP service shows, and the gauges.

@@ -220,6 +220,7 @@ pub fn genesis(spec: &Scenario, seed: u64, opts: &Options, validators: &[Account
     settings.temp_admin_active_days = w.temp_admin_active_days.unwrap_or(settings.temp_admin_active_days);
     settings.epoch_ticks = w.epoch_ticks.unwrap_or(settings.epoch_ticks);
     settings.kick_cooldown_ms = w.kick_cooldown_secs.map_or(settings.kick_cooldown_ms, |s| s * 1000);
+    settings.aoi_radius_m = w.aoi_radius_m.unwrap_or(settings.aoi_radius_m);
     world.set_genesis_settings(settings);
     let host = RhaiHost::default();
     let mut objects = BTreeMap::new();

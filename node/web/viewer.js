@@ -110,14 +110,22 @@ function connect() {
 }
 
 function request(kind, id) {
-  return new Promise((resolve) => { replies[kind].push(resolve); ws.send(JSON.stringify({ type: kind, id })); });
+  return new Promise((resolve) => { replies[kind].push(resolve); ws.send(JSON.stringify({ [kind]: { id } })); });
 }
 
-function handle(m) {
-  switch (m.type) {
+// Messages are serde's externally tagged form, the same messages the native client gets:
+// `{"tick": {...}}`, `{"chat": {...}}`.
+function handle(msg) {
+  const [type, m] = Object.entries(msg)[0];
+  switch (type) {
     case "status": applyStatus(m); break;
     case "tick":
-      for (const o of m.enter.concat(m.update)) state.byId.set(o.id, o);
+      for (const o of m.enter) state.byId.set(o.id, o);
+      // Updates carry only what changed (null: unchanged).
+      for (const u of m.update) {
+        const o = state.byId.get(u.id);
+        if (o) for (const [k, v] of Object.entries(u)) if (v !== null) o[k] = v;
+      }
       for (const id of m.leave) state.byId.delete(id);
       state.objects = Array.from(state.byId.values());
       state.dirty = true;
@@ -150,7 +158,7 @@ async function act(payload) {
   const ref = ++refSeq;
   const id = await new Promise((resolve, reject) => {
     pending.set(ref, { resolve, reject });
-    ws.send(JSON.stringify({ type: "submit", ref, event: hex(event) }));
+    ws.send(JSON.stringify({ submit: { ref, event: hex(event) } }));
   });
   const o = early.get(id) || await new Promise((resolve) => {
     waiting.set(id, resolve);
@@ -158,7 +166,7 @@ async function act(payload) {
   });
   early.delete(id);
   if (!o) notice(`${payload.kind} not executed yet`);
-  else if (o.status === "refused") notice(`${payload.kind} refused at tick ${o.tick}: ${o.reason}`);
+  else if (o.refused) notice(`${payload.kind} refused at tick ${o.refused.tick}: ${o.refused.reason}`);
   return o;
 }
 

@@ -67,6 +67,7 @@ pub struct WorldSpec {
     pub temp_admin_active_days: Option<u32>,
     pub epoch_ticks: Option<u64>,
     pub kick_cooldown_secs: Option<u64>,
+    pub aoi_radius_m: Option<u32>,
 }
 
 impl Default for WorldSpec {
@@ -84,6 +85,7 @@ impl Default for WorldSpec {
             temp_admin_active_days: None,
             epoch_ticks: None,
             kick_cooldown_secs: None,
+            aoi_radius_m: None,
         }
     }
 }

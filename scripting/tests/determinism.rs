@@ -20,7 +20,7 @@ fn on_touch(who) { this.seen += 1; say(0, `touched ${this.seen}`); }
 fn on_message(from, data) { this.last = data; }
 "#;
 
-const GOLDEN_ROOT_300: &str = "dcc1492b3f45b1630c2498f50f7f1c62953f301293400c743d90ba696b63cdaa";
+const GOLDEN_ROOT_300: &str = "98c37ebdc0ddb7e370192c175881157ddf2d86d65cf3ff4f25289c61bb7b3e71";
 
 fn run(workers: u32) -> String {
     let mut demo = demo_world(DemoSpec {

@@ -164,6 +164,8 @@ pub struct Settings {
     /// Ticks per validator epoch; validator changes apply at epoch boundaries.
     pub epoch_ticks: u64,
     pub kick_cooldown_ms: u64,
+    /// How far around its avatar a client sees objects (its area of interest), metres.
+    pub aoi_radius_m: u32,
     pub limits: Limits,
 }
 
@@ -192,6 +194,7 @@ impl Default for Settings {
             tick_rate_hz: 30,
             epoch_ticks: 1_000,
             kick_cooldown_ms: 15 * 60 * 1_000,
+            aoi_radius_m: 64,
             limits: Limits::default(),
         }
     }

@@ -3,6 +3,7 @@
 use std::process::Command;
 
 /// Run the `metatopia` binary: success, stdout, stderr.
+#[allow(dead_code)]
 pub fn cli(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_metatopia")).args(args).env("RUST_LOG", "warn").output().unwrap();
     (
@@ -10,4 +11,100 @@ pub fn cli(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A node process, killed when dropped.
+#[allow(dead_code)]
+pub struct Kill(pub std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Four validators of one sim as real `metatopia run` processes on loopback, on the world of a
+/// catalogue scenario; ticking when this returns.
+#[allow(dead_code)]
+pub struct Cluster {
+    pub root: std::path::PathBuf,
+    pub nodes: Vec<Option<Kill>>,
+    /// Each node's join address (`KEY@127.0.0.1:PORT`; QUIC on that UDP port).
+    pub join: Vec<String>,
+    /// Each node's HTTP address.
+    pub http: Vec<String>,
+}
+
+#[allow(dead_code)]
+impl Cluster {
+    pub fn start(name: &str, scenario: &str) -> Cluster {
+        use metatopia_node::config::{BotsConfig, NodeConfig, ValidatorEntry, WorldConfig};
+        use metatopia_node::store::{DataDir, write_atomic};
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let root = std::env::temp_dir().join(format!("metatopia-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let ls: Vec<_> = (0..8).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let ports: Vec<u16> = ls.iter().map(|l| l.local_addr().unwrap().port()).collect();
+        drop(ls);
+        let dirs: Vec<std::path::PathBuf> = (0..4).map(|i| root.join(format!("node-{i}"))).collect();
+        let validators: Vec<ValidatorEntry> = dirs
+            .iter()
+            .zip(&ports)
+            .map(|(d, p)| ValidatorEntry {
+                key: metatopia_sim::ids::hex(DataDir::open(d).unwrap().key().unwrap().verifying_key().as_bytes()),
+                address: ([127, 0, 0, 1], *p).into(),
+            })
+            .collect();
+        let world = repo.join("scenarios").join("catalogue").join(scenario).canonicalize().unwrap();
+        for (i, d) in dirs.iter().enumerate() {
+            let cfg = NodeConfig {
+                listen: validators[i].address,
+                http: Some(([127, 0, 0, 1], ports[4 + i]).into()),
+                tick_rate_hz: 20,
+                snapshot_every: 640,
+                world: WorldConfig { scenario: Some(world.clone()), ..WorldConfig::default() },
+                bots: BotsConfig::default(),
+                validators: validators.clone(),
+            };
+            write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
+        }
+        let nodes = dirs
+            .iter()
+            .map(|d| {
+                Some(Kill(
+                    Command::new(env!("CARGO_BIN_EXE_metatopia"))
+                        .args(["run", "--data-dir"])
+                        .arg(d)
+                        .env("RUST_LOG", "warn")
+                        .stdout(std::process::Stdio::null())
+                        .spawn()
+                        .unwrap(),
+                ))
+            })
+            .collect();
+        let cluster = Cluster {
+            root,
+            nodes,
+            join: validators.iter().map(|v| format!("{}@{}", v.key, v.address)).collect(),
+            http: (0..4).map(|i| format!("127.0.0.1:{}", ports[4 + i])).collect(),
+        };
+        let t0 = std::time::Instant::now();
+        while cluster.status(0).is_none_or(|s| s.tick < 10) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(120), "the nodes did not start ticking");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        cluster
+    }
+
+    pub fn status(&self, i: usize) -> Option<metatopia_node::http::Status> {
+        metatopia_node::http::Client::new(&self.http[i]).get("/v1/status").ok().flatten()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.nodes.clear();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
 }

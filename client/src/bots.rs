@@ -1,0 +1,198 @@
+//! Bots: headless clients that log in, wander and chat, for load. Each bot is a real [`Client`]
+//! over QUIC with its own key and its own area of interest; what they measure (ticks seen,
+//! ticks missed, bytes received, refusals, failovers) is summed into a [`BotReport`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::SigningKey;
+use metatopia_sim::event::{ChatRange, Payload};
+use metatopia_sim::{Fx, Vec2};
+
+use crate::conn::Client;
+use crate::proto::{NodeAddr, Outcome, ServerMsg};
+
+/// What the bots do.
+#[derive(Debug, Clone)]
+pub struct BotPlan {
+    pub count: usize,
+    pub run_for: Duration,
+    /// Each bot changes its walk every this long (jittered).
+    pub wander_every: Duration,
+    /// Each bot says something every this long (jittered); zero: never.
+    pub chat_every: Duration,
+    /// Bots connect this many per second (a thousand at once would be a thundering herd).
+    pub connect_per_second: u32,
+    /// Keys and choices follow from this seed.
+    pub seed: u64,
+}
+
+impl Default for BotPlan {
+    fn default() -> BotPlan {
+        BotPlan {
+            count: 10,
+            run_for: Duration::from_secs(30),
+            wander_every: Duration::from_secs(3),
+            chat_every: Duration::from_secs(10),
+            connect_per_second: 100,
+            seed: 1,
+        }
+    }
+}
+
+/// Sums over all bots (live: read it while they run).
+#[derive(Debug, Default)]
+pub struct BotReport {
+    pub connected: AtomicU64,
+    pub logged_in: AtomicU64,
+    pub failed: AtomicU64,
+    /// `tick` messages received, and ticks skipped between consecutive ones.
+    pub ticks: AtomicU64,
+    pub missed_ticks: AtomicU64,
+    pub bytes: AtomicU64,
+    pub submitted: AtomicU64,
+    pub executed: AtomicU64,
+    pub refused: AtomicU64,
+    pub chat_heard: AtomicU64,
+    pub failovers: AtomicU64,
+}
+
+impl BotReport {
+    pub fn get(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+}
+
+/// A bot's key: from the seed and its number (bots are load, not identities worth keeping).
+pub fn bot_key(seed: u64, n: usize) -> SigningKey {
+    let mut b = [0xb0u8; 32];
+    b[..8].copy_from_slice(&seed.to_le_bytes());
+    b[8..16].copy_from_slice(&(n as u64).to_le_bytes());
+    SigningKey::from_bytes(&b)
+}
+
+/// A small deterministic generator for the bots' choices.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+const LINES: &[&str] = &["hello", "nice day in the sim", "anyone here?", "look at this door", "echo test"];
+
+/// Run the plan against `bootstrap`; returns when every bot has stopped.
+pub async fn run(bootstrap: NodeAddr, plan: BotPlan, report: Arc<BotReport>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    let gap = Duration::from_secs(1) / plan.connect_per_second.max(1);
+    let stop_at = Instant::now() + plan.run_for;
+    for n in 0..plan.count {
+        let (bootstrap, plan, report) = (bootstrap.clone(), plan.clone(), report.clone());
+        tasks.spawn(async move {
+            if let Err(e) = bot(n, &bootstrap, &plan, &report, stop_at).await {
+                report.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(bot = n, "{e:#}");
+            }
+        });
+        tokio::time::sleep(gap).await;
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn bot(
+    n: usize,
+    bootstrap: &NodeAddr,
+    plan: &BotPlan,
+    report: &BotReport,
+    stop_at: Instant,
+) -> anyhow::Result<()> {
+    let mut rng =
+        Rng(plan.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (n as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
+    let mut c = Client::connect(bootstrap, bot_key(plan.seed, n)).await?;
+    report.connected.fetch_add(1, Ordering::Relaxed);
+    c.login(&format!("bot{n}")).await?;
+    report.logged_in.fetch_add(1, Ordering::Relaxed);
+    let avatar = c.avatar().await?.ok_or_else(|| anyhow::anyhow!("logged in without an avatar"))?;
+    let jitter = |rng: &mut Rng, d: Duration| d / 2 + Duration::from_millis(rng.below(d.as_millis() as u64 + 1));
+    let mut next_walk = Instant::now();
+    let mut next_chat = Instant::now() + jitter(&mut rng, plan.chat_every);
+    let (mut last_tick, mut bytes_before) = (None::<u64>, 0u64);
+    let mut failovers = 0;
+    while Instant::now() < stop_at {
+        let now = Instant::now();
+        if now >= next_walk {
+            next_walk = now + jitter(&mut rng, plan.wander_every);
+            let v = |rng: &mut Rng| Fx::from_int(rng.below(5) as i64 - 2);
+            let velocity = Vec2::new(v(&mut rng), v(&mut rng));
+            if c.submit(Payload::Move { object: avatar, velocity }).await.is_ok() {
+                report.submitted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if !plan.chat_every.is_zero() && now >= next_chat {
+            next_chat = now + jitter(&mut rng, plan.chat_every);
+            let text = LINES[rng.below(LINES.len() as u64) as usize].to_string();
+            if c.submit(Payload::Chat { channel: 0, range: ChatRange::Say, text }).await.is_ok() {
+                report.submitted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let wait = next_walk.min(next_chat).min(stop_at).saturating_duration_since(Instant::now());
+        let Ok(m) = tokio::time::timeout(wait, c.next()).await else { continue };
+        let Some(m) = m else { anyhow::bail!("no node of the sim answers any more") };
+        if c.failovers != failovers {
+            failovers = c.failovers;
+            report.failovers.fetch_add(1, Ordering::Relaxed);
+            (last_tick, bytes_before) = (None, 0);
+        }
+        match m {
+            ServerMsg::Tick { tick, .. } => {
+                report.ticks.fetch_add(1, Ordering::Relaxed);
+                if let Some(t) = last_tick {
+                    report.missed_ticks.fetch_add(tick.saturating_sub(t + 1), Ordering::Relaxed);
+                }
+                last_tick = Some(tick);
+                let b = c.bytes_received();
+                report.bytes.fetch_add(b.saturating_sub(bytes_before), Ordering::Relaxed);
+                bytes_before = b;
+            }
+            ServerMsg::Chat(_) => {
+                report.chat_heard.fetch_add(1, Ordering::Relaxed);
+            }
+            ServerMsg::Outcome { outcome: Outcome::Executed { .. }, .. } => {
+                report.executed.fetch_add(1, Ordering::Relaxed);
+            }
+            ServerMsg::Outcome { outcome: Outcome::Refused { .. }, .. } => {
+                report.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+    // Leave the sim tidy: stop walking, log out.
+    let _ = c.submit(Payload::Move { object: avatar, velocity: Vec2::ZERO }).await;
+    let _ = c.submit(Payload::Logout).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bot_keys_differ_per_bot_and_repeat_per_seed() {
+        assert_eq!(bot_key(1, 5).to_bytes(), bot_key(1, 5).to_bytes());
+        assert_ne!(bot_key(1, 5).to_bytes(), bot_key(1, 6).to_bytes());
+        assert_ne!(bot_key(1, 5).to_bytes(), bot_key(2, 5).to_bytes());
+        let mut r = Rng(7);
+        let picks: Vec<u64> = (0..100).map(|_| r.below(5)).collect();
+        assert!((0..5).all(|v| picks.contains(&v)), "{picks:?}");
+    }
+}

@@ -1,0 +1,487 @@
+//! The client library: connect to a node of the sim the avatar is in, keep a view of the area of
+//! interest, act with signed events, and fail over to another node when the one in use dies.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use metatopia_client::{Client, proto::NodeAddr};
+//! let bootstrap: NodeAddr = "…64 hex…@127.0.0.1:7400".parse().map_err(anyhow::Error::msg)?;
+//! let key = metatopia_client::keys::load_or_create(std::path::Path::new("me.key"))?;
+//! let mut c = Client::connect(&bootstrap, key).await?;
+//! c.login("Ada").await?;
+//! c.walk(1, 0).await?;                  // east at 1 m/s
+//! c.say(0, "hello").await?;
+//! while let Some(m) = c.next().await { /* c.view() is up to date */ }
+//! # Ok(()) }
+//! ```
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use ed25519_dalek::SigningKey;
+use metatopia_sim::event::{ChatRange, Payload, SignedEvent, account_of};
+use metatopia_sim::{Fx, ObjectId, SimId, Vec2};
+
+use crate::proto::{
+    AccountView, ChatView, ClientMsg, MAX_SERVER_FRAME, NodeAddr, ObjectView, Outcome, ServerMsg, Status, hex,
+    read_frame, write_frame,
+};
+use crate::quic::{SERVER_NAME, client_config, parse_public};
+
+/// How long a request waits for its answer.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+/// Chat lines a view keeps.
+const KEEP_CHAT: usize = 200;
+
+/// What a client knows of the world: its area of interest as of `tick`, and chat it heard.
+#[derive(Debug, Default, Clone)]
+pub struct View {
+    pub tick: u64,
+    pub status: Option<Status>,
+    pub objects: BTreeMap<String, ObjectView>,
+    pub chat: VecDeque<ChatView>,
+    /// `tick` messages applied.
+    pub deltas: u64,
+}
+
+impl View {
+    /// Apply a message from the node.
+    pub fn apply(&mut self, m: &ServerMsg) {
+        match m {
+            ServerMsg::Status(s) => {
+                self.tick = self.tick.max(s.tick);
+                self.status = Some((**s).clone());
+            }
+            ServerMsg::Tick { tick, enter, update, leave } => {
+                for o in enter {
+                    self.objects.insert(o.id.clone(), o.clone());
+                }
+                for u in update {
+                    if let Some(o) = self.objects.get_mut(&u.id) {
+                        u.apply(o);
+                    }
+                }
+                for id in leave {
+                    self.objects.remove(id);
+                }
+                self.tick = *tick;
+                self.deltas += 1;
+            }
+            ServerMsg::Chat(c) => {
+                self.chat.push_back(c.clone());
+                if self.chat.len() > KEEP_CHAT {
+                    self.chat.pop_front();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The avatar of `account`, if it is in the area.
+    pub fn avatar_of(&self, account: &str) -> Option<&ObjectView> {
+        self.objects.values().find(|o| o.avatar && o.owner == account)
+    }
+
+    /// The object nearest to `at` other than avatars (what `touch` and `script` act on).
+    pub fn nearest_thing(&self, at: [i64; 2]) -> Option<&ObjectView> {
+        self.objects.values().filter(|o| !o.avatar).min_by_key(|o| {
+            let p = o.metres();
+            ((p[0] - at[0]).pow(2) + (p[1] - at[1]).pow(2), o.id.clone())
+        })
+    }
+}
+
+/// One connection to a node.
+struct Link {
+    node: NodeAddr,
+    conn: quinn::Connection,
+    send: quinn::SendStream,
+    rx: tokio::sync::mpsc::Receiver<ServerMsg>,
+}
+
+/// A client of one account.
+#[derive(Debug)]
+pub struct Client {
+    key: SigningKey,
+    account: String,
+    endpoint: quinn::Endpoint,
+    link: Option<LinkBox>,
+    /// The nodes of the avatar's sim (from the route answer), to fail over to.
+    nodes: Vec<NodeAddr>,
+    sim: u32,
+    nonce: u64,
+    next_ref: u64,
+    view: View,
+    /// Messages read while waiting for an answer, for [`Client::next`].
+    pending: VecDeque<ServerMsg>,
+    name: Option<String>,
+    /// Times this client moved to another node.
+    pub failovers: u32,
+}
+
+/// `Link` without a `Debug` of its streams.
+struct LinkBox(Link);
+
+impl std::fmt::Debug for LinkBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Link({})", self.0.node)
+    }
+}
+
+/// Why an event did not take effect.
+#[derive(Debug, thiserror::Error)]
+pub enum ActError {
+    #[error("the node refused it: {0}")]
+    NotSubmitted(String),
+    #[error("refused at tick {tick}: {reason}")]
+    Refused { tick: u64, reason: String },
+    #[error("no outcome within {0:?}")]
+    Timeout(Duration),
+    #[error("connection: {0}")]
+    Connection(String),
+}
+
+impl Client {
+    /// Ask `bootstrap` (pinned to its key) which nodes serve this account's sim, then connect to
+    /// one of them (the bootstrap itself when it is one). A client's own QUIC endpoint is bound
+    /// on an ephemeral loopback or unspecified port, as the bootstrap's address family asks.
+    pub async fn connect(bootstrap: &NodeAddr, key: SigningKey) -> anyhow::Result<Client> {
+        let account = account_of(&key).to_string();
+        let first: SocketAddr = resolve(&bootstrap.addr)?;
+        let bind: SocketAddr =
+            if first.ip().is_loopback() { (first.ip(), 0).into() } else { "0.0.0.0:0".parse().expect("an address") };
+        let endpoint = quinn::Endpoint::client(bind).context("opening a UDP socket for QUIC")?;
+        let mut c = Client {
+            key,
+            account,
+            endpoint,
+            link: None,
+            nodes: Vec::new(),
+            sim: 0,
+            nonce: 0,
+            next_ref: 0,
+            view: View::default(),
+            pending: VecDeque::new(),
+            name: None,
+            failovers: 0,
+        };
+        c.link = Some(LinkBox(c.dial(bootstrap).await?));
+        let route = c
+            .request(ClientMsg::Route { account: c.account.clone() }, |m| matches!(m, ServerMsg::Route { .. }))
+            .await?;
+        let ServerMsg::Route { sim, nodes } = route else { unreachable!("matched above") };
+        anyhow::ensure!(!nodes.is_empty(), "{bootstrap} knows no node of this account's sim");
+        c.sim = sim;
+        c.nodes = nodes;
+        if !c.nodes.iter().any(|n| n.key == bootstrap.key) {
+            // The bootstrap does not serve the sim: move to a node that does (trusting the keys
+            // the pinned bootstrap gave).
+            c.link = None;
+            c.reconnect().await?;
+        }
+        c.follow().await?;
+        Ok(c)
+    }
+
+    async fn dial(&self, node: &NodeAddr) -> anyhow::Result<Link> {
+        let addr = resolve(&node.addr)?;
+        let cfg = client_config(parse_public(&node.key)?)?;
+        let conn = tokio::time::timeout(ANSWER_WAIT, self.endpoint.connect_with(cfg, addr, SERVER_NAME)?)
+            .await
+            .with_context(|| format!("{node}: no answer"))?
+            .with_context(|| format!("connecting to {node}"))?;
+        let (send, mut recv) = conn.open_bi().await.with_context(|| format!("{node}: opening a stream"))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        tokio::spawn(async move {
+            while let Ok(m) = read_frame::<ServerMsg, _>(&mut recv, MAX_SERVER_FRAME).await {
+                if tx.send(m).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Link { node: node.clone(), conn, send, rx })
+    }
+
+    /// Move to the next node of the sim that answers (after the one in use died).
+    async fn reconnect(&mut self) -> anyhow::Result<()> {
+        let start =
+            self.link.as_ref().and_then(|l| self.nodes.iter().position(|n| n.key == l.0.node.key)).map_or(0, |i| i + 1);
+        self.link = None;
+        let mut last = None;
+        for round in 0..3u64 {
+            for i in 0..self.nodes.len() {
+                let node = self.nodes[(start + i) % self.nodes.len()].clone();
+                match self.dial(&node).await {
+                    Ok(link) => {
+                        self.link = Some(LinkBox(link));
+                        self.view = View::default();
+                        return Ok(());
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500 * (round + 1))).await;
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("no node of the sim to connect to")))
+    }
+
+    /// Tell the node to show this client the area around its avatar.
+    async fn follow(&mut self) -> anyhow::Result<()> {
+        self.send(ClientMsg::Interest { follow: Some(self.account.clone()), radius_m: None }).await
+    }
+
+    async fn send(&mut self, m: ClientMsg) -> anyhow::Result<()> {
+        let link = self.link.as_mut().context("not connected")?;
+        write_frame(&mut link.0.send, &m).await.with_context(|| format!("sending to {}", link.0.node))
+    }
+
+    /// Send `m` and wait for the first message `is_answer` accepts; other messages are applied to
+    /// the view and kept for [`Client::next`].
+    async fn request(&mut self, m: ClientMsg, is_answer: impl Fn(&ServerMsg) -> bool) -> anyhow::Result<ServerMsg> {
+        self.send(m).await?;
+        let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+        loop {
+            let link = self.link.as_mut().context("not connected")?;
+            let m = tokio::time::timeout_at(deadline, link.0.rx.recv())
+                .await
+                .with_context(|| format!("{}: no answer within {ANSWER_WAIT:?}", link.0.node))?
+                .with_context(|| format!("{} closed the connection", link.0.node))?;
+            if is_answer(&m) {
+                return Ok(m);
+            }
+            if let ServerMsg::Error { r#ref: None, message } = &m {
+                anyhow::bail!("{}: {message}", link.0.node);
+            }
+            self.view.apply(&m);
+            self.pending.push_back(m);
+        }
+    }
+
+    /// The next message from the node, applied to the view. When the node dies the client
+    /// moves to another node of the sim (the avatar stays in the sim) and goes on; `None` when
+    /// no node of the sim answers any more.
+    pub async fn next(&mut self) -> Option<ServerMsg> {
+        if let Some(m) = self.pending.pop_front() {
+            return Some(m);
+        }
+        loop {
+            let got = match self.link.as_mut() {
+                Some(l) => l.0.rx.recv().await,
+                None => None,
+            };
+            match got {
+                Some(m) => {
+                    self.view.apply(&m);
+                    return Some(m);
+                }
+                None => {
+                    if self.reconnect().await.is_err() || self.follow().await.is_err() {
+                        return None;
+                    }
+                    self.failovers += 1;
+                }
+            }
+        }
+    }
+
+    /// Messages until `deadline`, or until `until` accepts one (`true`) or the stream ends.
+    pub async fn run_until(&mut self, wait: Duration, until: impl Fn(&View, &ServerMsg) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, self.next()).await {
+                Ok(Some(m)) if until(&self.view, &m) => return true,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return false,
+            }
+        }
+    }
+
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    /// This client's account id (hex of its public key).
+    pub fn account(&self) -> &str {
+        &self.account
+    }
+
+    pub fn key(&self) -> &SigningKey {
+        &self.key
+    }
+
+    pub fn sim(&self) -> u32 {
+        self.sim
+    }
+
+    /// The node in use.
+    pub fn node(&self) -> Option<&NodeAddr> {
+        self.link.as_ref().map(|l| &l.0.node)
+    }
+
+    /// The nodes of the sim this client may use.
+    pub fn nodes(&self) -> &[NodeAddr] {
+        &self.nodes
+    }
+
+    /// Bytes received over QUIC on the connection in use.
+    pub fn bytes_received(&self) -> u64 {
+        self.link.as_ref().map_or(0, |l| l.0.conn.stats().udp_rx.bytes)
+    }
+
+    /// The account as the sim has it.
+    pub async fn account_view(&mut self) -> anyhow::Result<Option<AccountView>> {
+        let id = self.account.clone();
+        match self
+            .request(
+                ClientMsg::Account { id: id.clone() },
+                |m| matches!(m, ServerMsg::Account { id: a, .. } if *a == id),
+            )
+            .await?
+        {
+            ServerMsg::Account { account, .. } => Ok(account),
+            _ => unreachable!("matched above"),
+        }
+    }
+
+    /// One object with its script's source, licence, author and provenance.
+    pub async fn object(&mut self, id: &str) -> anyhow::Result<Option<ObjectView>> {
+        match self.request(ClientMsg::Object { id: id.to_string() }, |m| matches!(m, ServerMsg::Object { .. })).await? {
+            ServerMsg::Object { object } => Ok(object),
+            _ => unreachable!("matched above"),
+        }
+    }
+
+    /// Sign and submit; the event id. The nonce is one above the last the sim accepted from
+    /// this account (asked once, then counted here).
+    pub async fn submit(&mut self, payload: Payload) -> Result<String, ActError> {
+        let event = self.sign(payload).await?;
+        self.submit_signed(&event).await
+    }
+
+    /// Sign with this account's next nonce (without submitting).
+    pub async fn sign(&mut self, payload: Payload) -> Result<SignedEvent, ActError> {
+        if self.nonce == 0 {
+            let last = self
+                .account_view()
+                .await
+                .map_err(|e| ActError::Connection(format!("{e:#}")))?
+                .map_or(0, |a| a.last_nonce);
+            self.nonce = last;
+        }
+        self.nonce += 1;
+        Ok(SignedEvent::new(&self.key, SimId(self.sim), self.nonce, payload))
+    }
+
+    /// Submit an event as it is (signed by anyone, with any nonce): for tools and tests.
+    pub async fn submit_signed(&mut self, event: &SignedEvent) -> Result<String, ActError> {
+        self.next_ref += 1;
+        let r = self.next_ref;
+        let m = ClientMsg::Submit { r#ref: r, event: hex(&metatopia_sim::codec::encode(event)) };
+        let answer = self
+            .request(m, |m| matches!(m, ServerMsg::Submitted { r#ref, .. } | ServerMsg::Error { r#ref: Some(r#ref), .. } if *r#ref == r))
+            .await
+            .map_err(|e| ActError::Connection(format!("{e:#}")))?;
+        match answer {
+            ServerMsg::Submitted { id, .. } => Ok(id),
+            ServerMsg::Error { message, .. } => Err(ActError::NotSubmitted(message)),
+            _ => unreachable!("matched above"),
+        }
+    }
+
+    /// Wait for an event's outcome (messages meanwhile are applied and kept for `next`).
+    pub async fn outcome(&mut self, id: &str, wait: Duration) -> Result<u64, ActError> {
+        if let Some(i) = self.pending.iter().position(|m| matches!(m, ServerMsg::Outcome { id: x, .. } if x == id)) {
+            let m = self.pending.remove(i).expect("found above");
+            return outcome_of(m);
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let link = self.link.as_mut().ok_or_else(|| ActError::Connection("not connected".into()))?;
+            let m = match tokio::time::timeout_at(deadline, link.0.rx.recv()).await {
+                Err(_) => return Err(ActError::Timeout(wait)),
+                Ok(None) => return Err(ActError::Connection(format!("{} closed the connection", link.0.node))),
+                Ok(Some(m)) => m,
+            };
+            if matches!(&m, ServerMsg::Outcome { id: x, .. } if x == id) {
+                return outcome_of(m);
+            }
+            self.view.apply(&m);
+            self.pending.push_back(m);
+        }
+    }
+
+    /// Submit and wait until it executed: the tick it took effect at.
+    pub async fn act(&mut self, payload: Payload) -> Result<u64, ActError> {
+        let id = self.submit(payload).await?;
+        self.outcome(&id, Duration::from_secs(15)).await
+    }
+
+    /// Log in (creating the account the first time); the avatar appears at the sim's arrival point.
+    pub async fn login(&mut self, name: &str) -> Result<u64, ActError> {
+        self.name = Some(name.to_string());
+        let tick = self.act(Payload::Login { name: name.to_string() }).await?;
+        // The view follows the avatar from now on.
+        self.follow().await.map_err(|e| ActError::Connection(format!("{e:#}")))?;
+        Ok(tick)
+    }
+
+    /// The avatar's object id (asked from the sim).
+    pub async fn avatar(&mut self) -> anyhow::Result<Option<ObjectId>> {
+        Ok(self.account_view().await?.and_then(|a| a.avatar).and_then(|s| parse_object(&s)))
+    }
+
+    /// Walk: set the avatar's velocity, metres per second.
+    pub async fn walk(&mut self, vx: i64, vy: i64) -> Result<u64, ActError> {
+        let object = self
+            .avatar()
+            .await
+            .map_err(|e| ActError::Connection(format!("{e:#}")))?
+            .ok_or_else(|| ActError::NotSubmitted("no avatar: log in first".into()))?;
+        self.act(Payload::Move { object, velocity: Vec2::new(Fx::from_int(vx), Fx::from_int(vy)) }).await
+    }
+
+    /// Say on a channel (20 m); `whisper` 10 m and `shout` 100 m with [`Client::chat`].
+    pub async fn say(&mut self, channel: i32, text: &str) -> Result<u64, ActError> {
+        self.chat(channel, ChatRange::Say, text).await
+    }
+
+    pub async fn chat(&mut self, channel: i32, range: ChatRange, text: &str) -> Result<u64, ActError> {
+        self.act(Payload::Chat { channel, range, text: text.to_string() }).await
+    }
+
+    pub async fn touch(&mut self, object: &str) -> Result<u64, ActError> {
+        let object =
+            parse_object(object).ok_or_else(|| ActError::NotSubmitted(format!("{object:?} is not an object id")))?;
+        self.act(Payload::Touch { object }).await
+    }
+
+    /// The name this client logged in with.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+}
+
+fn outcome_of(m: ServerMsg) -> Result<u64, ActError> {
+    match m {
+        ServerMsg::Outcome { outcome: Outcome::Executed { tick }, .. } => Ok(tick),
+        ServerMsg::Outcome { outcome: Outcome::Refused { tick, reason }, .. } => {
+            Err(ActError::Refused { tick, reason })
+        }
+        _ => Err(ActError::Connection("not an outcome".into())),
+    }
+}
+
+/// `SLOTvGEN`.
+pub fn parse_object(s: &str) -> Option<ObjectId> {
+    let (a, b) = s.split_once('v')?;
+    Some(ObjectId::new(a.parse().ok()?, b.parse().ok()?))
+}
+
+fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .with_context(|| format!("resolving {addr}"))?
+        .next()
+        .with_context(|| format!("{addr} resolves to no address"))
+}

@@ -1,0 +1,500 @@
+//! The client protocol: what a client and a node say to each other. The native client speaks it
+//! over QUIC as length-prefixed postcard frames ([`write_frame`], [`read_frame`]); the web
+//! viewer speaks the very same messages over the node's WebSocket gateway as JSON (serde's
+//! externally tagged form: `{"submit":{"ref":7,"event":"…"}}`, `{"tick":{"tick":9,…}}`).
+//!
+//! Client → node ([`ClientMsg`]): `route` (which nodes serve the sim of an account's avatar),
+//! `interest` (the area of interest: follow an avatar, a radius), `submit` (a signed event, hex
+//! of its postcard bytes), `object` (one object with its script's source), `account`.
+//!
+//! Node → client ([`ServerMsg`]): on connect `status`, a `tick` with every object of the area
+//! of interest in `enter` and the recent `chat`; then every tick a `tick` delta (objects that
+//! entered the area or were created, changed, or left it or were removed), chat within range,
+//! `status` once a second. A client too slow for the deltas loses them and gets its whole area
+//! again; the sim never waits for a client.
+
+use serde::{Deserialize, Serialize};
+
+/// The QUIC application protocol name (ALPN).
+pub const ALPN: &[u8] = b"metatopia/1";
+/// The largest frame a node accepts from a client (a signed event is at most 64 KiB; hex doubles it).
+pub const MAX_CLIENT_FRAME: usize = 160 * 1024;
+/// The largest frame a client accepts from a node (a whole area of interest at once).
+pub const MAX_SERVER_FRAME: usize = 16 * 1024 * 1024;
+/// The default area-of-interest radius, metres (a sim's `aoi_radius_m` setting overrides it).
+pub const DEFAULT_AOI_M: u32 = 64;
+
+/// What a node publishes after every tick (`GET /v1/status`, `metatopia stats`, the gateway).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    pub sim: u32,
+    /// This node's validator index and the number of validators.
+    pub node: u32,
+    pub validators: u32,
+    pub tick_rate_hz: u32,
+    /// The sim's square region: origin and side, metres.
+    pub region_origin: [i64; 2],
+    pub region_size: i64,
+    /// The last executed tick and the state root after it.
+    pub tick: u64,
+    pub root: String,
+    /// Sim seconds per wall second over the last second (1.0 in lockstep at the rate).
+    pub dilation: f64,
+    /// BFT time of a block to its commit here, milliseconds, over recent ticks.
+    pub commit_latency_p50_ms: f64,
+    pub commit_latency_p99_ms: f64,
+    /// Wall time per tick spent executing, scripts (summed over threads) and physics, ms,
+    /// averaged over the last second.
+    pub execute_ms: f64,
+    pub script_ms: f64,
+    pub physics_ms: f64,
+    pub objects: u64,
+    pub scripts: u64,
+    pub accounts: u64,
+    pub pool_events: u64,
+    pub accepted: u64,
+    pub rejected: u64,
+    pub refused_submissions: u64,
+    pub peers: u32,
+    /// Clients connected to this node (QUIC and WebSocket).
+    pub clients: u32,
+    /// The tick this node diverged at, if it did (it then stops executing).
+    pub desynced: Option<u64>,
+    /// Milliseconds since the UNIX epoch when the last tick executed here.
+    pub last_executed_unix_ms: u64,
+}
+
+/// An account as nodes show it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AccountView {
+    pub id: String,
+    pub name: String,
+    pub joined_at_ms: u64,
+    pub last_login_ms: u64,
+    /// Sign the next event with a nonce above this.
+    pub last_nonce: u64,
+    pub role: String,
+    pub banned: bool,
+    pub kicked_until_ms: Option<u64>,
+    /// The avatar's object id (`SLOTvGEN`) while logged in.
+    pub avatar: Option<String>,
+}
+
+/// Who governs the sim now, and why (`metatopia admin status`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GovernanceView {
+    pub tick: u64,
+    /// Sim (BFT) time of the last executed tick, milliseconds.
+    pub time_ms: u64,
+    pub admin: String,
+    pub admin_name: Option<String>,
+    pub admin_days_absent: u64,
+    pub admin_absent: bool,
+    pub temp_admin: Option<String>,
+    pub temp_admin_name: Option<String>,
+    pub reason: String,
+    /// X and Y of DESIGN §10.
+    pub admin_absent_days: u32,
+    pub temp_admin_active_days: u32,
+    pub validators: Vec<String>,
+    /// Validator changes waiting for the epoch boundary: (key, admit?).
+    pub pending_validators: Vec<(String, bool)>,
+    pub next_epoch_tick: u64,
+    pub banned: Vec<String>,
+    /// All the settings (an admin's `settings` act replaces them whole).
+    pub settings: metatopia_sim::Settings,
+}
+
+/// An object as nodes show it (lengths in metres, as decimal text).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ObjectView {
+    pub id: String,
+    pub name: String,
+    pub owner: String,
+    pub avatar: bool,
+    pub position: [String; 2],
+    /// `circle R` or `box HALF_W HALF_H`.
+    pub shape: String,
+    pub color: String,
+    pub text: String,
+    /// Its script, readable by anyone (only when asked for one object; deltas say `scripted`).
+    pub script: Option<ScriptView>,
+    pub scripted: bool,
+}
+
+impl ObjectView {
+    /// Its position in whole metres (rounded down), for maps and areas of interest.
+    pub fn metres(&self) -> [i64; 2] {
+        [whole_metres(&self.position[0]), whole_metres(&self.position[1])]
+    }
+}
+
+/// What changed in an object since the last tick (`None`: unchanged): how `tick` deltas carry
+/// objects a client already has.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ObjectUpdate {
+    pub id: String,
+    pub position: Option<[String; 2]>,
+    pub text: Option<String>,
+    pub color: Option<String>,
+    pub shape: Option<String>,
+    pub name: Option<String>,
+    pub owner: Option<String>,
+    pub scripted: Option<bool>,
+}
+
+impl ObjectUpdate {
+    /// The update that turns `old` into `new` (the same object).
+    pub fn between(old: &ObjectView, new: &ObjectView) -> ObjectUpdate {
+        fn diff<T: PartialEq + Clone>(a: &T, b: &T) -> Option<T> {
+            (a != b).then(|| b.clone())
+        }
+        ObjectUpdate {
+            id: new.id.clone(),
+            position: diff(&old.position, &new.position),
+            text: diff(&old.text, &new.text),
+            color: diff(&old.color, &new.color),
+            shape: diff(&old.shape, &new.shape),
+            name: diff(&old.name, &new.name),
+            owner: diff(&old.owner, &new.owner),
+            scripted: diff(&old.scripted, &new.scripted),
+        }
+    }
+
+    pub fn apply(&self, o: &mut ObjectView) {
+        fn set<T: Clone>(field: &mut T, v: &Option<T>) {
+            if let Some(v) = v {
+                field.clone_from(v);
+            }
+        }
+        set(&mut o.position, &self.position);
+        set(&mut o.text, &self.text);
+        set(&mut o.color, &self.color);
+        set(&mut o.shape, &self.shape);
+        set(&mut o.name, &self.name);
+        set(&mut o.owner, &self.owner);
+        set(&mut o.scripted, &self.scripted);
+    }
+}
+
+/// The whole metres of a decimal like `-12.375` (rounded down; 0 if it is not a number).
+pub fn whole_metres(decimal: &str) -> i64 {
+    let (int, frac) = decimal.split_once('.').unwrap_or((decimal, ""));
+    let i: i64 = int.parse().unwrap_or(0);
+    let negative = int.starts_with('-');
+    if negative && frac.bytes().any(|b| b != b'0') { i - 1 } else { i }
+}
+
+/// A script's source and provenance.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ScriptView {
+    pub source: String,
+    pub licence: String,
+    pub author: String,
+    pub derived_from: Option<String>,
+    pub id: String,
+}
+
+/// A line of chat heard in the sim.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChatView {
+    pub tick: u64,
+    pub name: String,
+    pub channel: i32,
+    pub text: String,
+    /// Where it was said (whole metres) and how far it carries: 10 (whisper), 20 (say), 100 (shout).
+    pub position: [i64; 2],
+    pub range_m: u32,
+    /// For a private line (a script error on the debug channel): the only account that hears it.
+    pub to: Option<String>,
+}
+
+impl ChatView {
+    /// Whether a listener at `at` (whole metres) hears it.
+    pub fn heard_at(&self, at: [i64; 2]) -> bool {
+        let (dx, dy) = (i128::from(self.position[0] - at[0]), i128::from(self.position[1] - at[1]));
+        dx * dx + dy * dy <= i128::from(self.range_m) * i128::from(self.range_m)
+    }
+}
+
+/// The root a node computed for a tick.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RootView {
+    pub tick: u64,
+    pub root: String,
+}
+
+/// What became of a committed event (for the client that submitted it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// It took effect at this tick.
+    Executed { tick: u64 },
+    /// It was committed at this tick but refused, for this reason, the same on every node.
+    Refused { tick: u64, reason: String },
+}
+
+/// A node a client can connect to: its identity (ed25519 public key, hex; the QUIC connection
+/// is pinned to it) and its address.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeAddr {
+    pub key: String,
+    pub addr: String,
+}
+
+impl std::fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.key, self.addr)
+    }
+}
+
+impl std::str::FromStr for NodeAddr {
+    type Err = String;
+    /// A join address as `metatopia init` prints it: `KEYHEX@HOST:PORT`.
+    fn from_str(s: &str) -> Result<NodeAddr, String> {
+        let (key, addr) = s
+            .split_once('@')
+            .ok_or_else(|| format!("{s:?}: a node address is KEY@HOST:PORT (as `metatopia init` prints it)"))?;
+        if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("{key:?}: a node key is 64 hex digits"));
+        }
+        if !addr.contains(':') {
+            return Err(format!("{addr:?}: the address needs a port, like 127.0.0.1:7400"));
+        }
+        Ok(NodeAddr { key: key.to_ascii_lowercase(), addr: addr.to_string() })
+    }
+}
+
+/// Client → node.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientMsg {
+    /// Which nodes serve the sim where this account's avatar is (any node answers).
+    Route {
+        account: String,
+    },
+    /// The area of interest: follow this account's avatar (and hear chat where it stands), out to
+    /// `radius_m` (default: the sim's setting). Without one a client sees the whole sim.
+    Interest {
+        follow: Option<String>,
+        radius_m: Option<u32>,
+    },
+    /// A signed event: hex of its postcard bytes.
+    Submit {
+        r#ref: u64,
+        event: String,
+    },
+    Object {
+        id: String,
+    },
+    Account {
+        id: String,
+    },
+}
+
+/// Node → client.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerMsg {
+    Status(Box<Status>),
+    /// Objects that entered the area (whole), changed in it (only what changed), left it.
+    Tick {
+        tick: u64,
+        enter: Vec<ObjectView>,
+        update: Vec<ObjectUpdate>,
+        leave: Vec<String>,
+    },
+    Chat(ChatView),
+    Route {
+        sim: u32,
+        nodes: Vec<NodeAddr>,
+    },
+    Submitted {
+        r#ref: u64,
+        id: String,
+    },
+    Outcome {
+        id: String,
+        outcome: Outcome,
+    },
+    Object {
+        object: Option<ObjectView>,
+    },
+    Account {
+        id: String,
+        account: Option<AccountView>,
+    },
+    Error {
+        r#ref: Option<u64>,
+        message: String,
+    },
+}
+
+/// Why a frame could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {0} bytes is over the limit of {1}")]
+    TooLarge(usize, usize),
+    #[error("not a message of the protocol: {0}")]
+    Decode(#[from] postcard::Error),
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the stream ended")]
+    Closed,
+}
+
+/// A message as one frame: a 4-byte big-endian length, then its postcard bytes.
+pub fn encode_frame<T: Serialize>(m: &T) -> Vec<u8> {
+    let body = postcard::to_allocvec(m).unwrap_or_default();
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Write one frame.
+pub async fn write_frame<T: Serialize, W: tokio::io::AsyncWrite + Unpin>(w: &mut W, m: &T) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    w.write_all(&encode_frame(m)).await
+}
+
+/// Read one frame of at most `max` bytes. A clean end of stream before a frame is `Closed`.
+pub async fn read_frame<T: serde::de::DeserializeOwned, R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> Result<T, FrameError> {
+    use tokio::io::AsyncReadExt;
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let n = u32::from_be_bytes(len) as usize;
+    if n > max {
+        return Err(FrameError::TooLarge(n, max));
+    }
+    let mut body = vec![0u8; n];
+    r.read_exact(&mut body).await?;
+    Ok(postcard::from_bytes(&body)?)
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    metatopia_sim::ids::hex(bytes)
+}
+
+/// Bytes of a hex string (`None` if it is not hex).
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(id: &str, x: &str, y: &str) -> ObjectView {
+        ObjectView {
+            id: id.into(),
+            name: "door".into(),
+            owner: "ab".repeat(32),
+            avatar: false,
+            position: [x.into(), y.into()],
+            shape: "box 1 0.5".into(),
+            color: "ff0000ff".into(),
+            text: "closed".into(),
+            script: None,
+            scripted: true,
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_round_trip() {
+        let msgs = vec![
+            ServerMsg::Tick {
+                tick: 9,
+                enter: vec![object("1v0", "12.5", "-3.25")],
+                update: vec![],
+                leave: vec!["2v1".into()],
+            },
+            ServerMsg::Outcome { id: "ab".into(), outcome: Outcome::Refused { tick: 3, reason: "banned".into() } },
+            ServerMsg::Route { sim: 2, nodes: vec![NodeAddr { key: "c".repeat(64), addr: "127.0.0.1:1".into() }] },
+        ];
+        let mut buf = Vec::new();
+        for m in &msgs {
+            write_frame(&mut buf, m).await.unwrap();
+        }
+        let mut r = &buf[..];
+        for m in &msgs {
+            let back: ServerMsg = read_frame(&mut r, MAX_SERVER_FRAME).await.unwrap();
+            assert_eq!(&back, m);
+        }
+        assert!(matches!(read_frame::<ServerMsg, _>(&mut r, MAX_SERVER_FRAME).await, Err(FrameError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn oversized_and_garbage_frames_are_errors_not_panics() {
+        let mut big = Vec::new();
+        big.extend_from_slice(&(MAX_CLIENT_FRAME as u32 + 1).to_be_bytes());
+        let mut r = &big[..];
+        assert!(matches!(read_frame::<ClientMsg, _>(&mut r, MAX_CLIENT_FRAME).await, Err(FrameError::TooLarge(..))));
+        let mut garbage = vec![0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff];
+        let mut r = &garbage[..];
+        assert!(matches!(read_frame::<ClientMsg, _>(&mut r, MAX_CLIENT_FRAME).await, Err(FrameError::Decode(_))));
+        garbage.truncate(6);
+        let mut r = &garbage[..];
+        assert!(matches!(read_frame::<ClientMsg, _>(&mut r, MAX_CLIENT_FRAME).await, Err(FrameError::Io(_))));
+    }
+
+    #[test]
+    fn an_update_carries_only_what_changed() {
+        let old = object("4v1", "1.5", "2");
+        let mut new = old.clone();
+        new.position[1] = "2.25".into();
+        new.text = "open".into();
+        let u = ObjectUpdate::between(&old, &new);
+        assert_eq!(u.position, Some(["1.5".to_string(), "2.25".to_string()]));
+        assert_eq!((u.color.as_deref(), u.name.as_deref(), u.scripted), (None, None, None));
+        let mut back = old.clone();
+        u.apply(&mut back);
+        assert_eq!(back, new);
+        assert!(postcard::to_allocvec(&u).unwrap().len() < postcard::to_allocvec(&new).unwrap().len() / 3);
+    }
+
+    #[test]
+    fn node_addresses_parse_with_clear_errors() {
+        let key = "AB".repeat(32);
+        let a: NodeAddr = format!("{key}@127.0.0.1:7400").parse().unwrap();
+        assert_eq!(a.key, "ab".repeat(32));
+        assert_eq!(a.to_string(), format!("{}@127.0.0.1:7400", "ab".repeat(32)));
+        assert!("127.0.0.1:7400".parse::<NodeAddr>().unwrap_err().contains("KEY@HOST:PORT"));
+        assert!(format!("{key}@localhost").parse::<NodeAddr>().unwrap_err().contains("port"));
+        assert!("abc@127.0.0.1:1".parse::<NodeAddr>().unwrap_err().contains("64 hex"));
+    }
+
+    #[test]
+    fn whole_metres_round_down_and_chat_carries_its_range() {
+        assert_eq!(whole_metres("12.75"), 12);
+        assert_eq!(whole_metres("-0.5"), -1);
+        assert_eq!(whole_metres("-3"), -3);
+        assert_eq!(whole_metres("-3.000"), -3);
+        assert_eq!(object("1v0", "128.9", "-1.1").metres(), [128, -2]);
+        let line = ChatView {
+            tick: 1,
+            name: "a".into(),
+            channel: 0,
+            text: "hi".into(),
+            position: [100, 100],
+            range_m: 20,
+            to: None,
+        };
+        assert!(line.heard_at([112, 116])); // 20 m exactly
+        assert!(!line.heard_at([112, 117]));
+        assert_eq!(unhex(&hex(&[1, 0xab, 255])), Some(vec![1, 0xab, 255]));
+        assert_eq!(unhex("abc"), None);
+        assert_eq!(unhex("zz"), None);
+    }
+}

@@ -1,0 +1,193 @@
+//! QUIC between clients and nodes, with the node's identity pinned.
+//!
+//! A node's identity is its ed25519 key (the peer id `metatopia init` prints). It serves QUIC with
+//! a self-signed certificate made from that very key ([`server_config`]). A client that knows the
+//! key (from a join address `KEY@HOST:PORT`, or from a route answer of a node it already trusts)
+//! accepts the connection only if the TLS 1.3 handshake is signed by that key
+//! ([`client_config`]): the certificate's contents are ignored, the signature over the handshake
+//! is what proves the node holds the key. No certificate authorities are involved.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ed25519_dalek::{Signature, SigningKey, Verifier, VerifyingKey};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+
+use crate::proto::ALPN;
+
+/// The name clients ask for (the certificate is self-signed and pinned by key, not by name).
+pub const SERVER_NAME: &str = "metatopia-node";
+
+/// An ed25519 key as PKCS#8 v2 DER (RFC 5958: the seed and the public key).
+pub fn pkcs8_der(key: &SigningKey) -> Vec<u8> {
+    let mut der = vec![0x30, 0x51, 0x02, 0x01, 0x01, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+    der.extend_from_slice(&key.to_bytes());
+    der.extend_from_slice(&[0x81, 0x21, 0x00]);
+    der.extend_from_slice(key.verifying_key().as_bytes());
+    der
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn transport() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(10_000))));
+    t.keep_alive_interval(Some(Duration::from_secs(2)));
+    // One control stream per client; nobody needs more.
+    t.max_concurrent_bidi_streams(quinn::VarInt::from_u32(2));
+    t.max_concurrent_uni_streams(quinn::VarInt::from_u32(0));
+    Arc::new(t)
+}
+
+/// The node's QUIC server configuration: a self-signed certificate made from its key.
+pub fn server_config(key: &SigningKey) -> anyhow::Result<quinn::ServerConfig> {
+    let der = pkcs8_der(key);
+    let pkcs8 = PrivatePkcs8KeyDer::from(der.clone());
+    let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&pkcs8, &rcgen::PKCS_ED25519)?;
+    let cert = rcgen::CertificateParams::new(vec![SERVER_NAME.to_string()])?.self_signed(&pair)?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(der)))?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config.transport_config(transport());
+    Ok(config)
+}
+
+/// A client configuration that accepts only a node holding `pinned`.
+pub fn client_config(pinned: VerifyingKey) -> anyhow::Result<quinn::ClientConfig> {
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Pinned(pinned)))
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
+    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+    config.transport_config(transport());
+    Ok(config)
+}
+
+/// Accepts a server whose TLS 1.3 handshake signature verifies under the pinned ed25519 key.
+#[derive(Debug)]
+struct Pinned(VerifyingKey);
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // The certificate proves nothing by itself; the handshake signature below does.
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not spoken here".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        _cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        if dss.scheme != SignatureScheme::ED25519 {
+            return Err(rustls::Error::General(format!("the node signed with {:?}, not ed25519", dss.scheme)));
+        }
+        let sig = Signature::from_slice(dss.signature())
+            .map_err(|_| rustls::Error::General("a malformed ed25519 signature".into()))?;
+        self.0.verify(message, &sig).map_err(|_| {
+            rustls::Error::General(
+                "the node is not the one asked for: its handshake is not signed by the pinned key".into(),
+            )
+        })?;
+        Ok(HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        vec![SignatureScheme::ED25519]
+    }
+}
+
+/// The verifying key of a hex public key.
+pub fn parse_public(hex: &str) -> anyhow::Result<VerifyingKey> {
+    let bytes = crate::proto::unhex(hex)
+        .filter(|b| b.len() == 32)
+        .ok_or_else(|| anyhow::anyhow!("{hex:?}: a key is 64 hex digits"))?;
+    let mut k = [0u8; 32];
+    k.copy_from_slice(&bytes);
+    VerifyingKey::from_bytes(&k).map_err(|_| anyhow::anyhow!("{hex}: not an ed25519 public key"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn echo_server(key: &SigningKey) -> (quinn::Endpoint, std::net::SocketAddr) {
+        let ep = quinn::Endpoint::server(server_config(key).unwrap(), "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = ep.local_addr().unwrap();
+        let server = ep.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = server.accept().await {
+                tokio::spawn(async move {
+                    let Ok(conn) = incoming.await else { return };
+                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                        let data = recv.read_to_end(1024).await.unwrap_or_default();
+                        let _ = send.write_all(&data).await;
+                        let _ = send.finish();
+                    }
+                });
+            }
+        });
+        (ep, addr)
+    }
+
+    async fn dial(addr: std::net::SocketAddr, pinned: VerifyingKey) -> anyhow::Result<Vec<u8>> {
+        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap())?;
+        ep.set_default_client_config(client_config(pinned)?);
+        let conn = ep.connect(addr, SERVER_NAME)?.await?;
+        let (mut send, mut recv) = conn.open_bi().await?;
+        send.write_all(b"hello").await?;
+        send.finish()?;
+        Ok(recv.read_to_end(1024).await?)
+    }
+
+    #[tokio::test]
+    async fn a_client_reaches_the_pinned_node_and_refuses_any_other() {
+        let node = SigningKey::from_bytes(&[7; 32]);
+        let impostor = SigningKey::from_bytes(&[8; 32]);
+        let (_ep, addr) = echo_server(&node).await;
+        assert_eq!(dial(addr, node.verifying_key()).await.unwrap(), b"hello");
+        let err = dial(addr, impostor.verifying_key()).await.unwrap_err();
+        assert!(format!("{err:#}").contains("not the one asked for"), "{err:#}");
+    }
+
+    #[test]
+    fn pkcs8_is_what_ring_reads_back() {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(
+            &PrivatePkcs8KeyDer::from(pkcs8_der(&key)),
+            &rcgen::PKCS_ED25519,
+        )
+        .unwrap();
+        use rcgen::PublicKeyData;
+        assert_eq!(pair.der_bytes(), key.verifying_key().as_bytes());
+        assert!(parse_public(&crate::proto::hex(key.verifying_key().as_bytes())).is_ok());
+        assert!(parse_public("00").is_err());
+    }
+}

@@ -1,0 +1,133 @@
+//! `metatopia client` (the terminal client) and `metatopia bot` (headless clients for load).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use metatopia_client::bots::{BotPlan, BotReport};
+use metatopia_client::proto::NodeAddr;
+
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// Any node, as its join address KEY@HOST:PORT (`metatopia init` and `devnet` print them);
+    /// it routes the client to a node of the sim its avatar is in.
+    #[arg(long, env = "METATOPIA_NODE")]
+    pub node: NodeAddr,
+    /// The account key (made on first use): default `$METATOPIA_HOME/client.key`, else
+    /// `./metatopia-client.key`.
+    #[arg(long, env = "METATOPIA_CLIENT_KEY")]
+    pub key: Option<PathBuf>,
+    /// The avatar's name.
+    #[arg(long, default_value = "guest")]
+    pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct BotArgs {
+    /// Any node, as its join address KEY@HOST:PORT.
+    #[arg(long, env = "METATOPIA_NODE")]
+    pub node: NodeAddr,
+    /// How many bots.
+    #[arg(long, default_value_t = 10)]
+    pub count: usize,
+    /// How long they stay, seconds.
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+    /// Each bot picks a new direction about this often, seconds.
+    #[arg(long, default_value_t = 3)]
+    pub wander_every: u64,
+    /// Each bot says something about this often, seconds (0: never).
+    #[arg(long, default_value_t = 10)]
+    pub chat_every: u64,
+    /// Bots connecting per second.
+    #[arg(long, default_value_t = 100)]
+    pub connect_rate: u32,
+    /// The bots' keys follow from this (the same seed: the same accounts).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+fn key_path(arg: Option<PathBuf>) -> PathBuf {
+    arg.unwrap_or_else(|| match std::env::var_os("METATOPIA_HOME") {
+        Some(home) => PathBuf::from(home).join("client.key"),
+        None => PathBuf::from("metatopia-client.key"),
+    })
+}
+
+pub fn client(args: ClientArgs) -> anyhow::Result<()> {
+    let path = key_path(args.key);
+    let key = metatopia_client::keys::load_or_create(&path)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        eprintln!("connecting to {} …", args.node);
+        let mut c = metatopia_client::Client::connect(&args.node, key)
+            .await
+            .with_context(|| format!("connecting through {}", args.node))?;
+        eprintln!(
+            "on node {} of sim {}; logging in as {:?}",
+            c.node().map_or_else(String::new, |n| n.addr.clone()),
+            c.sim(),
+            args.name
+        );
+        c.login(&args.name).await.context("logging in")?;
+        metatopia_client::tui::run(c).await
+    })
+}
+
+pub fn bot(args: BotArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.count > 0, "--count must be at least 1");
+    let plan = BotPlan {
+        count: args.count,
+        run_for: Duration::from_secs(args.seconds),
+        wander_every: Duration::from_secs(args.wander_every.max(1)),
+        chat_every: Duration::from_secs(args.chat_every),
+        connect_per_second: args.connect_rate.max(1),
+        seed: args.seed,
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let report = Arc::new(BotReport::default());
+        let started = std::time::Instant::now();
+        let task = tokio::spawn(metatopia_client::bots::run(args.node.clone(), plan, report.clone()));
+        let g = BotReport::get;
+        let (mut last_bytes, mut last_ticks) = (0, 0);
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.tick().await;
+        while !task.is_finished() {
+            every.tick().await;
+            let (bytes, ticks) = (g(&report.bytes), g(&report.ticks));
+            let online = g(&report.logged_in).max(1);
+            println!(
+                "{:>4}s  bots {}/{} in ({} failed)  ticks/s per bot {:.1}  missed {}  KB/s per bot {:.2}  executed {} refused {}  chat heard {}  failovers {}",
+                started.elapsed().as_secs(),
+                g(&report.logged_in),
+                args.count,
+                g(&report.failed),
+                (ticks - last_ticks) as f64 / online as f64,
+                g(&report.missed_ticks),
+                (bytes - last_bytes) as f64 / 1024.0 / online as f64,
+                g(&report.executed),
+                g(&report.refused),
+                g(&report.chat_heard),
+                g(&report.failovers),
+            );
+            (last_bytes, last_ticks) = (bytes, ticks);
+        }
+        task.await?;
+        let secs = started.elapsed().as_secs_f64().max(1e-3);
+        println!(
+            "done: {} bots logged in of {}; {} ticks received, {} missed; {:.2} KB/s per bot on average; {} events executed, {} refused",
+            g(&report.logged_in),
+            args.count,
+            g(&report.ticks),
+            g(&report.missed_ticks),
+            g(&report.bytes) as f64 / 1024.0 / secs / g(&report.logged_in).max(1) as f64,
+            g(&report.executed),
+            g(&report.refused)
+        );
+        anyhow::ensure!(g(&report.logged_in) > 0, "no bot could log in");
+        Ok(())
+    })
+}
