@@ -118,6 +118,9 @@ pub struct Client {
     name: Option<String>,
     /// Times this client moved to another node.
     pub failovers: u32,
+    /// Why the node closed this client's session on purpose (kicked, banned, misbehaving): it
+    /// does not fail over then.
+    closed: Option<String>,
 }
 
 /// `Link` without a `Debug` of its streams.
@@ -165,6 +168,7 @@ impl Client {
             pending: VecDeque::new(),
             name: None,
             failovers: 0,
+            closed: None,
         };
         c.link = Some(LinkBox(c.dial(bootstrap).await?));
         let route = c
@@ -272,8 +276,17 @@ impl Client {
             };
             match got {
                 Some(m) => {
+                    if let ServerMsg::Error { r#ref: None, message } = &m
+                        && message.ends_with("disconnected")
+                    {
+                        self.closed = Some(message.clone());
+                    }
                     self.view.apply(&m);
                     return Some(m);
+                }
+                None if self.closed.is_some() => {
+                    self.link = None;
+                    return None;
                 }
                 None => {
                     if self.reconnect().await.is_err() || self.follow().await.is_err() {
@@ -454,6 +467,11 @@ impl Client {
         let object =
             parse_object(object).ok_or_else(|| ActError::NotSubmitted(format!("{object:?} is not an object id")))?;
         self.act(Payload::Touch { object }).await
+    }
+
+    /// Why the node closed the session on purpose (kicked, banned, misbehaving), if it did.
+    pub fn closed(&self) -> Option<&str> {
+        self.closed.as_deref()
     }
 
     /// The name this client logged in with.

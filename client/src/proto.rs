@@ -78,6 +78,9 @@ pub struct AccountView {
     pub kicked_until_ms: Option<u64>,
     /// The avatar's object id (`SLOTvGEN`) while logged in.
     pub avatar: Option<String>,
+    /// Names of the objects the admin returned to this account, in order (`RezReturned` takes
+    /// the index).
+    pub returned: Vec<String>,
 }
 
 /// Who governs the sim now, and why (`metatopia admin status`).
@@ -447,6 +450,33 @@ mod tests {
         garbage.truncate(6);
         let mut r = &garbage[..];
         assert!(matches!(read_frame::<ClientMsg, _>(&mut r, MAX_CLIENT_FRAME).await, Err(FrameError::Io(_))));
+    }
+
+    proptest::proptest! {
+        /// The node decodes whatever a client sends: arbitrary bytes are an error or a message,
+        /// never a panic, and never an allocation beyond the frame limit.
+        #[test]
+        fn arbitrary_client_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            rt.block_on(async {
+                let mut r = &bytes[..];
+                while let Ok(m) = read_frame::<ClientMsg, _>(&mut r, MAX_CLIENT_FRAME).await {
+                    // What decodes encodes back to the same message.
+                    let again = encode_frame(&m);
+                    let back: ClientMsg = read_frame(&mut &again[..], MAX_CLIENT_FRAME).await.unwrap();
+                    proptest::prop_assert_eq!(back, m);
+                }
+                Ok(())
+            })?;
+        }
+
+        #[test]
+        fn a_length_prefix_over_the_limit_is_refused_before_reading(len in (MAX_CLIENT_FRAME as u32 + 1)..u32::MAX) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let bytes = len.to_be_bytes();
+            let got = rt.block_on(read_frame::<ClientMsg, _>(&mut &bytes[..], MAX_CLIENT_FRAME));
+            proptest::prop_assert!(matches!(got, Err(FrameError::TooLarge(..))));
+        }
     }
 
     #[test]

@@ -385,7 +385,10 @@ pub async fn run(mut client: Client) -> anyhow::Result<()> {
                     }
                 }
                 m = client.next() => match m {
-                    None => anyhow::bail!("no node of the sim answers any more"),
+                    None => match client.closed() {
+                        Some(why) => anyhow::bail!("the node closed the session: {why}"),
+                        None => anyhow::bail!("no node of the sim answers any more"),
+                    },
                     Some(ServerMsg::Outcome { outcome: crate::proto::Outcome::Refused { reason, .. }, .. }) => {
                         app.notice = format!("refused: {reason}");
                     }

@@ -118,6 +118,11 @@ enum AdminCmd {
     RemoveScript {
         object: String,
     },
+    /// Return an object to its owner: out of the world, kept in the owner's account (with its
+    /// script's source) until the owner rezzes it again.
+    ReturnObject {
+        object: String,
+    },
     /// Admit a validator key; it starts voting at the next epoch boundary.
     AdmitValidator {
         key: String,
@@ -185,6 +190,7 @@ pub fn admin(args: AdminArgs) -> anyhow::Result<()> {
         AdminCmd::Unban { account: a } => Payload::Admin(AdminAct::Unban { account: account(&a)? }),
         AdminCmd::RemoveObject { object: o } => Payload::Admin(AdminAct::RemoveObject { object: object(&o)? }),
         AdminCmd::RemoveScript { object: o } => Payload::Admin(AdminAct::RemoveScript { object: object(&o)? }),
+        AdminCmd::ReturnObject { object: o } => Payload::Admin(AdminAct::ReturnObject { object: object(&o)? }),
         AdminCmd::AdmitValidator { key } => Payload::Admin(AdminAct::AdmitValidator { key: account(&key)? }),
         AdminCmd::RemoveValidator { key } => Payload::Admin(AdminAct::RemoveValidator { key: account(&key)? }),
         AdminCmd::TransferAdmin { account: a } => Payload::Admin(AdminAct::TransferAdmin { to: account(&a)? }),

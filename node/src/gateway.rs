@@ -51,6 +51,11 @@ pub enum Feed {
     },
     Chat(ChatView),
     Status(Box<proto::Status>),
+    /// The sim's admin kicked or banned this account: its sessions are closed.
+    Removed {
+        account: String,
+        why: &'static str,
+    },
 }
 
 /// What sessions share with the node's loop.
@@ -290,6 +295,8 @@ async fn ask<T>(s: &Service, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> 
 #[derive(Debug, Default)]
 struct View {
     follow: Option<String>,
+    /// Accounts whose signed events this session submitted.
+    authors: BTreeSet<String>,
     radius_m: Option<u32>,
     known: BTreeSet<String>,
 }
@@ -439,6 +446,12 @@ pub async fn session<T: Transport>(mut t: T, s: Service) {
                             let _ = t.send(&ServerMsg::Error { r#ref: Some(r#ref), message: m }).await;
                             return;
                         }
+                        if let Some(author) = proto::unhex(&event)
+                            .and_then(|b| metatopia_sim::event::SignedEvent::decode(&b, MAX_EVENT_BYTES).ok())
+                            .map(|e| e.body.author.to_string())
+                        {
+                            view.authors.insert(author);
+                        }
                         Some(submit(&s, r#ref, &event, &outcomes_tx).await)
                     }
                 };
@@ -462,6 +475,14 @@ pub async fn session<T: Transport>(mut t: T, s: Service) {
                         ServerMsg::Chat(c)
                     }
                     Ok(Feed::Status(st)) => ServerMsg::Status(st),
+                    Ok(Feed::Removed { account, why }) => {
+                        if view.follow.as_ref() == Some(&account) || view.authors.contains(&account) {
+                            let message = format!("{why} by the sim's admin: disconnected");
+                            let _ = t.send(&ServerMsg::Error { r#ref: None, message }).await;
+                            return;
+                        }
+                        continue;
+                    }
                     Err(RecvError::Lagged(_)) => {
                         // Too slow for the deltas: they are dropped; start again from the whole area.
                         if !full_state(&mut t, &s, &hub, &mut view).await {

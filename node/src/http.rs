@@ -137,6 +137,7 @@ pub fn account_view(w: &metatopia_sim::World, id: &AccountId) -> Option<AccountV
         banned: g.banned.contains(id),
         kicked_until_ms: g.kicked_until_ms.get(id).copied().filter(|t| *t > w.time_ms()),
         avatar: a.avatar.map(|o| o.to_string()),
+        returned: a.returned.iter().map(|r| r.name.clone()).collect(),
     })
 }
 

@@ -298,6 +298,8 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         .map(|v| metatopia_client::proto::NodeAddr { key: v.key.to_ascii_lowercase(), addr: v.address.to_string() })
         .collect();
     let hub = std::sync::Arc::new(Hub::new(cfg.world.sim_id, nodes));
+    let g = core.sim().world().governance();
+    let mut removed = Removed { kicked: g.kicked_until_ms.clone(), banned: g.banned.clone() };
     let service = Service {
         status: status_rx,
         queries: query_tx,
@@ -402,6 +404,19 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     publish(&mut meter, &core, tick.0, &root, mesh.connected() as u32);
                     {
                         let w = core.sim().world();
+                        // Kicked and banned accounts lose their sessions.
+                        let g = w.governance();
+                        for (a, until) in &g.kicked_until_ms {
+                            if removed.kicked.get(a) != Some(until) && *until > w.time_ms() {
+                                hub.publish(Feed::Removed { account: a.to_string(), why: "kicked" });
+                            }
+                        }
+                        for a in g.banned.difference(&removed.banned) {
+                            hub.publish(Feed::Removed { account: a.to_string(), why: "banned" });
+                        }
+                        if removed.kicked != g.kicked_until_ms || removed.banned != g.banned {
+                            removed = Removed { kicked: g.kicked_until_ms.clone(), banned: g.banned.clone() };
+                        }
                         let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
                         if hub.listened() {
                             index.radius_m = w.settings().aoi_radius_m;
@@ -514,6 +529,13 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let how = outcome?;
     println!("stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
     Ok(())
+}
+
+/// The kicked and banned accounts as of the last tick (their sessions are closed when they change).
+#[derive(Debug, Default)]
+struct Removed {
+    kicked: std::collections::BTreeMap<metatopia_sim::AccountId, u64>,
+    banned: std::collections::BTreeSet<metatopia_sim::AccountId>,
 }
 
 /// After every executed tick: the status the HTTP service shows, and the gauges.

@@ -186,7 +186,8 @@ pub struct DataDir {
 
 /// The data format this node writes (consensus state, log, snapshots); a directory written by
 /// another format is refused with a clear error instead of being misread. 2: votes signed under
-/// their epoch's chain digest, node messages with epochs; 3: the `aoi_radius_m` setting in world state.
+/// their epoch's chain digest, node messages with epochs; 3: the `aoi_radius_m` setting and
+/// returned objects in accounts.
 pub const DATA_FORMAT: u32 = 3;
 
 impl DataDir {

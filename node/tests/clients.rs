@@ -156,6 +156,28 @@ async fn clients_walk_chat_touch_read_scripts_and_fail_over_on_real_nodes() {
         t0.elapsed().as_secs_f64()
     );
 
+    // The admin kicks cy: cy's session is closed and it does not fail over; logging in again is
+    // refused during the cooldown. (The plaza world's admin is the seeded demo admin.)
+    let admin_key = metatopia_sim::genesis::demo_key(1, 0);
+    let gov: metatopia_node::http::GovernanceView =
+        metatopia_node::http::Client::new(&cluster.http[0]).get("/v1/governance").unwrap().unwrap();
+    assert_eq!(gov.admin, metatopia_sim::event::account_of(&admin_key).to_string());
+    let mut boss = Client::connect(&join[3], admin_key).await.unwrap();
+    let cy_id = metatopia_sim::AccountId(metatopia_node::http::parse_hash(&c).unwrap());
+    boss.act(Payload::Admin(metatopia_sim::AdminAct::Kick { account: cy_id })).await.unwrap();
+    let t0 = Instant::now();
+    while cy.next().await.is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(15), "cy's session stays open after the kick");
+    }
+    assert!(cy.closed().is_some_and(|why| why.contains("kicked")), "{:?}", cy.closed());
+    assert_eq!(cy.failovers, 0);
+    let mut cy_again = Client::connect(&join[1], key(3)).await.unwrap();
+    match cy_again.login("cy").await {
+        Err(ActError::Refused { reason, .. }) => assert!(reason.contains("kicked"), "{reason}"),
+        other => panic!("a kicked account logged in again: {other:?}"),
+    }
+    assert!(ada.run_until(Duration::from_secs(10), |v, _| v.avatar_of(&c).is_none()).await, "cy's avatar is gone");
+
     // bob's node dies: bob moves to another node of the sim, avatar and all.
     cluster.nodes[2] = None;
     let tick = bob.view().tick;

@@ -297,6 +297,20 @@ fn health_metrics_stats_and_signed_admin_acts_through_the_http_service() {
     let (ok, _, err) = cli(&["admin", "--node", &https[1], "--key", player, "unban", &victim]);
     assert!(!ok && err.contains("refused at tick") && err.contains("needs the admin"), "{err}");
 
+    // The admin returns a prim to its owner: out of the world, into the owner's account.
+    let objects: Vec<metatopia_node::http::ObjectView> = clients[0].get("/v1/objects").unwrap().unwrap();
+    let prim = objects
+        .iter()
+        .find(|o| !o.avatar && clients[0].get::<AccountView>(&format!("/v1/accounts/{}", o.owner)).unwrap().is_some())
+        .expect("a prim whose owner has an account");
+    let (ok, out, err) = cli(&["admin", "--node", &https[3], "--key", admin, "return-object", &prim.id]);
+    assert!(ok && out.contains("executed at tick"), "{out}{err}");
+    wait_for("the return on node 2", Duration::from_secs(30), || {
+        clients[2].get::<metatopia_node::http::ObjectView>(&format!("/v1/objects/{}", prim.id)).unwrap().is_none()
+    });
+    let owner: AccountView = clients[2].get(&format!("/v1/accounts/{}", prim.owner)).unwrap().unwrap();
+    assert_eq!(owner.returned, vec![prim.name.clone()]);
+
     // Bad input gets a clear error and changes nothing.
     let (ok, _, err) = cli(&["admin", "--node", &https[0], "--key", admin, "ban", "nobody"]);
     assert!(!ok && err.contains("not an account id"), "{err}");

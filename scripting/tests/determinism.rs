@@ -20,7 +20,7 @@ fn on_touch(who) { this.seen += 1; say(0, `touched ${this.seen}`); }
 fn on_message(from, data) { this.last = data; }
 "#;
 
-const GOLDEN_ROOT_300: &str = "98c37ebdc0ddb7e370192c175881157ddf2d86d65cf3ff4f25289c61bb7b3e71";
+const GOLDEN_ROOT_300: &str = "e75f90c2e89044cf1c79ba11d42be90a5ee8631f8c4bdf6bfab2c8401e7a12dd";
 
 fn run(workers: u32) -> String {
     let mut demo = demo_world(DemoSpec {

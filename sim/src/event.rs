@@ -82,20 +82,46 @@ pub enum Payload {
         derived_from: Option<ScriptId>,
     },
     Admin(AdminAct),
+    /// Rez again, at `position`, an object the admin returned to the author (by its place in
+    /// the account's `returned` list); its script, if any, is redeployed separately.
+    RezReturned {
+        index: u32,
+        position: Vec2,
+    },
 }
 
 /// Governance acts (DESIGN §10); checked against the roles at the tick they execute.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum AdminAct {
-    Kick { account: AccountId },
-    Ban { account: AccountId },
-    Unban { account: AccountId },
+    Kick {
+        account: AccountId,
+    },
+    Ban {
+        account: AccountId,
+    },
+    Unban {
+        account: AccountId,
+    },
     SetSettings(Settings),
-    RemoveObject { object: ObjectId },
-    RemoveScript { object: ObjectId },
-    AdmitValidator { key: AccountId },
-    RemoveValidator { key: AccountId },
-    TransferAdmin { to: AccountId },
+    RemoveObject {
+        object: ObjectId,
+    },
+    RemoveScript {
+        object: ObjectId,
+    },
+    AdmitValidator {
+        key: AccountId,
+    },
+    RemoveValidator {
+        key: AccountId,
+    },
+    TransferAdmin {
+        to: AccountId,
+    },
+    /// Take an object out of the world and give it back to its owner's account.
+    ReturnObject {
+        object: ObjectId,
+    },
 }
 
 impl AdminAct {
@@ -110,6 +136,7 @@ impl AdminAct {
             AdminAct::AdmitValidator { .. } => "admit-validator",
             AdminAct::RemoveValidator { .. } => "remove-validator",
             AdminAct::TransferAdmin { .. } => "transfer-admin",
+            AdminAct::ReturnObject { .. } => "return-object",
         }
     }
 }

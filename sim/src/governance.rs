@@ -14,7 +14,7 @@ use crate::event::{AdminAct, Checked, Payload};
 use crate::fx::Fx;
 use crate::host::PhysicsCommand;
 use crate::ids::{AccountId, ObjectId};
-use crate::state::{DAY_MS, Object, ObjectKind, RejectReason, Rejection, Shape, World};
+use crate::state::{DAY_MS, MAX_RETURNED, Object, ObjectKind, RejectReason, Rejection, Returned, Shape, World};
 
 /// An account's standing in a sim.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -122,6 +122,23 @@ pub(crate) fn apply(world: &mut World, events: &[&Checked], temp: Option<Account
                     Err(RejectReason::InvalidValue { field: "position".into() })
                 } else {
                     spawn(world, author, ObjectKind::Prim, name, *shape, *position, *color, text, &mut out).map(|_| ())
+                }
+            }
+            Payload::RezReturned { index, position } => {
+                let got = world.accounts.get(&author).and_then(|a| a.returned.get(*index as usize)).cloned();
+                match got {
+                    None => Err(RejectReason::InvalidValue { field: "index (no such returned object)".into() }),
+                    Some(_) if !world.region.contains(*position) => {
+                        Err(RejectReason::InvalidValue { field: "position".into() })
+                    }
+                    Some(r) => {
+                        spawn(world, author, ObjectKind::Prim, &r.name, r.shape, *position, r.color, &r.text, &mut out)
+                            .map(|_| {
+                                if let Some(a) = world.account_mut(&author) {
+                                    a.returned.remove(*index as usize);
+                                }
+                            })
+                    }
                 }
             }
             Payload::Derez { object } => match world.objects.get(object) {
@@ -246,6 +263,38 @@ fn admin_act(world: &mut World, act: &AdminAct, now_ms: u64, out: &mut Governanc
                 return Err(RejectReason::NoSuchObject { object: *object });
             }
             despawn(world, *object, out);
+        }
+        AdminAct::ReturnObject { object } => {
+            let Some(o) = world.objects.get(object) else {
+                return Err(RejectReason::NoSuchObject { object: *object });
+            };
+            if o.kind == ObjectKind::Avatar {
+                return Err(RejectReason::InvalidValue { field: "object (an avatar: kick instead)".into() });
+            }
+            let owner = o.owner;
+            let returned = Returned {
+                name: o.name.clone(),
+                shape: o.shape,
+                color: o.color,
+                text: o.text.clone(),
+                script: world.script_source(*object).cloned(),
+                returned_at_ms: now_ms,
+            };
+            match world.accounts.get(&owner).map(|a| a.returned.len()) {
+                None => {
+                    return Err(RejectReason::InvalidValue { field: "object (its owner has no account here)".into() });
+                }
+                Some(n) if n >= MAX_RETURNED => {
+                    return Err(RejectReason::InvalidValue {
+                        field: "object (the owner's returned objects are full)".into(),
+                    });
+                }
+                Some(_) => {}
+            }
+            despawn(world, *object, out);
+            if let Some(a) = world.account_mut(&owner) {
+                a.returned.push(returned);
+            }
         }
         AdminAct::RemoveScript { object } => {
             if !world.scripts.contains_key(object) {

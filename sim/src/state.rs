@@ -151,6 +151,25 @@ pub struct Account {
     /// The highest nonce accepted from this account.
     pub last_nonce: u64,
     pub avatar: Option<ObjectId>,
+    /// Objects the admin returned to this account (oldest first), until it rezzes them again.
+    pub returned: Vec<Returned>,
+}
+
+/// At most this many returned objects wait in an account; returning more is refused.
+pub const MAX_RETURNED: usize = 16;
+
+/// An object the admin returned to its owner (DESIGN §10, like Second Life's "return"): out of
+/// the world, kept whole in the owner's account, script source included, until the owner rezzes
+/// it again (`Payload::RezReturned`) and, if it wants, redeploys the script.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Returned {
+    pub name: String,
+    pub shape: Shape,
+    pub color: u32,
+    pub text: String,
+    pub script: Option<ScriptSource>,
+    /// BFT time of the return.
+    pub returned_at_ms: u64,
 }
 
 /// Sim settings, changeable by admin acts.
@@ -621,6 +640,7 @@ impl World {
             last_login_ms: now_ms,
             last_nonce: 0,
             avatar: None,
+            returned: Vec::new(),
         })
     }
 
@@ -664,6 +684,11 @@ impl World {
             }
             if inst.state.len() > lim.max_script_state_bytes as usize {
                 return Err(format!("script state on {id} is over the limit"));
+            }
+        }
+        for (id, a) in &self.accounts {
+            if a.returned.len() > MAX_RETURNED || a.returned.iter().any(|r| !r.shape.is_valid()) {
+                return Err(format!("account {id} holds too many or malformed returned objects"));
             }
         }
         if self.pending_init.iter().any(|id| !self.scripts.contains_key(id)) {

@@ -9,7 +9,7 @@ mod common;
 
 use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world};
 
-const GOLDEN_ROOT_1000: &str = "dba6e0dc78dc3d9b7d6f723807cc73d8f0dc4c9aa788f22d98578825ddacb349";
+const GOLDEN_ROOT_1000: &str = "92887730ab8e516fdb8ce49d849e9ec71b07f43af9d79174bedcd162661b7d71";
 
 fn run(workers: u32) -> String {
     let demo = demo_world(DemoSpec { seed: 2026, objects: 1_200, players: 40, ..DemoSpec::default() });

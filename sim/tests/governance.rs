@@ -166,3 +166,76 @@ fn banned_and_kicked_accounts_are_refused_and_validators_change_at_epochs() {
     }
     assert!(sim.world().governance().validators.contains(&dave.id()));
 }
+
+#[test]
+fn the_admin_returns_an_object_to_its_owner_who_rezzes_it_again() {
+    use metatopia_sim::state::{MAX_RETURNED, Shape};
+    use metatopia_sim::{Fx, Vec2};
+    let Story { mut sim, mut admin, mut bob, mut dave, .. } = story();
+    let at = |x: i64, y: i64| Vec2::new(Fx::from_int(x), Fx::from_int(y));
+    let shape = Shape::Circle { radius: Fx::from_int(1) };
+    let rez = |s: &mut Signer, sim: &TestSim, name: &str, x: i64| {
+        s.sign(
+            sim,
+            Payload::Rez { name: name.into(), shape, position: at(x, 10), color: 0x11223344, text: "mine".into() },
+        )
+    };
+    let e = rez(&mut bob, &sim, "bob's lamp", 10);
+    assert!(at_day(&mut sim, 4, vec![e]).rejected.is_empty());
+    let lamp = sim.world().objects().values().find(|o| o.name == "bob's lamp").unwrap().id;
+    let deploy = bob.sign(
+        &sim,
+        Payload::DeployScript {
+            object: lamp,
+            source: "on touch: say 0 lit".into(),
+            licence: "AGPL-3.0-or-later".into(),
+            derived_from: None,
+        },
+    );
+    assert!(at_day(&mut sim, 4, vec![deploy]).rejected.is_empty());
+    assert!(sim.world().script_source(lamp).is_some());
+
+    // A member may not return it; an avatar cannot be returned; the admin returns it.
+    let by_dave = dave.sign(&sim, Payload::Admin(AdminAct::ReturnObject { object: lamp }));
+    let r = at_day(&mut sim, 5, vec![by_dave]);
+    assert_eq!(r.rejected[0].reason, RejectReason::NotAuthorized { act: "return-object".into() });
+    let avatar = sim.world().account(&bob.id()).unwrap().avatar.unwrap();
+    let e = admin.sign(&sim, Payload::Admin(AdminAct::ReturnObject { object: avatar }));
+    assert!(matches!(at_day(&mut sim, 5, vec![e]).rejected[0].reason, RejectReason::InvalidValue { .. }));
+    let e = admin.sign(&sim, Payload::Admin(AdminAct::ReturnObject { object: lamp }));
+    assert!(at_day(&mut sim, 5, vec![e]).rejected.is_empty());
+    assert!(sim.world().object(lamp).is_none(), "out of the world");
+    let returned = &sim.world().account(&bob.id()).unwrap().returned;
+    assert_eq!(returned.len(), 1);
+    assert_eq!(
+        (returned[0].name.as_str(), returned[0].color, returned[0].text.as_str()),
+        ("bob's lamp", 0x11223344, "mine")
+    );
+    assert_eq!(returned[0].script.as_ref().unwrap().source, "on touch: say 0 lit", "kept with its script");
+    assert_eq!(returned[0].returned_at_ms, 5 * DAY_MS);
+
+    // Only the owner can rez it again, at a place in the region; then it is back, whole.
+    let e = dave.sign(&sim, Payload::RezReturned { index: 0, position: at(20, 20) });
+    assert!(matches!(at_day(&mut sim, 6, vec![e]).rejected[0].reason, RejectReason::InvalidValue { .. }));
+    let e = bob.sign(&sim, Payload::RezReturned { index: 0, position: at(-5, 20) });
+    assert!(matches!(at_day(&mut sim, 6, vec![e]).rejected[0].reason, RejectReason::InvalidValue { .. }));
+    let e = bob.sign(&sim, Payload::RezReturned { index: 0, position: at(20, 20) });
+    assert!(at_day(&mut sim, 6, vec![e]).rejected.is_empty());
+    let back = sim.world().objects().values().find(|o| o.name == "bob's lamp").unwrap();
+    assert_eq!((back.owner, back.color, back.text.as_str(), back.shape), (bob.id(), 0x11223344, "mine", shape));
+    assert_eq!(back.position, at(20, 20));
+    assert!(sim.world().account(&bob.id()).unwrap().returned.is_empty());
+
+    // An owner's returned objects are bounded: one more than the bound is refused, and the
+    // object stays in the world.
+    let rezzes: Vec<SignedEvent> =
+        (0..=MAX_RETURNED).map(|i| rez(&mut bob, &sim, &format!("junk {i}"), 1 + i as i64)).collect();
+    assert!(at_day(&mut sim, 7, rezzes).rejected.is_empty());
+    let junk: Vec<_> = sim.world().objects().values().filter(|o| o.name.starts_with("junk")).map(|o| o.id).collect();
+    let acts: Vec<SignedEvent> =
+        junk.iter().map(|o| admin.sign(&sim, Payload::Admin(AdminAct::ReturnObject { object: *o }))).collect();
+    let r = at_day(&mut sim, 8, acts);
+    assert_eq!(r.rejected.len(), 1, "{:?}", r.rejected);
+    assert_eq!(sim.world().account(&bob.id()).unwrap().returned.len(), MAX_RETURNED);
+    assert_eq!(sim.world().objects().values().filter(|o| o.name.starts_with("junk")).count(), 1);
+}

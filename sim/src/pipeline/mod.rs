@@ -345,6 +345,7 @@ fn route<'a, 'w>(
             | Payload::Logout
             | Payload::Rez { .. }
             | Payload::Derez { .. }
+            | Payload::RezReturned { .. }
             | Payload::Admin(_) => gov.push((order_key(&ctx.seed, GOVERNANCE_TARGET, &c.id), c)),
         }
     }

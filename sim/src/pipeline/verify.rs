@@ -98,8 +98,11 @@ fn check_fields(p: &Payload, l: &Limits) -> Result<(), RejectReason> {
                 && s.limits.max_speed > crate::fx::Fx::ZERO;
             if ok { Ok(()) } else { Err(invalid("settings")) }
         }
-        Payload::Logout | Payload::Move { .. } | Payload::Touch { .. } | Payload::Derez { .. } | Payload::Admin(_) => {
-            Ok(())
-        }
+        Payload::Logout
+        | Payload::Move { .. }
+        | Payload::Touch { .. }
+        | Payload::Derez { .. }
+        | Payload::RezReturned { .. }
+        | Payload::Admin(_) => Ok(()),
     }
 }
