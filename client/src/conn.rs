@@ -178,11 +178,20 @@ impl Client {
         anyhow::ensure!(!nodes.is_empty(), "{bootstrap} knows no node of this account's sim");
         c.sim = sim;
         c.nodes = nodes;
-        if !c.nodes.iter().any(|n| n.key == bootstrap.key) {
-            // The bootstrap does not serve the sim: move to a node that does (trusting the keys
-            // the pinned bootstrap gave).
-            c.link = None;
-            c.reconnect().await?;
+        // Clients spread over the sim's nodes by account (all of a sim's nodes serve the same
+        // state); a bootstrap that does not serve the sim is always left. The keys come from
+        // the pinned bootstrap, so the next connection is pinned too.
+        let pick = {
+            let a = account_of(&c.key).0;
+            u64::from_le_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]) as usize % c.nodes.len()
+        };
+        if c.nodes[pick].key != bootstrap.key {
+            let node = c.nodes[pick].clone();
+            match c.dial(&node).await {
+                Ok(link) => c.link = Some(LinkBox(link)),
+                Err(_) if c.nodes.iter().any(|n| n.key == bootstrap.key) => {} // stay on the bootstrap
+                Err(_) => c.reconnect().await?,
+            }
         }
         c.follow().await?;
         Ok(c)

@@ -137,7 +137,8 @@ impl ObjectView {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ObjectUpdate {
     pub id: String,
-    pub position: Option<[String; 2]>,
+    /// The new position in whole millimetres (rounded down): a few bytes instead of two decimals.
+    pub at_mm: Option<[i64; 2]>,
     pub text: Option<String>,
     pub color: Option<String>,
     pub shape: Option<String>,
@@ -154,7 +155,8 @@ impl ObjectUpdate {
         }
         ObjectUpdate {
             id: new.id.clone(),
-            position: diff(&old.position, &new.position),
+            at_mm: (old.position != new.position)
+                .then(|| [millimetres(&new.position[0]), millimetres(&new.position[1])]),
             text: diff(&old.text, &new.text),
             color: diff(&old.color, &new.color),
             shape: diff(&old.shape, &new.shape),
@@ -170,7 +172,9 @@ impl ObjectUpdate {
                 field.clone_from(v);
             }
         }
-        set(&mut o.position, &self.position);
+        if let Some([x, y]) = self.at_mm {
+            o.position = [decimal_of_mm(x), decimal_of_mm(y)];
+        }
         set(&mut o.text, &self.text);
         set(&mut o.color, &self.color);
         set(&mut o.shape, &self.shape);
@@ -178,6 +182,30 @@ impl ObjectUpdate {
         set(&mut o.owner, &self.owner);
         set(&mut o.scripted, &self.scripted);
     }
+}
+
+/// The whole millimetres of a decimal like `-12.3756` (rounded down; 0 if it is not a number).
+pub fn millimetres(decimal: &str) -> i64 {
+    let (int, frac) = decimal.split_once('.').unwrap_or((decimal, ""));
+    let i: i64 = int.parse().unwrap_or(0);
+    let negative = int.starts_with('-');
+    let digits: String = frac.chars().chain("000".chars()).take(3).collect();
+    let f: i64 = digits.parse().unwrap_or(0);
+    let exact = frac.len() <= 3 || frac[3..].bytes().all(|b| b == b'0');
+    match (negative, f, exact) {
+        (false, _, _) => i * 1000 + f,
+        (true, 0, true) => i * 1000,
+        (true, _, true) => i * 1000 - f,
+        (true, _, false) => i * 1000 - f - 1,
+    }
+}
+
+/// Millimetres as a decimal of metres: `-12376` → `-12.376`.
+pub fn decimal_of_mm(mm: i64) -> String {
+    let sign = if mm < 0 { "-" } else { "" };
+    let a = mm.unsigned_abs();
+    let (m, r) = (a / 1000, a % 1000);
+    if r == 0 { format!("{sign}{m}") } else { format!("{sign}{m}.{}", format!("{r:03}").trim_end_matches('0')) }
 }
 
 /// The whole metres of a decimal like `-12.375` (rounded down; 0 if it is not a number).
@@ -486,12 +514,32 @@ mod tests {
         new.position[1] = "2.25".into();
         new.text = "open".into();
         let u = ObjectUpdate::between(&old, &new);
-        assert_eq!(u.position, Some(["1.5".to_string(), "2.25".to_string()]));
+        assert_eq!(u.at_mm, Some([1500, 2250]));
         assert_eq!((u.color.as_deref(), u.name.as_deref(), u.scripted), (None, None, None));
         let mut back = old.clone();
         u.apply(&mut back);
         assert_eq!(back, new);
         assert!(postcard::to_allocvec(&u).unwrap().len() < postcard::to_allocvec(&new).unwrap().len() / 3);
+    }
+
+    #[test]
+    fn millimetres_round_down_and_print_back() {
+        for (d, mm) in [
+            ("0", 0),
+            ("12.5", 12500),
+            ("12.3759", 12375),
+            ("-0.5", -500),
+            ("-3", -3000),
+            ("-1.0001", -1001),
+            ("-2.25", -2250),
+        ] {
+            assert_eq!(millimetres(d), mm, "{d}");
+        }
+        for mm in [0, 1, -1, 999, -1000, 12345, -12340] {
+            assert_eq!(millimetres(&decimal_of_mm(mm)), mm, "{mm}");
+        }
+        assert_eq!(decimal_of_mm(-12340), "-12.34");
+        assert_eq!(decimal_of_mm(7000), "7");
     }
 
     #[test]

@@ -256,7 +256,8 @@ impl Transport for Quic {
 
 /// The WebSocket upgrade handler.
 pub async fn upgrade(ws: WebSocketUpgrade, State(s): State<Service>) -> Response {
-    ws.max_message_size(2 * MAX_EVENT_BYTES as usize + 1024).on_upgrade(move |socket| session(Ws(socket), s))
+    ws.max_message_size(2 * MAX_EVENT_BYTES as usize + 1024)
+        .on_upgrade(move |socket| session(Ws(socket), s, View::default()))
 }
 
 /// Serve QUIC clients on `addr` (UDP) until the returned endpoint is closed.
@@ -275,7 +276,8 @@ pub fn serve_quic(
                 let Ok(Ok((send, recv))) = tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await else {
                     return;
                 };
-                session(Quic { send, recv }, s).await;
+                // A native client says what it wants to see (`interest`) before it sees anything.
+                session(Quic { send, recv }, s, View::nothing()).await;
                 // Let the last frames (an error before a cut-off) reach the client.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 conn.close(0u32.into(), b"bye");
@@ -302,6 +304,11 @@ struct View {
 }
 
 impl View {
+    /// A view of nothing until the client states an interest.
+    fn nothing() -> View {
+        View { follow: Some(String::new()), ..View::default() }
+    }
+
     /// Where the followed avatar stands, and the ids in the area (`None`: the whole sim).
     fn area(&self, index: &AoiIndex) -> (Option<[i64; 2]>, BTreeSet<String>) {
         match &self.follow {
@@ -380,12 +387,11 @@ impl Drop for Counted<'_> {
 }
 
 /// One client's session, whatever its transport.
-pub async fn session<T: Transport>(mut t: T, s: Service) {
+async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
     let Some(hub) = s.hub.clone() else { return };
     hub.clients.fetch_add(1, Ordering::Relaxed);
     let _counted = Counted(&hub.clients);
     let mut feed = hub.feed.subscribe();
-    let mut view = View::default();
     if !full_state(&mut t, &s, &hub, &mut view).await {
         return;
     }
@@ -579,13 +585,10 @@ mod tests {
         assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["3v0"]);
         assert_eq!(update.len(), 2);
         assert_eq!(
-            (update[0].id.as_str(), update[0].position.clone(), update[0].text.clone()),
-            ("0v0", Some(["110".into(), "100".into()]), None)
+            (update[0].id.as_str(), update[0].at_mm, update[0].text.clone()),
+            ("0v0", Some([110_000, 100_000]), None)
         );
-        assert_eq!(
-            (update[1].id.as_str(), update[1].position.clone(), update[1].text.as_deref()),
-            ("1v0", None, Some("open"))
-        );
+        assert_eq!((update[1].id.as_str(), update[1].at_mm, update[1].text.as_deref()), ("1v0", None, Some("open")));
         assert!(leave.is_empty());
         // Far east: everything but 2v0 leaves and 2v0 enters; a removed object leaves too.
         let mut w = world(190, "open");

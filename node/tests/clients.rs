@@ -60,14 +60,21 @@ async fn clients_walk_chat_touch_read_scripts_and_fail_over_on_real_nodes() {
     let mut cluster = common::Cluster::start("clients", "plaza.toml");
     let join: Vec<NodeAddr> = cluster.join.iter().map(|j| j.parse().unwrap()).collect();
 
-    // Routed through node 0 and node 2: both serve the sim, so each client stays where it asked,
-    // and learns all four nodes of the sim.
+    // Any node routes a client to the sim's nodes; clients spread over them by account.
     let mut ada = Client::connect(&join[0], key(1)).await.unwrap();
     let mut bob = Client::connect(&join[2], key(2)).await.unwrap();
     let mut cy = Client::connect(&join[1], key(3)).await.unwrap();
-    assert_eq!(ada.node(), Some(&join[0]));
-    assert_eq!(bob.node(), Some(&join[2]));
     assert_eq!(ada.nodes(), &join[..], "the route lists the sim's nodes");
+    let on: Vec<usize> = [&ada, &bob, &cy]
+        .iter()
+        .map(|c| join.iter().position(|j| Some(j) == c.node()).expect("on a node of the sim"))
+        .collect();
+    let mut spread = std::collections::BTreeSet::new();
+    for n in 10..22u8 {
+        let c = Client::connect(&join[0], key(n)).await.unwrap();
+        spread.insert(c.node().unwrap().key.clone());
+    }
+    assert!(spread.len() >= 3, "twelve clients bootstrapped through node 0 use {} nodes", spread.len());
     assert_eq!(ada.sim(), cluster.status(0).unwrap().sim);
     for (c, name) in [(&mut ada, "ada"), (&mut bob, "bob"), (&mut cy, "cy")] {
         c.login(name).await.unwrap_or_else(|e| panic!("{name} logs in: {e}"));
@@ -179,14 +186,14 @@ async fn clients_walk_chat_touch_read_scripts_and_fail_over_on_real_nodes() {
     assert!(ada.run_until(Duration::from_secs(10), |v, _| v.avatar_of(&c).is_none()).await, "cy's avatar is gone");
 
     // bob's node dies: bob moves to another node of the sim, avatar and all.
-    cluster.nodes[2] = None;
+    cluster.nodes[on[1]] = None;
     let tick = bob.view().tick;
     assert!(
         bob.run_until(Duration::from_secs(30), |v, _| v.tick >= tick + 40 && v.avatar_of(&b).is_some()).await,
         "bob goes on after its node died"
     );
     assert!(bob.failovers >= 1, "bob never moved");
-    assert_ne!(bob.node(), Some(&join[2]));
+    assert_ne!(bob.node(), Some(&join[on[1]]));
     // ... and acts from there.
     bob.say(0, "still here").await.unwrap();
     assert!(ada.run_until(Duration::from_secs(10), |v, _| heard(v, "still here") > 0).await);

@@ -124,7 +124,12 @@ function handle(msg) {
       // Updates carry only what changed (null: unchanged).
       for (const u of m.update) {
         const o = state.byId.get(u.id);
-        if (o) for (const [k, v] of Object.entries(u)) if (v !== null) o[k] = v;
+        if (!o) continue;
+        for (const [k, v] of Object.entries(u)) {
+          if (v === null) continue;
+          if (k === "at_mm") o.position = v.map((mm) => String(mm / 1000));
+          else o[k] = v;
+        }
       }
       for (const id of m.leave) state.byId.delete(id);
       state.objects = Array.from(state.byId.values());
