@@ -28,9 +28,11 @@ pub const DEFAULT_AOI_M: u32 = 64;
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Status {
     pub sim: u32,
-    /// This node's validator index and the number of validators.
+    /// This node's index among the sim's nodes, and the size of the current validator set.
     pub node: u32,
     pub validators: u32,
+    /// Whether this node votes (a validator of the current epoch) or only follows (an observer).
+    pub voting: bool,
     pub tick_rate_hz: u32,
     /// The sim's square region: origin and side, metres.
     pub region_origin: [i64; 2],

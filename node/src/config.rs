@@ -81,6 +81,11 @@ pub struct ValidatorEntry {
     /// The validator's public key, 64 hex digits.
     pub key: String,
     pub address: SocketAddr,
+    /// A node of the sim that starts as an observer: it executes every tick and serves clients
+    /// but does not vote, until the admin admits its key (`admit-validator`; it votes from the
+    /// next epoch boundary on).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub observer: bool,
 }
 
 fn default_rate() -> u32 {
@@ -111,10 +116,10 @@ impl NodeConfig {
             "snapshot_every must be a multiple of {every} (the ticks whose root covers the whole physics state), not {}",
             self.snapshot_every
         );
+        let voting = self.validators.iter().filter(|v| !v.observer).count();
         anyhow::ensure!(
-            self.validators.len() >= 4,
-            "validators: a sim needs at least 4 (n = 3f + 1 with f >= 1), this config lists {}; add the others' keys and addresses",
-            self.validators.len()
+            voting >= 4,
+            "validators: a sim needs at least 4 (n = 3f + 1 with f >= 1), this config lists {voting} (not counting observers); add the others' keys and addresses",
         );
         anyhow::ensure!(self.validators.len() <= 100, "validators: at most 100");
         anyhow::ensure!(self.world.players >= 1, "world.players must be at least 1");
@@ -129,8 +134,14 @@ impl NodeConfig {
         self.http.unwrap_or_else(|| SocketAddr::new(self.listen.ip(), self.listen.port().wrapping_add(1000)))
     }
 
+    /// Every node of the sim's mesh, validators and observers, in index order.
     pub fn keys(&self) -> anyhow::Result<Vec<VerifyingKey>> {
         self.validators.iter().map(|v| parse_public(&v.key)).collect()
+    }
+
+    /// The genesis validator set: the entries that are not observers.
+    pub fn genesis_validators(&self) -> anyhow::Result<Vec<VerifyingKey>> {
+        self.validators.iter().filter(|v| !v.observer).map(|v| parse_public(&v.key)).collect()
     }
 
     /// A commented config for a new node (`metatopia init`).
@@ -140,7 +151,8 @@ impl NodeConfig {
             "# Metatopia node config. Precedence: command-line flags > METATOPIA_* environment > this file.\n\
              # listen: address for peers. tick_rate_hz: the sim's rate. snapshot_every: ticks between snapshots.\n\
              # [world]: the seeded genesis world. [bots]: signed events per tick this node submits.\n\
-             # [[validators]]: the sim's validator set, in index order, the same on every node.\n\n{body}"
+             # [[validators]]: the sim's nodes, in index order, the same on every node; `observer = true`\n\
+             # marks a node that follows (and serves clients) until the admin admits its key.\n\n{body}"
         )
     }
 }

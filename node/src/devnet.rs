@@ -62,7 +62,11 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     for (i, d) in dirs.iter().enumerate() {
         let key = d.key()?;
         let address = std::net::SocketAddr::from(([127, 0, 0, 1], args.port + i as u16));
-        validators.push(ValidatorEntry { key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()), address });
+        validators.push(ValidatorEntry {
+            key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
+            address,
+            observer: false,
+        });
     }
     // The world: the given scenario file, or the built-in one with the example scripts, both
     // written into the devnet's directory so the nodes read them from there.

@@ -33,6 +33,8 @@ struct Instance {
     keys: Vec<VerifyingKey>,
     validator: Validator,
     last_tick: u64,
+    /// The tick period this epoch runs at.
+    period_us: Micros,
 }
 
 impl Instance {
@@ -59,6 +61,7 @@ struct Saved {
     epoch: u64,
     keys: Vec<[u8; 32]>,
     last_tick: u64,
+    period_us: Micros,
     anchor: Option<Anchor>,
     validator: Vec<u8>,
 }
@@ -74,6 +77,9 @@ pub struct Epochs {
     early: VecDeque<(ValidatorIndex, u64, Message)>,
     out: VecDeque<(u64, Output)>,
     last_root: Option<(u64, Digest)>,
+    /// Each epoch runs at the sim's `tick_rate_hz` setting as of its start (a real node);
+    /// otherwise at `cfg.period_us` throughout (the simulated cluster's scenarios).
+    follow_rate: bool,
 }
 
 impl std::fmt::Debug for Epochs {
@@ -108,7 +114,7 @@ impl Epochs {
         let last_tick = next_end(0, epoch_ticks);
         let c = Config { last_tick: Some(last_tick), anchor: None, ..cfg.clone() };
         let validator = Validator::new(c, key.clone(), keys.clone(), now);
-        let current = Instance { epoch: 0, keys, validator, last_tick };
+        let current = Instance { epoch: 0, keys, validator, last_tick, period_us: cfg.period_us };
         Epochs {
             cfg,
             key,
@@ -118,7 +124,20 @@ impl Epochs {
             early: VecDeque::new(),
             out: VecDeque::new(),
             last_root: None,
+            follow_rate: false,
         }
+    }
+
+    /// From the next epoch on, run at the sim's `tick_rate_hz` setting (the admin's `settings`
+    /// act changes the rate at an epoch boundary, the same on every node).
+    pub fn following_tick_rate(mut self) -> Epochs {
+        self.follow_rate = true;
+        self
+    }
+
+    /// The tick period of the current epoch.
+    pub fn period_us(&self) -> Micros {
+        self.current.period_us
     }
 
     /// Continue after a crash from what [`Agreement::persist`] returned.
@@ -131,9 +150,9 @@ impl Epochs {
     ) -> Option<Epochs> {
         let s: Saved = postcard::from_bytes(saved).ok()?;
         let keys: Vec<VerifyingKey> = s.keys.iter().filter_map(|k| VerifyingKey::from_bytes(k).ok()).collect();
-        let c = Config { last_tick: Some(s.last_tick), anchor: s.anchor, ..cfg.clone() };
+        let c = Config { last_tick: Some(s.last_tick), anchor: s.anchor, period_us: s.period_us, ..cfg.clone() };
         let validator = Validator::restore(c, key.clone(), keys.clone(), now, &s.validator).ok()?;
-        let current = Instance { epoch: s.epoch, keys, validator, last_tick: s.last_tick };
+        let current = Instance { epoch: s.epoch, keys, validator, last_tick: s.last_tick, period_us: s.period_us };
         Some(Epochs {
             cfg,
             key,
@@ -143,6 +162,7 @@ impl Epochs {
             early: VecDeque::new(),
             out: VecDeque::new(),
             last_root: None,
+            follow_rate: false,
         })
     }
 
@@ -200,7 +220,12 @@ impl Epochs {
             prev_chain: self.current.validator.genesis(),
         };
         let last_tick = next_end(anchor.block.tick, world.settings().epoch_ticks);
-        let c = Config { last_tick: Some(last_tick), anchor: Some(anchor), ..self.cfg.clone() };
+        let period_us = if self.follow_rate {
+            1_000_000 / u64::from(world.settings().tick_rate_hz.clamp(1, 240))
+        } else {
+            self.cfg.period_us
+        };
+        let c = Config { last_tick: Some(last_tick), anchor: Some(anchor), period_us, ..self.cfg.clone() };
         let mut validator = Validator::new(c, self.key.clone(), keys.clone(), now);
         if let Some((tick, root)) = self.last_root {
             validator.report_root(tick, root);
@@ -209,11 +234,12 @@ impl Epochs {
         if !pending.is_empty() {
             validator.submit_events(now, pending);
         }
-        let next = Instance { epoch: self.current.epoch + 1, keys, validator, last_tick };
+        let next = Instance { epoch: self.current.epoch + 1, keys, validator, last_tick, period_us };
         tracing::info!(
             epoch = next.epoch,
             validators = next.keys.len(),
-            from_tick = next.last_tick,
+            until_tick = next.last_tick,
+            period_us = next.period_us,
             "a new validator epoch"
         );
         self.previous = Some(std::mem::replace(&mut self.current, next));
@@ -292,6 +318,7 @@ impl Agreement for Epochs {
             epoch: self.current.epoch,
             keys: self.current.keys.iter().map(|k| k.to_bytes()).collect(),
             last_tick: self.current.last_tick,
+            period_us: self.current.period_us,
             anchor: self.cfg_anchor(),
             validator: self.current.validator.persist(),
         };

@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use metatopia_consensus::{Config, Validator};
+use metatopia_consensus::Config;
 use metatopia_node::config::{NodeConfig, ValidatorEntry};
 use metatopia_node::core::{CoreOutput, DesyncReport, NodeCore};
+use metatopia_node::epochs::Epochs;
 use metatopia_node::gateway::{Feed, Hub};
 use metatopia_node::http::object_view;
 use metatopia_node::http::{Query, Service, Status};
@@ -74,7 +75,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
             snapshot_every: 640,
             world: Default::default(),
             bots: Default::default(),
-            validators: vec![ValidatorEntry { key: public.clone(), address: args.listen }],
+            validators: vec![ValidatorEntry { key: public.clone(), address: args.listen, observer: false }],
         };
         metatopia_node::store::write_atomic(&path, cfg.commented().as_bytes())?;
         println!("wrote {}: add the sim's other validators (at least 4 in all) before `metatopia run`", path.display());
@@ -152,7 +153,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     rt.block_on(node(args))
 }
 
-type Core = NodeCore<Validator, TimedHost<RhaiHost>, TimedPhysics<AnyPhysics>>;
+type Core = NodeCore<Epochs, TimedHost<RhaiHost>, TimedPhysics<AnyPhysics>>;
 
 /// Figures for `stats` and `/metrics` the loop keeps between status updates.
 #[derive(Debug, Default)]
@@ -196,7 +197,8 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let me = keys
         .iter()
         .position(|k| *k == key.verifying_key())
-        .context("this node's key is not among the config's validators (observers join with --join, not yet built)")?;
+        .context("this node's key is not among the config's [[validators]] entries (validators and observers; joining unlisted with --join is not built yet)")?;
+    let genesis_validators = cfg.genesis_validators()?;
     let (demo, physics_kind) = demo_of(&cfg)?;
     let consensus = Config {
         period_us: 1_000_000 / u64::from(cfg.tick_rate_hz),
@@ -241,11 +243,21 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             .context("loading the genesis world's physics")?,
     };
     let anchor_ms = consensus.genesis_time_ms;
+    // The validator set follows the sim's governance epoch by epoch (admit-validator,
+    // remove-validator), and so does the tick rate (the `settings` act).
     let validator = match dir.read_consensus_state()? {
-        Some(b) => Validator::restore(consensus.clone(), key.clone(), keys.clone(), now_us(), &b)
-            .map_err(|e| anyhow::anyhow!("consensus.state: {e}"))?,
-        None => Validator::new(consensus, key.clone(), keys.clone(), now_us()),
-    };
+        Some(b) => Epochs::restore(consensus.clone(), key.clone(), keys.clone(), now_us(), &b)
+            .context("consensus.state does not load: move it away to start this validator's votes afresh")?,
+        None => Epochs::new(
+            consensus,
+            key.clone(),
+            keys.clone(),
+            genesis_validators.clone(),
+            demo.world.settings().epoch_ticks,
+            now_us(),
+        ),
+    }
+    .following_tick_rate();
     anyhow::ensure!(cfg.world.time_scale >= 1, "world.time_scale must be at least 1");
     let mut core: Core = NodeCore::new(validator, sim, 2).with_time_scale(cfg.world.time_scale, anchor_ms);
     let from = core.sim().world().tick().0;
@@ -256,8 +268,9 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     }
     let root = core.root();
     println!(
-        "node {me} of {}: {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}",
+        "node {me} of {} ({}): {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}",
         keys.len(),
+        if core.agreement().index().is_some() { "a validator" } else { "an observer: it follows until admitted" },
         core.sim().world().sim(),
         core.sim().world().objects().len(),
         core.sim().world().tick()
@@ -275,7 +288,8 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         status: Status {
             sim: cfg.world.sim_id,
             node: me as u32,
-            validators: keys.len() as u32,
+            validators: metatopia_node::core::Agreement::validators(core.agreement()) as u32,
+            voting: core.agreement().index().is_some(),
             tick_rate_hz: cfg.tick_rate_hz,
             region_origin: [
                 core.sim().world().region().origin.x.floor_int(),
@@ -440,8 +454,9 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                         // Time dilation: sim seconds per wall second since the last line (1.00
                         // in lockstep at the rate; lower when commits are late).
                         let wall = last_report.elapsed().as_secs_f64().max(1e-6);
-                        let dilation =
-                            (tick.0 + 1).saturating_sub(last_report_tick) as f64 / f64::from(cfg.tick_rate_hz) / wall;
+                        let dilation = (tick.0 + 1).saturating_sub(last_report_tick) as f64
+                            / f64::from(meter.status.tick_rate_hz.max(1))
+                            / wall;
                         (last_report, last_report_tick) = (std::time::Instant::now(), tick.0 + 1);
                         per_second(&mut meter, &times, dilation);
                         meter.status.clients = hub.clients.load(std::sync::atomic::Ordering::Relaxed);
@@ -494,7 +509,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                 if matches!(m, NodeMsg::Consensus { msg: metatopia_consensus::Message::Vote(_) | metatopia_consensus::Message::Propose { .. }, .. }))
         });
         if votes || committed {
-            let state = core.agreement().persist();
+            let state = metatopia_node::core::Agreement::persist(core.agreement()).unwrap_or_default();
             let digest = *blake3::hash(&state).as_bytes();
             if digest != last_state {
                 dir.write_consensus_state(&state)?;
@@ -553,6 +568,9 @@ fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash
     st.rejected = s.rejected;
     st.refused_submissions = s.refused_submissions;
     st.peers = peers;
+    st.validators = metatopia_node::core::Agreement::validators(core.agreement()) as u32;
+    st.voting = core.agreement().index().is_some();
+    st.tick_rate_hz = (1_000_000 / core.agreement().period_us().max(1)) as u32;
     st.last_executed_unix_ms = metatopia_node::unix_ms();
     metrics::gauge!("metatopia_tick").set(tick as f64);
     metrics::gauge!("metatopia_objects").set(st.objects as f64);

@@ -79,7 +79,6 @@ fn check_supported(spec: &Scenario, text: &str) -> anyhow::Result<()> {
             Scenario::line_of(text, f.span())
         );
     }
-    anyhow::ensure!(spec.validators.observers == 0, "observers are simulation-only for now; --real runs validators");
     let n = &spec.network;
     anyhow::ensure!(
         n.loss_percent == 0.0 && n.duplicate_percent == 0.0,
@@ -91,7 +90,9 @@ fn check_supported(spec: &Scenario, text: &str) -> anyhow::Result<()> {
 /// Run a scenario as real processes; `dir` keeps the nodes' data.
 pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path) -> anyhow::Result<Report> {
     check_supported(spec, text)?;
-    let n = usize::from(spec.validators.count);
+    // Validators 0..count, then the observers (nodes that follow until admitted).
+    let validators_n = usize::from(spec.validators.count);
+    let n = validators_n + usize::from(spec.validators.observers);
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
     }
@@ -103,6 +104,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         validators.push(ValidatorEntry {
             key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
             address: ([127, 0, 0, 1], ports[i]).into(),
+            observer: i >= validators_n,
         });
     }
     let file = std::fs::canonicalize(file)?;
@@ -134,8 +136,10 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }
-    let keys = NodeConfig::load(&dirs[0].config_path())?.keys()?;
-    let accounts: Vec<_> = keys.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect();
+    let node_cfg = NodeConfig::load(&dirs[0].config_path())?;
+    let keys = node_cfg.keys()?;
+    let accounts: Vec<_> =
+        node_cfg.genesis_validators()?.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect();
     let g = scenario::genesis(spec, opts.seed, opts, &accounts)?;
     let honest: Vec<usize> = (0..n).filter(|i| !diverging.contains(i)).collect();
 
@@ -411,6 +415,19 @@ fn judge(
                 let reason = v.reason.as_deref().unwrap_or_default();
                 let ok = scenario::outcome_holds(&got, want, reason);
                 verdict(format!("step {label} {want}"), ok, format!("{:?}", got[0]))
+            }
+            "validator" | "observer" => {
+                let node = usize::from(v.node.unwrap_or_default());
+                let st = clients.get(node).and_then(|c| c.get::<Status>("/v1/status").ok().flatten());
+                let want = v.kind == "validator";
+                let (ok, detail) = match st {
+                    Some(s) => (
+                        s.voting == want,
+                        format!("{} ({} validators)", if s.voting { "votes" } else { "follows" }, s.validators),
+                    ),
+                    None => (false, "down".to_owned()),
+                };
+                verdict(format!("node {node} {}", if want { "votes" } else { "only follows" }), ok, detail)
             }
             "role" => roles.remove(&line).unwrap_or_else(|| {
                 verdict(format!("role at tick {}", v.at_tick.unwrap_or_default()), false, "never reached".into())

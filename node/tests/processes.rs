@@ -35,6 +35,11 @@ fn free_ports(n: usize) -> Vec<u16> {
 }
 
 fn setup(name: &str, n: usize, rate: u32) -> Vec<PathBuf> {
+    setup_with(name, n, 0, rate)
+}
+
+/// `n` nodes, the last `observers` of them observers (in the mesh, not in the genesis set).
+fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf> {
     let root = std::env::temp_dir().join(format!("metatopia-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let ports = free_ports(2 * n);
@@ -42,11 +47,13 @@ fn setup(name: &str, n: usize, rate: u32) -> Vec<PathBuf> {
     let validators: Vec<ValidatorEntry> = dirs
         .iter()
         .zip(&ports)
-        .map(|(d, p)| {
+        .enumerate()
+        .map(|(i, (d, p))| {
             let key = DataDir::open(d).unwrap().key().unwrap();
             ValidatorEntry {
                 key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
                 address: ([127, 0, 0, 1], *p).into(),
+                observer: i >= n - observers,
             }
         })
         .collect();
@@ -136,8 +143,8 @@ fn interrupt(node: &mut Node) {
 }
 
 #[test]
-fn four_validators_run_1000_ticks_with_identical_roots() {
-    let dirs = setup("thousand", 4, 25);
+fn four_validators_and_an_observer_run_1000_ticks_with_identical_roots() {
+    let dirs = setup_with("thousand", 5, 1, 25);
     let roots: Roots = Arc::default();
     let mut nodes: Vec<Node> =
         dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &["--ticks", "1000"])).collect();
@@ -155,10 +162,12 @@ fn four_validators_run_1000_ticks_with_identical_roots() {
         };
         assert!(status.success(), "node {i}: {status}: {}", n.stderr.lock().unwrap());
     }
-    for i in 0..4 {
+    for i in 0..5 {
         assert_eq!(highest(&roots, i), Some(999), "node {i} reached tick 999");
     }
-    assert_eq!(assert_same_roots(&roots), 3 * 100, "all 100 reports of all four nodes compared");
+    assert_eq!(assert_same_roots(&roots), 4 * 100, "all 100 reports of all five nodes compared");
+    assert!(nodes[4].stdout.lock().unwrap().contains("an observer"), "node 4 follows without voting");
+    assert!(nodes[0].stdout.lock().unwrap().contains("a validator"));
     // Snapshots were written along the way.
     assert!(DataDir::open(&dirs[0]).unwrap().snapshots().unwrap().iter().any(|(t, _)| *t == 896));
 }
@@ -360,4 +369,39 @@ fn a_node_started_from_another_world_diverges_reports_and_resyncs_from_its_peers
         }
     }
     assert!(compared >= 3, "compared {compared} status lines");
+}
+
+#[test]
+fn the_admins_tick_rate_takes_effect_at_the_next_epoch_boundary_on_every_node() {
+    use metatopia_node::http::Status;
+    // 20 Hz, epochs of 40 ticks; the admin is "ada".
+    let cluster = common::Cluster::start("rate", "validator-admission.toml");
+    let key = cluster.root.join("ada.key");
+    metatopia_node::store::write_key(&key, &metatopia_node::scenario::account_key("ada")).unwrap();
+    let key = key.to_str().unwrap();
+    let (ok, out, err) = cli(&["admin", "--node", &cluster.http[1], "--key", key, "login", "ada"]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = cli(&["admin", "--node", &cluster.http[2], "--key", key, "settings", "--tick-rate-hz", "10"]);
+    assert!(ok && out.contains("executed at tick"), "{out}{err}");
+    let rate = |i: usize| cluster.status(i).map(|s: Status| s.tick_rate_hz);
+    wait_for("10 Hz on every node", Duration::from_secs(60), || (0..4).all(|i| rate(i) == Some(10)));
+    // And the sim runs at it: about 10 ticks a second now (generous bounds: a loaded machine).
+    let (t0, a) = (Instant::now(), cluster.status(0).unwrap().tick);
+    std::thread::sleep(Duration::from_secs(4));
+    let per_sec = (cluster.status(0).unwrap().tick - a) as f64 / t0.elapsed().as_secs_f64();
+    assert!((5.0..=13.0).contains(&per_sec), "{per_sec:.1} ticks a second at 10 Hz");
+    // Every node agrees on every tick before and after the switch.
+    let low = (0..4).map(|i| cluster.status(i).unwrap().tick).min().unwrap();
+    for t in [low.saturating_sub(60), low.saturating_sub(10)] {
+        let roots: Vec<String> = (0..4)
+            .map(|i| {
+                metatopia_node::http::Client::new(&cluster.http[i])
+                    .get::<metatopia_node::http::RootView>(&format!("/v1/roots/{t}"))
+                    .unwrap()
+                    .unwrap()
+                    .root
+            })
+            .collect();
+        assert!(roots.iter().all(|r| *r == roots[0]), "tick {t}: {roots:?}");
+    }
 }

@@ -54,6 +54,7 @@ impl Cluster {
             .map(|(d, p)| ValidatorEntry {
                 key: metatopia_sim::ids::hex(DataDir::open(d).unwrap().key().unwrap().verifying_key().as_bytes()),
                 address: ([127, 0, 0, 1], *p).into(),
+                observer: false,
             })
             .collect();
         let world = repo.join("scenarios").join("catalogue").join(scenario).canonicalize().unwrap();
