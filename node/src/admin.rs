@@ -154,8 +154,16 @@ enum AdminCmd {
         aoi_radius_m: Option<u32>,
         #[arg(long)]
         max_objects: Option<u32>,
+        /// Script limits: a script's persisted state, its source, the outputs (chat, messages,
+        /// commands) it may emit per tick, and the failing ticks in a row that suspend it.
         #[arg(long)]
         max_script_state_bytes: Option<u32>,
+        #[arg(long)]
+        max_source_bytes: Option<u32>,
+        #[arg(long)]
+        max_script_outputs: Option<u32>,
+        #[arg(long)]
+        script_failure_limit: Option<u32>,
     },
 }
 
@@ -203,6 +211,9 @@ pub fn admin(args: AdminArgs) -> anyhow::Result<()> {
             aoi_radius_m,
             max_objects,
             max_script_state_bytes,
+            max_source_bytes,
+            max_script_outputs,
+            script_failure_limit,
         } => {
             let mut s = gov.settings.clone();
             s.admin_absent_days = admin_absent_days.unwrap_or(s.admin_absent_days);
@@ -213,6 +224,9 @@ pub fn admin(args: AdminArgs) -> anyhow::Result<()> {
             s.aoi_radius_m = aoi_radius_m.unwrap_or(s.aoi_radius_m);
             s.limits.max_objects = max_objects.unwrap_or(s.limits.max_objects);
             s.limits.max_script_state_bytes = max_script_state_bytes.unwrap_or(s.limits.max_script_state_bytes);
+            s.limits.max_source_bytes = max_source_bytes.unwrap_or(s.limits.max_source_bytes);
+            s.limits.max_script_outputs = max_script_outputs.unwrap_or(s.limits.max_script_outputs);
+            s.limits.script_failure_limit = script_failure_limit.unwrap_or(s.limits.script_failure_limit);
             Payload::Admin(AdminAct::SetSettings(s))
         }
     };

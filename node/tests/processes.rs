@@ -320,6 +320,35 @@ fn health_metrics_stats_and_signed_admin_acts_through_the_http_service() {
     let owner: AccountView = clients[2].get(&format!("/v1/accounts/{}", prim.owner)).unwrap().unwrap();
     assert_eq!(owner.returned, vec![prim.name.clone()]);
 
+    // Settings: the area-of-interest radius and script limits, the same on every node.
+    let (ok, out, err) = cli(&[
+        "admin",
+        "--node",
+        &https[1],
+        "--key",
+        admin,
+        "settings",
+        "--aoi-radius-m",
+        "32",
+        "--max-source-bytes",
+        "5000",
+        "--max-script-outputs",
+        "7",
+        "--script-failure-limit",
+        "3",
+    ]);
+    assert!(ok && out.contains("executed at tick"), "{out}{err}");
+    wait_for("the settings on every node", Duration::from_secs(30), || {
+        clients.iter().all(|c| {
+            let g: metatopia_node::http::GovernanceView = c.get("/v1/governance").unwrap().unwrap();
+            let l = &g.settings.limits;
+            g.settings.aoi_radius_m == 32
+                && l.max_source_bytes == 5000
+                && l.max_script_outputs == 7
+                && l.script_failure_limit == 3
+        })
+    });
+
     // Bad input gets a clear error and changes nothing.
     let (ok, _, err) = cli(&["admin", "--node", &https[0], "--key", admin, "ban", "nobody"]);
     assert!(!ok && err.contains("not an account id"), "{err}");
