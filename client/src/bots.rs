@@ -33,7 +33,7 @@ impl Default for BotPlan {
         BotPlan {
             count: 10,
             run_for: Duration::from_secs(30),
-            wander_every: Duration::from_secs(3),
+            wander_every: Duration::from_secs(10),
             chat_every: Duration::from_secs(10),
             connect_per_second: 100,
             seed: 1,
@@ -131,9 +131,27 @@ async fn bot(
     while Instant::now() < stop_at {
         let now = Instant::now();
         if now >= next_walk {
-            next_walk = now + jitter(&mut rng, plan.wander_every);
-            let v = |rng: &mut Rng| Fx::from_int(rng.below(5) as i64 - 2);
-            let velocity = Vec2::new(v(&mut rng), v(&mut rng));
+            // Wander: walk towards a random point of the region, to arrive about when the next
+            // choice is due (at most 3 m/s), so bots spread over the sim like visitors do.
+            let period = jitter(&mut rng, plan.wander_every);
+            next_walk = now + period;
+            let me = c.view().avatar_of(c.account()).map(|a| a.metres());
+            let region = c.view().status.as_ref().map(|s| (s.region_origin, s.region_size.max(1)));
+            let velocity = match (me, region) {
+                (Some(at), Some((origin, size))) => {
+                    let target = [
+                        origin[0] + 2 + rng.below((size - 4).max(1) as u64) as i64,
+                        origin[1] + 2 + rng.below((size - 4).max(1) as u64) as i64,
+                    ];
+                    let (dx, dy) = ((target[0] - at[0]) as f64, (target[1] - at[1]) as f64);
+                    let dist = dx.hypot(dy).max(1e-3);
+                    let speed = (dist / period.as_secs_f64().max(0.1)).min(3.0);
+                    // Client side, so a float is fine here; the event carries exact fixed point.
+                    let fx = |v: f64| Fx::from_bits((v * 65_536.0).round() as i64);
+                    Vec2::new(fx(dx / dist * speed), fx(dy / dist * speed))
+                }
+                _ => Vec2::ZERO,
+            };
             if c.submit(Payload::Move { object: avatar, velocity }).await.is_ok() {
                 report.submitted.fetch_add(1, Ordering::Relaxed);
             }

@@ -24,8 +24,8 @@ use metatopia_sim::event::{ChatRange, Payload, SignedEvent, account_of};
 use metatopia_sim::{Fx, ObjectId, SimId, Vec2};
 
 use crate::proto::{
-    AccountView, ChatView, ClientMsg, MAX_SERVER_FRAME, NodeAddr, ObjectView, Outcome, ServerMsg, Status, hex,
-    read_frame, write_frame,
+    AccountView, ChatView, ClientMsg, MAX_SERVER_FRAME, NodeAddr, ObjectUpdate, ObjectView, Outcome, ServerMsg, Status,
+    decimal_of_mm, hex, read_frame, write_frame,
 };
 use crate::quic::{SERVER_NAME, client_config, parse_public};
 
@@ -43,6 +43,8 @@ pub struct View {
     pub chat: VecDeque<ChatView>,
     /// `tick` messages applied.
     pub deltas: u64,
+    /// Each object's dead-reckoning base: where it was (mm), its velocity (mm/s), at which tick.
+    motion: BTreeMap<String, ([i64; 2], [i64; 2], u64)>,
 }
 
 impl View {
@@ -55,15 +57,32 @@ impl View {
             }
             ServerMsg::Tick { tick, enter, update, leave } => {
                 for o in enter {
+                    let (at, vel) = o.motion_mm();
+                    self.motion.insert(o.id.clone(), (at, vel, *tick));
                     self.objects.insert(o.id.clone(), o.clone());
                 }
                 for u in update {
                     if let Some(o) = self.objects.get_mut(&u.id) {
                         u.apply(o);
+                        if let Some(at) = u.at_mm {
+                            let vel = u.vel_mm.unwrap_or_else(|| o.motion_mm().1);
+                            self.motion.insert(u.id.clone(), (at, vel, *tick));
+                        }
                     }
                 }
                 for id in leave {
                     self.objects.remove(id);
+                    self.motion.remove(id);
+                }
+                // Dead reckoning: moving objects go on moving between the node's corrections.
+                let rate = self.status.as_ref().map_or(20, |s| s.tick_rate_hz);
+                for (id, (at, vel, since)) in &self.motion {
+                    if *vel != [0, 0]
+                        && let Some(o) = self.objects.get_mut(id)
+                    {
+                        let [x, y] = ObjectUpdate::extrapolate(*at, *vel, tick.saturating_sub(*since), rate);
+                        o.position = [decimal_of_mm(x), decimal_of_mm(y)];
+                    }
                 }
                 self.tick = *tick;
                 self.deltas += 1;

@@ -21,6 +21,9 @@ pub const ALPN: &[u8] = b"metatopia/1";
 pub const MAX_CLIENT_FRAME: usize = 160 * 1024;
 /// The largest frame a client accepts from a node (a whole area of interest at once).
 pub const MAX_SERVER_FRAME: usize = 16 * 1024 * 1024;
+/// How far (mm) a client's extrapolation of a moving object may drift before the node sends its
+/// position again; and how much (mm/s) its velocity may change unannounced.
+pub const DEAD_RECKONING_MM: i64 = 100;
 /// The default area-of-interest radius, metres (a sim's `aoi_radius_m` setting overrides it).
 pub const DEFAULT_AOI_M: u32 = 64;
 
@@ -118,6 +121,10 @@ pub struct ObjectView {
     pub owner: String,
     pub avatar: bool,
     pub position: [String; 2],
+    /// Metres per second. Clients extrapolate positions with it between updates (the node sends
+    /// a position again only when the extrapolation would be off by more than
+    /// [`DEAD_RECKONING_MM`], or the velocity changed).
+    pub velocity: [String; 2],
     /// `circle R` or `box HALF_W HALF_H`.
     pub shape: String,
     pub color: String,
@@ -128,6 +135,14 @@ pub struct ObjectView {
 }
 
 impl ObjectView {
+    /// Position and velocity in whole millimetres (per second).
+    pub fn motion_mm(&self) -> ([i64; 2], [i64; 2]) {
+        (
+            [millimetres(&self.position[0]), millimetres(&self.position[1])],
+            [millimetres(&self.velocity[0]), millimetres(&self.velocity[1])],
+        )
+    }
+
     /// Its position in whole metres (rounded down), for maps and areas of interest.
     pub fn metres(&self) -> [i64; 2] {
         [whole_metres(&self.position[0]), whole_metres(&self.position[1])]
@@ -141,6 +156,8 @@ pub struct ObjectUpdate {
     pub id: String,
     /// The new position in whole millimetres (rounded down): a few bytes instead of two decimals.
     pub at_mm: Option<[i64; 2]>,
+    /// The new velocity in millimetres per second (sent with `at_mm`: extrapolate from there).
+    pub vel_mm: Option<[i64; 2]>,
     pub text: Option<String>,
     pub color: Option<String>,
     pub shape: Option<String>,
@@ -150,6 +167,25 @@ pub struct ObjectUpdate {
 }
 
 impl ObjectUpdate {
+    /// Whether it changes nothing (dead reckoning left its motion out and nothing else changed).
+    pub fn is_empty(&self) -> bool {
+        self.at_mm.is_none()
+            && self.vel_mm.is_none()
+            && self.text.is_none()
+            && self.color.is_none()
+            && self.shape.is_none()
+            && self.name.is_none()
+            && self.owner.is_none()
+            && self.scripted.is_none()
+    }
+
+    /// Where dead reckoning puts an object `ticks` after it was at `at` with velocity `vel` (mm,
+    /// mm/s) at `rate_hz`: the same integer arithmetic on the node and in every client.
+    pub fn extrapolate(at: [i64; 2], vel: [i64; 2], ticks: u64, rate_hz: u32) -> [i64; 2] {
+        let (t, r) = (ticks.min(1 << 32) as i64, i64::from(rate_hz.max(1)));
+        [at[0].saturating_add(vel[0].saturating_mul(t) / r), at[1].saturating_add(vel[1].saturating_mul(t) / r)]
+    }
+
     /// The update that turns `old` into `new` (the same object).
     pub fn between(old: &ObjectView, new: &ObjectView) -> ObjectUpdate {
         fn diff<T: PartialEq + Clone>(a: &T, b: &T) -> Option<T> {
@@ -159,6 +195,8 @@ impl ObjectUpdate {
             id: new.id.clone(),
             at_mm: (old.position != new.position)
                 .then(|| [millimetres(&new.position[0]), millimetres(&new.position[1])]),
+            vel_mm: (old.velocity != new.velocity)
+                .then(|| [millimetres(&new.velocity[0]), millimetres(&new.velocity[1])]),
             text: diff(&old.text, &new.text),
             color: diff(&old.color, &new.color),
             shape: diff(&old.shape, &new.shape),
@@ -176,6 +214,9 @@ impl ObjectUpdate {
         }
         if let Some([x, y]) = self.at_mm {
             o.position = [decimal_of_mm(x), decimal_of_mm(y)];
+        }
+        if let Some([x, y]) = self.vel_mm {
+            o.velocity = [decimal_of_mm(x), decimal_of_mm(y)];
         }
         set(&mut o.text, &self.text);
         set(&mut o.color, &self.color);
@@ -436,6 +477,7 @@ mod tests {
             owner: "ab".repeat(32),
             avatar: false,
             position: [x.into(), y.into()],
+            velocity: ["0".into(), "0".into()],
             shape: "box 1 0.5".into(),
             color: "ff0000ff".into(),
             text: "closed".into(),

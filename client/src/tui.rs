@@ -418,6 +418,7 @@ mod tests {
             owner: owner.into(),
             avatar,
             position: [x.to_string(), y.to_string()],
+            velocity: ["0".into(), "0".into()],
             shape: if avatar { "circle 0.4".into() } else { "box 1 1".into() },
             color: "ffffffff".into(),
             text: String::new(),

@@ -35,8 +35,8 @@ pub struct BotArgs {
     /// How long they stay, seconds.
     #[arg(long, default_value_t = 60)]
     pub seconds: u64,
-    /// Each bot picks a new direction about this often, seconds.
-    #[arg(long, default_value_t = 3)]
+    /// Each bot picks a new point of the region to walk to about this often, seconds.
+    #[arg(long, default_value_t = 10)]
     pub wander_every: u64,
     /// Each bot says something about this often, seconds (0: never).
     #[arg(long, default_value_t = 10)]

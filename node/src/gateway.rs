@@ -68,6 +68,9 @@ pub struct Hub {
     pub nodes: Vec<NodeAddr>,
     /// Connected sessions.
     pub clients: AtomicU32,
+    /// Sessions waiting for the outcome of an event they submitted (resolved by the loop after
+    /// every executed tick: pushed, not polled).
+    waiters: std::sync::Mutex<BTreeMap<metatopia_sim::EventId, Vec<oneshot::Sender<proto::Outcome>>>>,
 }
 
 impl Hub {
@@ -78,7 +81,32 @@ impl Hub {
             sim,
             nodes,
             clients: AtomicU32::new(0),
+            waiters: std::sync::Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Tell the sessions waiting for events that now have an outcome; forget the waiters that
+    /// gave up. The loop calls it after executing ticks.
+    pub fn resolve(&self, outcome: impl Fn(&metatopia_sim::EventId) -> Option<proto::Outcome>) {
+        let mut w = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        w.retain(|id, txs| {
+            txs.retain(|tx| !tx.is_closed());
+            match outcome(id) {
+                Some(o) if !txs.is_empty() => {
+                    for tx in txs.drain(..) {
+                        let _ = tx.send(o.clone());
+                    }
+                    false
+                }
+                _ => !txs.is_empty(),
+            }
+        });
+    }
+
+    fn wait_for(&self, id: metatopia_sim::EventId) -> oneshot::Receiver<proto::Outcome> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().push(tx);
+        rx
     }
 
     /// Whether any session listens (the loop skips building deltas otherwise).
@@ -100,6 +128,8 @@ pub struct AoiIndex {
     avatars: BTreeMap<String, String>,
     /// The sim's area-of-interest radius setting, metres.
     pub radius_m: u32,
+    /// The tick rate clients extrapolate motion at.
+    pub rate_hz: u32,
 }
 
 impl AoiIndex {
@@ -156,7 +186,7 @@ impl AoiIndex {
     }
 
     pub fn clear(&mut self) {
-        *self = AoiIndex { radius_m: self.radius_m, ..AoiIndex::default() };
+        *self = AoiIndex { radius_m: self.radius_m, rate_hz: self.rate_hz, ..AoiIndex::default() };
     }
 
     pub fn get(&self, id: &str) -> Option<&ObjectView> {
@@ -293,6 +323,14 @@ async fn ask<T>(s: &Service, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> 
     tokio::time::timeout(Duration::from_secs(5), rx).await.ok()?.ok()
 }
 
+/// What a client was last told of an object's motion (its dead-reckoning base).
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    at: [i64; 2],
+    vel: [i64; 2],
+    tick: u64,
+}
+
 /// One client's view: what it follows and which objects it has been sent.
 #[derive(Debug, Default)]
 struct View {
@@ -300,7 +338,7 @@ struct View {
     /// Accounts whose signed events this session submitted.
     authors: BTreeSet<String>,
     radius_m: Option<u32>,
-    known: BTreeSet<String>,
+    known: BTreeMap<String, Sent>,
 }
 
 impl View {
@@ -323,15 +361,48 @@ impl View {
         }
     }
 
-    /// The delta that brings the client from what it knows to the area now.
+    /// The delta that brings the client from what it knows to the area now. Motion is dead
+    /// reckoned: a moving object's position is sent again only when the client's extrapolation
+    /// would be off by more than [`proto::DEAD_RECKONING_MM`], or its velocity changed as much.
     fn delta(&mut self, index: &AoiIndex, changed: &[ObjectUpdate]) -> ServerMsg {
         let (_, area) = self.area(index);
-        let enter: Vec<ObjectView> = area.difference(&self.known).filter_map(|id| index.get(id)).cloned().collect();
-        let update: Vec<ObjectUpdate> =
-            changed.iter().filter(|u| self.known.contains(&u.id) && area.contains(&u.id)).cloned().collect();
-        let leave: Vec<String> = self.known.difference(&area).cloned().collect();
-        self.known = area;
-        ServerMsg::Tick { tick: index.tick, enter, update, leave }
+        let tick = index.tick;
+        let mut enter = Vec::new();
+        for id in &area {
+            if !self.known.contains_key(id)
+                && let Some(v) = index.get(id)
+            {
+                let (at, vel) = v.motion_mm();
+                self.known.insert(id.clone(), Sent { at, vel, tick });
+                enter.push(v.clone());
+            }
+        }
+        let mut update = Vec::new();
+        for u in changed.iter().filter(|u| area.contains(&u.id)) {
+            let (Some(sent), Some(v)) = (self.known.get_mut(&u.id), index.get(&u.id)) else { continue };
+            if sent.tick == tick {
+                continue; // entered whole this tick
+            }
+            let mut u = u.clone();
+            let (at, vel) = v.motion_mm();
+            let guess = ObjectUpdate::extrapolate(sent.at, sent.vel, tick - sent.tick, index.rate_hz);
+            let off = |a: [i64; 2], b: [i64; 2]| (a[0] - b[0]).abs().max((a[1] - b[1]).abs());
+            let stopped = vel == [0, 0] && sent.vel != [0, 0];
+            if off(guess, at) > proto::DEAD_RECKONING_MM || off(vel, sent.vel) > proto::DEAD_RECKONING_MM || stopped {
+                (u.at_mm, u.vel_mm) = (Some(at), Some(vel));
+                *sent = Sent { at, vel, tick };
+            } else {
+                (u.at_mm, u.vel_mm) = (None, None);
+            }
+            if !u.is_empty() {
+                update.push(u);
+            }
+        }
+        let leave: Vec<String> = self.known.keys().filter(|id| !area.contains(*id)).cloned().collect();
+        for id in &leave {
+            self.known.remove(id);
+        }
+        ServerMsg::Tick { tick, enter, update, leave }
     }
 
     /// Whether this client hears a line.
@@ -521,14 +592,15 @@ async fn submit(s: &Service, r#ref: u64, event: &str, outcomes: &mpsc::Sender<Se
         None => ServerMsg::Error { r#ref: Some(r#ref), message: "the node is busy or stopping".into() },
         Some(Err(reason)) => ServerMsg::Error { r#ref: Some(r#ref), message: reason },
         Some(Ok(id)) => {
-            let (s2, tx) = (s.clone(), outcomes.clone());
+            let tx = outcomes.clone();
+            let done = match s.hub.as_ref() {
+                Some(hub) => hub.wait_for(id),
+                None => return ServerMsg::Submitted { r#ref, id: id.to_string() },
+            };
             tokio::spawn(async move {
-                for _ in 0..150 {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    if let Some(Some(outcome)) = ask(&s2, |t| Query::Outcome(id, t)).await {
-                        let _ = tx.send(ServerMsg::Outcome { id: id.to_string(), outcome }).await;
-                        return;
-                    }
+                // Executed within 15 s or not reported (the client may still ask `GET /v1/events/ID`).
+                if let Ok(Ok(outcome)) = tokio::time::timeout(Duration::from_secs(15), done).await {
+                    let _ = tx.send(ServerMsg::Outcome { id: id.to_string(), outcome }).await;
                 }
             });
             ServerMsg::Submitted { r#ref, id: id.to_string() }
@@ -547,6 +619,7 @@ mod tests {
             owner: owner.into(),
             avatar,
             position: [x.to_string(), y.to_string()],
+            velocity: ["0".into(), "0".into()],
             shape: "circle 0.5".into(),
             color: "ffffffff".into(),
             text: String::new(),
@@ -618,6 +691,56 @@ mod tests {
         let ServerMsg::Tick { enter, .. } = all.delta(&index, &[]) else { panic!() };
         assert_eq!(enter.len(), 3);
         assert!(all.hears(&line(-1000, 10, None), &index));
+    }
+
+    /// One tick: the world is `me` and the ball; the node's delta goes to a real client view.
+    fn step(
+        index: &mut AoiIndex,
+        view: &mut View,
+        client: &mut metatopia_client::View,
+        tick: u64,
+        ball: ObjectView,
+    ) -> usize {
+        let me = "aa".repeat(32);
+        let changed = index.update(tick, vec![obj("0v0", &me, true, 0, 0), ball].into_iter());
+        let m = view.delta(index, &changed);
+        let ServerMsg::Tick { update, .. } = &m else { panic!() };
+        let n = update.iter().filter(|u| u.at_mm.is_some()).count();
+        client.apply(&m);
+        n
+    }
+
+    #[test]
+    fn motion_is_dead_reckoned_corrected_when_it_drifts_and_stopped_explicitly() {
+        let mut index = AoiIndex { radius_m: 1000, rate_hz: 20, ..AoiIndex::default() };
+        // A ball rolling east at 1 m/s (50 mm a tick at 20 Hz), from x = 10 m.
+        let ball = |x_mm: i64, v_mm: i64| {
+            let mut b = obj("1v0", "x", false, 0, 0);
+            b.position = [proto::decimal_of_mm(x_mm), "0".into()];
+            b.velocity = [proto::decimal_of_mm(v_mm), "0".into()];
+            b
+        };
+        let mut view = View { follow: Some("aa".repeat(32)), ..View::default() };
+        let mut client = metatopia_client::View::default();
+        let x = |c: &metatopia_client::View| c.objects["1v0"].motion_mm().0[0];
+        let mut sent = step(&mut index, &mut view, &mut client, 1, ball(10_000, 1000));
+        for t in 2..=40 {
+            sent += step(&mut index, &mut view, &mut client, t, ball(10_000 + 50 * (t as i64 - 1), 1000));
+            assert_eq!(x(&client), 10_000 + 50 * (t as i64 - 1), "the client's extrapolation at tick {t}");
+        }
+        assert_eq!(sent, 0, "steady motion needs no position updates");
+        // A bump: 150 mm further than the extrapolation, same velocity: corrected once.
+        let x41 = 10_000 + 50 * 40 + 150;
+        assert_eq!(step(&mut index, &mut view, &mut client, 41, ball(x41, 1000)), 1);
+        assert_eq!(x(&client), x41);
+        // A small drift (60 mm) is left to the extrapolation; a velocity change is sent.
+        assert_eq!(step(&mut index, &mut view, &mut client, 42, ball(x41 + 50 + 60, 1000)), 0);
+        assert_eq!(x(&client), x41 + 50);
+        assert_eq!(step(&mut index, &mut view, &mut client, 43, ball(x41 + 200, 2000)), 1);
+        // Stopping is always sent, so clients stop extrapolating.
+        assert_eq!(step(&mut index, &mut view, &mut client, 44, ball(x41 + 250, 0)), 1);
+        assert_eq!(step(&mut index, &mut view, &mut client, 45, ball(x41 + 250, 0)), 0);
+        assert_eq!(x(&client), x41 + 250);
     }
 
     #[test]

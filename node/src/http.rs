@@ -49,6 +49,7 @@ pub fn object_view(w: &metatopia_sim::World, o: &metatopia_sim::Object, with_sou
         owner: o.owner.to_string(),
         avatar: o.kind == metatopia_sim::state::ObjectKind::Avatar,
         position: [o.position.x.to_string(), o.position.y.to_string()],
+        velocity: [o.velocity.x.to_string(), o.velocity.y.to_string()],
         shape,
         color: format!("{:08x}", o.color),
         text: o.text.clone(),

@@ -416,6 +416,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                         exec_charged = true;
                     }
                     publish(&mut meter, &core, tick.0, &root, mesh.connected() as u32);
+                    hub.resolve(|id| core.outcome(id).cloned());
                     {
                         let w = core.sim().world();
                         // Kicked and banned accounts lose their sessions.
@@ -434,6 +435,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                         let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
                         if hub.listened() {
                             index.radius_m = w.settings().aoi_radius_m;
+                            index.rate_hz = meter.status.tick_rate_hz;
                             let changed = index.update(tick.0, w.objects().values().map(|o| object_view(w, o, false)));
                             drop(index);
                             hub.publish(Feed::Tick { tick: tick.0, changed: std::sync::Arc::new(changed) });

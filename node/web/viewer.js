@@ -113,6 +113,9 @@ function request(kind, id) {
   return new Promise((resolve) => { replies[kind].push(resolve); ws.send(JSON.stringify({ [kind]: { id } })); });
 }
 
+// Whole millimetres of a decimal (what dead reckoning counts in).
+function mm(decimal) { return Math.floor(parseFloat(decimal) * 1000 + 1e-6); }
+
 // Messages are serde's externally tagged form, the same messages the native client gets:
 // `{"tick": {...}}`, `{"chat": {...}}`.
 function handle(msg) {
@@ -120,18 +123,29 @@ function handle(msg) {
   switch (type) {
     case "status": applyStatus(m); break;
     case "tick":
-      for (const o of m.enter) state.byId.set(o.id, o);
-      // Updates carry only what changed (null: unchanged).
+      for (const o of m.enter) {
+        o.base = { at: o.position.map(mm), vel: o.velocity.map(mm), tick: m.tick };
+        state.byId.set(o.id, o);
+      }
+      // Updates carry only what changed (null: unchanged); motion is dead reckoned: a new
+      // position comes only when extrapolating from the last one drifts too far.
       for (const u of m.update) {
         const o = state.byId.get(u.id);
         if (!o) continue;
         for (const [k, v] of Object.entries(u)) {
-          if (v === null) continue;
-          if (k === "at_mm") o.position = v.map((mm) => String(mm / 1000));
-          else o[k] = v;
+          if (v === null || k === "at_mm" || k === "vel_mm") continue;
+          o[k] = v;
         }
+        if (u.at_mm) o.base = { at: u.at_mm, vel: u.vel_mm || o.base.vel, tick: m.tick };
       }
       for (const id of m.leave) state.byId.delete(id);
+      const rate = (state.status && state.status.tick_rate_hz) || 20;
+      for (const o of state.byId.values()) {
+        const b = o.base;
+        if (!b || (b.vel[0] === 0 && b.vel[1] === 0)) continue;
+        const dt = m.tick - b.tick;
+        o.position = [0, 1].map((i) => String((b.at[i] + Math.trunc((b.vel[i] * dt) / rate)) / 1000));
+      }
       state.objects = Array.from(state.byId.values());
       state.dirty = true;
       document.body.dataset.tick = m.tick; $("st-tick").textContent = m.tick;
