@@ -96,10 +96,23 @@ pub async fn run(bootstrap: NodeAddr, plan: BotPlan, report: Arc<BotReport>) {
     let mut tasks = tokio::task::JoinSet::new();
     let gap = Duration::from_secs(1) / plan.connect_per_second.max(1);
     let stop_at = Instant::now() + plan.run_for;
+    // A UDP socket per hundred bots (one per bot would be a thousand sockets and drivers).
+    let mut endpoints = Vec::new();
+    for _ in 0..plan.count.div_ceil(100) {
+        match Client::endpoint_for(&bootstrap) {
+            Ok(e) => endpoints.push(e),
+            Err(e) => {
+                tracing::warn!("{e:#}");
+                report.failed.fetch_add(plan.count as u64, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
     for n in 0..plan.count {
         let (bootstrap, plan, report) = (bootstrap.clone(), plan.clone(), report.clone());
+        let endpoint = endpoints[n / 100].clone();
         tasks.spawn(async move {
-            if let Err(e) = bot(n, &bootstrap, &plan, &report, stop_at).await {
+            if let Err(e) = bot(n, endpoint, &bootstrap, &plan, &report, stop_at).await {
                 report.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(bot = n, "{e:#}");
             }
@@ -111,6 +124,7 @@ pub async fn run(bootstrap: NodeAddr, plan: BotPlan, report: Arc<BotReport>) {
 
 async fn bot(
     n: usize,
+    endpoint: quinn::Endpoint,
     bootstrap: &NodeAddr,
     plan: &BotPlan,
     report: &BotReport,
@@ -118,7 +132,7 @@ async fn bot(
 ) -> anyhow::Result<()> {
     let mut rng =
         Rng(plan.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (n as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
-    let mut c = Client::connect(bootstrap, bot_key(plan.seed, n)).await?;
+    let mut c = Client::connect_on(endpoint, bootstrap, bot_key(plan.seed, n)).await?;
     report.connected.fetch_add(1, Ordering::Relaxed);
     c.login(&format!("bot{n}")).await?;
     report.logged_in.fetch_add(1, Ordering::Relaxed);
@@ -135,7 +149,7 @@ async fn bot(
             // choice is due (at most 3 m/s), so bots spread over the sim like visitors do.
             let period = jitter(&mut rng, plan.wander_every);
             next_walk = now + period;
-            let me = c.view().avatar_of(c.account()).map(|a| a.metres());
+            let me = c.view().avatar_of(c.account()).and_then(|a| c.view().metres_of(&a.id));
             let region = c.view().status.as_ref().map(|s| (s.region_origin, s.region_size.max(1)));
             let velocity = match (me, region) {
                 (Some(at), Some((origin, size))) => {
@@ -175,7 +189,11 @@ async fn bot(
             ServerMsg::Tick { tick, .. } => {
                 report.ticks.fetch_add(1, Ordering::Relaxed);
                 if let Some(t) = last_tick {
-                    report.missed_ticks.fetch_add(tick.saturating_sub(t + 1), Ordering::Relaxed);
+                    // Deltas come every `stride` ticks (the client asks for at most
+                    // CLIENT_MAX_HZ); a longer gap is ticks this bot missed.
+                    let rate = c.view().status.as_ref().map_or(20, |s| s.tick_rate_hz.max(1));
+                    let stride = u64::from(rate.div_ceil(crate::proto::CLIENT_MAX_HZ));
+                    report.missed_ticks.fetch_add(tick.saturating_sub(t + stride), Ordering::Relaxed);
                 }
                 last_tick = Some(tick);
                 let b = c.bytes_received();

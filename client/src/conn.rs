@@ -74,16 +74,6 @@ impl View {
                     self.objects.remove(id);
                     self.motion.remove(id);
                 }
-                // Dead reckoning: moving objects go on moving between the node's corrections.
-                let rate = self.status.as_ref().map_or(20, |s| s.tick_rate_hz);
-                for (id, (at, vel, since)) in &self.motion {
-                    if *vel != [0, 0]
-                        && let Some(o) = self.objects.get_mut(id)
-                    {
-                        let [x, y] = ObjectUpdate::extrapolate(*at, *vel, tick.saturating_sub(*since), rate);
-                        o.position = [decimal_of_mm(x), decimal_of_mm(y)];
-                    }
-                }
                 self.tick = *tick;
                 self.deltas += 1;
             }
@@ -97,6 +87,30 @@ impl View {
         }
     }
 
+    /// Where an object is now, millimetres: dead reckoned from the last position the node sent
+    /// (`objects[id].position` is that last position; moving objects go on moving between the
+    /// node's corrections).
+    pub fn position_mm(&self, id: &str) -> Option<[i64; 2]> {
+        let o = self.objects.get(id)?;
+        Some(match self.motion.get(id) {
+            Some((at, vel, since)) if *vel != [0, 0] => {
+                let rate = self.status.as_ref().map_or(20, |s| s.tick_rate_hz);
+                ObjectUpdate::extrapolate(*at, *vel, self.tick.saturating_sub(*since), rate)
+            }
+            _ => o.motion_mm().0,
+        })
+    }
+
+    /// Where an object is now, whole metres (rounded down).
+    pub fn metres_of(&self, id: &str) -> Option<[i64; 2]> {
+        self.position_mm(id).map(|p| [p[0].div_euclid(1000), p[1].div_euclid(1000)])
+    }
+
+    /// Where an object is now, as decimal metres.
+    pub fn position_of(&self, id: &str) -> Option<[String; 2]> {
+        self.position_mm(id).map(|p| [decimal_of_mm(p[0]), decimal_of_mm(p[1])])
+    }
+
     /// The avatar of `account`, if it is in the area.
     pub fn avatar_of(&self, account: &str) -> Option<&ObjectView> {
         self.objects.values().find(|o| o.avatar && o.owner == account)
@@ -105,7 +119,7 @@ impl View {
     /// The object nearest to `at` other than avatars (what `touch` and `script` act on).
     pub fn nearest_thing(&self, at: [i64; 2]) -> Option<&ObjectView> {
         self.objects.values().filter(|o| !o.avatar).min_by_key(|o| {
-            let p = o.metres();
+            let p = self.metres_of(&o.id).unwrap_or_else(|| o.metres());
             ((p[0] - at[0]).pow(2) + (p[1] - at[1]).pow(2), o.id.clone())
         })
     }
@@ -169,11 +183,25 @@ impl Client {
     /// one of them (the bootstrap itself when it is one). A client's own QUIC endpoint is bound
     /// on an ephemeral loopback or unspecified port, as the bootstrap's address family asks.
     pub async fn connect(bootstrap: &NodeAddr, key: SigningKey) -> anyhow::Result<Client> {
-        let account = account_of(&key).to_string();
-        let first: SocketAddr = resolve(&bootstrap.addr)?;
+        let endpoint = Client::endpoint_for(bootstrap)?;
+        Client::connect_on(endpoint, bootstrap, key).await
+    }
+
+    /// A QUIC endpoint (one UDP socket) for reaching `node`; many clients may share one.
+    pub fn endpoint_for(node: &NodeAddr) -> anyhow::Result<quinn::Endpoint> {
+        let first: SocketAddr = resolve(&node.addr)?;
         let bind: SocketAddr =
             if first.ip().is_loopback() { (first.ip(), 0).into() } else { "0.0.0.0:0".parse().expect("an address") };
-        let endpoint = quinn::Endpoint::client(bind).context("opening a UDP socket for QUIC")?;
+        quinn::Endpoint::client(bind).context("opening a UDP socket for QUIC")
+    }
+
+    /// [`Client::connect`] on a given endpoint (bots share a few).
+    pub async fn connect_on(
+        endpoint: quinn::Endpoint,
+        bootstrap: &NodeAddr,
+        key: SigningKey,
+    ) -> anyhow::Result<Client> {
+        let account = account_of(&key).to_string();
         let mut c = Client {
             key,
             account,
@@ -260,7 +288,8 @@ impl Client {
 
     /// Tell the node to show this client the area around its avatar.
     async fn follow(&mut self) -> anyhow::Result<()> {
-        self.send(ClientMsg::Interest { follow: Some(self.account.clone()), radius_m: None }).await
+        let max_hz = Some(crate::proto::CLIENT_MAX_HZ);
+        self.send(ClientMsg::Interest { follow: Some(self.account.clone()), radius_m: None, max_hz }).await
     }
 
     async fn send(&mut self, m: ClientMsg) -> anyhow::Result<()> {

@@ -24,6 +24,8 @@ pub const MAX_SERVER_FRAME: usize = 16 * 1024 * 1024;
 /// How far (mm) a client's extrapolation of a moving object may drift before the node sends its
 /// position again; and how much (mm/s) its velocity may change unannounced.
 pub const DEAD_RECKONING_MM: i64 = 100;
+/// Deltas a second the client library asks for (dead reckoning fills the ticks between).
+pub const CLIENT_MAX_HZ: u32 = 10;
 /// The default area-of-interest radius, metres (a sim's `aoi_radius_m` setting overrides it).
 pub const DEFAULT_AOI_M: u32 = 64;
 
@@ -206,6 +208,23 @@ impl ObjectUpdate {
         }
     }
 
+    /// Fold a later update of the same object into this one (later fields win).
+    pub fn merge(&mut self, later: &ObjectUpdate) {
+        fn take<T: Clone>(field: &mut Option<T>, v: &Option<T>) {
+            if v.is_some() {
+                field.clone_from(v);
+            }
+        }
+        take(&mut self.at_mm, &later.at_mm);
+        take(&mut self.vel_mm, &later.vel_mm);
+        take(&mut self.text, &later.text);
+        take(&mut self.color, &later.color);
+        take(&mut self.shape, &later.shape);
+        take(&mut self.name, &later.name);
+        take(&mut self.owner, &later.owner);
+        take(&mut self.scripted, &later.scripted);
+    }
+
     pub fn apply(&self, o: &mut ObjectView) {
         fn set<T: Clone>(field: &mut T, v: &Option<T>) {
             if let Some(v) = v {
@@ -348,10 +367,12 @@ pub enum ClientMsg {
         account: String,
     },
     /// The area of interest: follow this account's avatar (and hear chat where it stands), out to
-    /// `radius_m` (default: the sim's setting). Without one a client sees the whole sim.
+    /// `radius_m` (default: the sim's setting). Without one a client sees the whole sim. At most
+    /// `max_hz` deltas a second (default: one per tick); each covers the ticks since the last.
     Interest {
         follow: Option<String>,
         radius_m: Option<u32>,
+        max_hz: Option<u32>,
     },
     /// A signed event: hex of its postcard bytes.
     Submit {
@@ -564,6 +585,21 @@ mod tests {
         u.apply(&mut back);
         assert_eq!(back, new);
         assert!(postcard::to_allocvec(&u).unwrap().len() < postcard::to_allocvec(&new).unwrap().len() / 3);
+    }
+
+    #[test]
+    fn later_updates_fold_into_earlier_ones() {
+        let mut a =
+            ObjectUpdate { id: "1v0".into(), text: Some("open".into()), at_mm: Some([1, 2]), ..Default::default() };
+        a.merge(&ObjectUpdate {
+            id: "1v0".into(),
+            at_mm: Some([3, 4]),
+            color: Some("ff".into()),
+            ..Default::default()
+        });
+        assert_eq!((a.text.as_deref(), a.at_mm, a.color.as_deref()), (Some("open"), Some([3, 4]), Some("ff")));
+        assert!(!a.is_empty());
+        assert!(ObjectUpdate { id: "2v0".into(), ..Default::default() }.is_empty());
     }
 
     #[test]

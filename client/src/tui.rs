@@ -62,7 +62,7 @@ impl App {
     }
 
     fn my_position(&self, view: &View) -> Option<[i64; 2]> {
-        view.avatar_of(&self.me).map(ObjectView::metres)
+        view.avatar_of(&self.me).and_then(|a| view.metres_of(&a.id))
     }
 
     /// What a key press asks for.
@@ -198,7 +198,7 @@ fn map_lines(app: &App, view: &View, area: Rect, center: [i64; 2]) -> Vec<Line<'
     let mut objects: Vec<&ObjectView> = view.objects.values().collect();
     objects.sort_by_key(|o| (o.avatar, o.owner == app.me));
     for o in objects {
-        let p = o.metres();
+        let p = view.metres_of(&o.id).unwrap_or_else(|| o.metres());
         let (c, r) = ((p[0] - left).div_euclid(sx), (top - p[1]).div_euclid(sy));
         if (0..w).contains(&c) && (0..h).contains(&r) {
             cells[r as usize][c as usize] = glyph(o, &app.me);
@@ -216,13 +216,16 @@ pub fn draw(f: &mut Frame, app: &App, view: &View) {
         Layout::vertical([Constraint::Min(5), Constraint::Length(1), Constraint::Length(1)]).areas(f.area());
     let [map_area, chat_area] = Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)]).areas(top);
     let me = view.avatar_of(&app.me);
-    let center = me.map(ObjectView::metres).unwrap_or_else(|| {
+    let center = me.and_then(|a| view.metres_of(&a.id)).unwrap_or_else(|| {
         view.status
             .as_ref()
             .map_or([0, 0], |s| [s.region_origin[0] + s.region_size / 2, s.region_origin[1] + s.region_size / 2])
     });
     let title = match me {
-        Some(a) => format!(" {} at {}, {} ", a.name, a.position[0], a.position[1]),
+        Some(a) => {
+            let p = view.position_of(&a.id).unwrap_or_else(|| a.position.clone());
+            format!(" {} at {}, {} ", a.name, p[0], p[1])
+        }
         None => " map (not logged in) ".to_string(),
     };
     let block = Block::bordered().title(title);

@@ -100,7 +100,7 @@ pub fn bot(args: BotArgs) -> anyhow::Result<()> {
             let (bytes, ticks) = (g(&report.bytes), g(&report.ticks));
             let online = g(&report.logged_in).max(1);
             println!(
-                "{:>4}s  bots {}/{} in ({} failed)  ticks/s per bot {:.1}  missed {}  KB/s per bot {:.2}  executed {} refused {}  chat heard {}  failovers {}",
+                "{:>4}s  bots {}/{} in ({} failed)  deltas/s per bot {:.1}  ticks missed {}  KB/s per bot {:.2}  executed {} refused {}  chat heard {}  failovers {}",
                 started.elapsed().as_secs(),
                 g(&report.logged_in),
                 args.count,

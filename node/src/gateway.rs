@@ -47,7 +47,7 @@ pub enum Feed {
     /// comparing the index with what a session has sent.
     Tick {
         tick: u64,
-        changed: Arc<Vec<ObjectUpdate>>,
+        changed: Arc<Vec<(u64, ObjectUpdate)>>,
     },
     Chat(ChatView),
     Status(Box<proto::Status>),
@@ -119,13 +119,29 @@ impl Hub {
     }
 }
 
+/// An object id (`SLOTvGEN`) as one number, for the index's sets.
+pub fn key_of(id: &str) -> Option<u64> {
+    let (slot, generation) = id.split_once('v')?;
+    Some((u64::from(slot.parse::<u32>().ok()?) << 32) | u64::from(generation.parse::<u32>().ok()?))
+}
+
+/// One object in the index: its view, where it is (whole metres) and its grid cell.
+#[derive(Debug)]
+struct Entry {
+    view: ObjectView,
+    at: [i64; 2],
+    cell: (i64, i64),
+    /// Position (mm) and velocity (mm/s), parsed once per change for every session's dead reckoning.
+    motion: ([i64; 2], [i64; 2]),
+}
+
 /// Every object's view, on a grid of [`CELL_M`]-metre cells, and each account's avatar.
 #[derive(Debug, Default)]
 pub struct AoiIndex {
     pub tick: u64,
-    objects: BTreeMap<String, (ObjectView, (i64, i64))>,
-    cells: BTreeMap<(i64, i64), BTreeSet<String>>,
-    avatars: BTreeMap<String, String>,
+    objects: BTreeMap<u64, Entry>,
+    cells: BTreeMap<(i64, i64), BTreeSet<u64>>,
+    avatars: BTreeMap<String, u64>,
     /// The sim's area-of-interest radius setting, metres.
     pub radius_m: u32,
     /// The tick rate clients extrapolate motion at.
@@ -139,48 +155,51 @@ impl AoiIndex {
 
     /// Bring the index to `now` (every object of the world as the API shows it); what changed
     /// in the objects it already had.
-    pub fn update(&mut self, tick: u64, now: impl Iterator<Item = ObjectView>) -> Vec<ObjectUpdate> {
+    pub fn update(&mut self, tick: u64, now: impl Iterator<Item = ObjectView>) -> Vec<(u64, ObjectUpdate)> {
         self.tick = tick;
         let mut changed = Vec::new();
         let mut seen = BTreeSet::new();
         for v in now {
-            seen.insert(v.id.clone());
-            match self.objects.get(&v.id) {
-                Some((old, _)) if *old == v => continue,
-                Some((old, _)) => {
-                    changed.push(ObjectUpdate::between(old, &v));
-                    self.remove(&v.id.clone());
+            let Some(k) = key_of(&v.id) else { continue };
+            seen.insert(k);
+            match self.objects.get(&k) {
+                Some(e) if e.view == v => continue,
+                Some(e) => {
+                    changed.push((k, ObjectUpdate::between(&e.view, &v)));
+                    self.remove(k);
                 }
                 None => {}
             }
-            self.insert(v);
+            self.insert(k, v);
         }
-        let gone: Vec<String> = self.objects.keys().filter(|k| !seen.contains(*k)).cloned().collect();
-        for id in gone {
-            self.remove(&id);
+        let gone: Vec<u64> = self.objects.keys().filter(|k| !seen.contains(*k)).copied().collect();
+        for k in gone {
+            self.remove(k);
         }
         changed
     }
 
-    fn insert(&mut self, v: ObjectView) {
-        let c = Self::cell(v.metres());
-        self.cells.entry(c).or_default().insert(v.id.clone());
-        if v.avatar {
-            self.avatars.insert(v.owner.clone(), v.id.clone());
+    fn insert(&mut self, k: u64, view: ObjectView) {
+        let motion = view.motion_mm();
+        let at = [motion.0[0].div_euclid(1000), motion.0[1].div_euclid(1000)];
+        let cell = Self::cell(at);
+        self.cells.entry(cell).or_default().insert(k);
+        if view.avatar {
+            self.avatars.insert(view.owner.clone(), k);
         }
-        self.objects.insert(v.id.clone(), (v, c));
+        self.objects.insert(k, Entry { view, at, cell, motion });
     }
 
-    fn remove(&mut self, id: &str) {
-        if let Some((v, c)) = self.objects.remove(id) {
-            if let Some(set) = self.cells.get_mut(&c) {
-                set.remove(id);
+    fn remove(&mut self, k: u64) {
+        if let Some(e) = self.objects.remove(&k) {
+            if let Some(set) = self.cells.get_mut(&e.cell) {
+                set.remove(&k);
                 if set.is_empty() {
-                    self.cells.remove(&c);
+                    self.cells.remove(&e.cell);
                 }
             }
-            if v.avatar && self.avatars.get(&v.owner).is_some_and(|a| a == id) {
-                self.avatars.remove(&v.owner);
+            if e.view.avatar && self.avatars.get(&e.view.owner) == Some(&k) {
+                self.avatars.remove(&e.view.owner);
             }
         }
     }
@@ -189,8 +208,13 @@ impl AoiIndex {
         *self = AoiIndex { radius_m: self.radius_m, rate_hz: self.rate_hz, ..AoiIndex::default() };
     }
 
-    pub fn get(&self, id: &str) -> Option<&ObjectView> {
-        self.objects.get(id).map(|(v, _)| v)
+    pub fn get(&self, k: u64) -> Option<&ObjectView> {
+        self.objects.get(&k).map(|e| &e.view)
+    }
+
+    /// An object's position (mm) and velocity (mm/s).
+    fn motion(&self, k: u64) -> Option<([i64; 2], [i64; 2])> {
+        self.objects.get(&k).map(|e| e.motion)
     }
 
     pub fn len(&self) -> usize {
@@ -203,30 +227,30 @@ impl AoiIndex {
 
     /// Where an account's avatar stands (whole metres), if it is in the sim.
     pub fn avatar_at(&self, account: &str) -> Option<[i64; 2]> {
-        self.get(self.avatars.get(account)?).map(ObjectView::metres)
+        self.objects.get(self.avatars.get(account)?).map(|e| e.at)
     }
 
-    /// The ids of the objects within `radius` metres of `center`.
-    pub fn within(&self, center: [i64; 2], radius: u32) -> BTreeSet<String> {
+    /// The objects within `radius` metres of `center`.
+    pub fn within(&self, center: [i64; 2], radius: u32) -> BTreeSet<u64> {
         let r = i64::from(radius);
         let (lo, hi) = (Self::cell([center[0] - r, center[1] - r]), Self::cell([center[0] + r, center[1] + r]));
         let mut out = BTreeSet::new();
         for (_, ids) in
             self.cells.range((lo.0, i64::MIN)..=(hi.0, i64::MAX)).filter(|((_, y), _)| (lo.1..=hi.1).contains(y))
         {
-            for id in ids {
-                let p = self.objects[id].0.metres();
+            for k in ids {
+                let p = self.objects[k].at;
                 let (dx, dy) = (i128::from(p[0] - center[0]), i128::from(p[1] - center[1]));
                 if dx * dx + dy * dy <= i128::from(r) * i128::from(r) {
-                    out.insert(id.clone());
+                    out.insert(*k);
                 }
             }
         }
         out
     }
 
-    pub fn all(&self) -> BTreeSet<String> {
-        self.objects.keys().cloned().collect()
+    pub fn all(&self) -> BTreeSet<u64> {
+        self.objects.keys().copied().collect()
     }
 }
 
@@ -338,8 +362,19 @@ struct View {
     /// Accounts whose signed events this session submitted.
     authors: BTreeSet<String>,
     radius_m: Option<u32>,
-    known: BTreeMap<String, Sent>,
+    known: BTreeMap<u64, Sent>,
+    /// The area as last computed, and at which tick (it is recomputed every [`AREA_EVERY`]
+    /// ticks: objects enter a little late, at walking speeds a few decimetres, for a fraction
+    /// of the cost; what is known keeps being updated meanwhile).
+    area: Option<(u64, BTreeSet<u64>)>,
+    /// Send a delta every this many ticks (from the client's `max_hz`); what changed in between
+    /// waits in `pending`, folded per object.
+    stride: u64,
+    pending: BTreeMap<u64, ObjectUpdate>,
 }
+
+/// Ticks between recomputations of a session's area of interest.
+const AREA_EVERY: u64 = 4;
 
 impl View {
     /// A view of nothing until the client states an interest.
@@ -348,7 +383,7 @@ impl View {
     }
 
     /// Where the followed avatar stands, and the ids in the area (`None`: the whole sim).
-    fn area(&self, index: &AoiIndex) -> (Option<[i64; 2]>, BTreeSet<String>) {
+    fn area(&self, index: &AoiIndex) -> (Option<[i64; 2]>, BTreeSet<u64>) {
         match &self.follow {
             None => (None, index.all()),
             Some(account) => match index.avatar_at(account) {
@@ -364,27 +399,45 @@ impl View {
     /// The delta that brings the client from what it knows to the area now. Motion is dead
     /// reckoned: a moving object's position is sent again only when the client's extrapolation
     /// would be off by more than [`proto::DEAD_RECKONING_MM`], or its velocity changed as much.
-    fn delta(&mut self, index: &AoiIndex, changed: &[ObjectUpdate]) -> ServerMsg {
-        let (_, area) = self.area(index);
+    fn delta(&mut self, index: &AoiIndex, changed: &[(u64, ObjectUpdate)]) -> ServerMsg {
         let tick = index.tick;
+        let fresh = match &self.area {
+            Some((at, _)) => tick < *at || tick - *at >= AREA_EVERY,
+            None => true,
+        };
         let mut enter = Vec::new();
-        for id in &area {
-            if !self.known.contains_key(id)
-                && let Some(v) = index.get(id)
-            {
-                let (at, vel) = v.motion_mm();
-                self.known.insert(id.clone(), Sent { at, vel, tick });
-                enter.push(v.clone());
+        let mut leave = Vec::new();
+        if fresh {
+            let (_, area) = self.area(index);
+            for k in &area {
+                if !self.known.contains_key(k)
+                    && let (Some(v), Some((at, vel))) = (index.get(*k), index.motion(*k))
+                {
+                    self.known.insert(*k, Sent { at, vel, tick });
+                    enter.push(v.clone());
+                }
+            }
+            let gone: Vec<u64> = self.known.keys().filter(|k| !area.contains(*k)).copied().collect();
+            for k in gone {
+                self.known.remove(&k);
+                leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
+            }
+            self.area = Some((tick, area));
+        } else {
+            // Between recomputations: only removals from the world leave.
+            let gone: Vec<u64> = self.known.keys().filter(|k| index.get(**k).is_none()).copied().collect();
+            for k in gone {
+                self.known.remove(&k);
+                leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
             }
         }
         let mut update = Vec::new();
-        for u in changed.iter().filter(|u| area.contains(&u.id)) {
-            let (Some(sent), Some(v)) = (self.known.get_mut(&u.id), index.get(&u.id)) else { continue };
+        for (k, u) in changed {
+            let (Some(sent), Some((at, vel))) = (self.known.get_mut(k), index.motion(*k)) else { continue };
             if sent.tick == tick {
                 continue; // entered whole this tick
             }
             let mut u = u.clone();
-            let (at, vel) = v.motion_mm();
             let guess = ObjectUpdate::extrapolate(sent.at, sent.vel, tick - sent.tick, index.rate_hz);
             let off = |a: [i64; 2], b: [i64; 2]| (a[0] - b[0]).abs().max((a[1] - b[1]).abs());
             let stopped = vel == [0, 0] && sent.vel != [0, 0];
@@ -397,10 +450,6 @@ impl View {
             if !u.is_empty() {
                 update.push(u);
             }
-        }
-        let leave: Vec<String> = self.known.keys().filter(|id| !area.contains(*id)).cloned().collect();
-        for id in &leave {
-            self.known.remove(id);
         }
         ServerMsg::Tick { tick, enter, update, leave }
     }
@@ -425,6 +474,8 @@ async fn full_state<T: Transport>(t: &mut T, s: &Service, hub: &Hub, view: &mut 
     let m = {
         let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
         view.known.clear();
+        view.pending.clear();
+        view.area = None;
         let mut m = view.delta(&index, &[]);
         if let ServerMsg::Tick { tick: t, .. } = &mut m {
             // An index nobody kept (no session listened) is refilled at the next tick.
@@ -485,12 +536,14 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                         // One sim per node for now: the answer is this sim's nodes.
                         Some(ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() })
                     }
-                    ClientMsg::Interest { follow, radius_m } => {
+                    ClientMsg::Interest { follow, radius_m, max_hz } => {
                         if let Some(f) = follow.as_deref().filter(|f| parse_hash(f).is_none()) {
                             Some(ServerMsg::Error { r#ref: None, message: format!("{f:?} is not an account id") })
                         } else {
                             view.follow = follow.map(|f| f.to_ascii_lowercase());
                             view.radius_m = radius_m;
+                            let rate = u64::from(hub.index.read().unwrap_or_else(|e| e.into_inner()).rate_hz.max(1));
+                            view.stride = max_hz.map_or(1, |hz| rate.div_ceil(u64::from(hz.max(1)))).max(1);
                             if !full_state(&mut t, &s, &hub, &mut view).await {
                                 return;
                             }
@@ -540,9 +593,21 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
             }
             f = feed.recv() => {
                 let m = match f {
-                    Ok(Feed::Tick { changed, .. }) => {
+                    Ok(Feed::Tick { tick, changed }) => {
+                        for (k, u) in changed.iter().filter(|(k, _)| view.known.contains_key(k)) {
+                            match view.pending.get_mut(k) {
+                                Some(p) => p.merge(u),
+                                None => {
+                                    view.pending.insert(*k, u.clone());
+                                }
+                            }
+                        }
+                        if !tick.is_multiple_of(view.stride.max(1)) {
+                            continue;
+                        }
+                        let pending: Vec<(u64, ObjectUpdate)> = std::mem::take(&mut view.pending).into_iter().collect();
                         let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
-                        view.delta(&index, &changed)
+                        view.delta(&index, &pending)
                     }
                     Ok(Feed::Chat(c)) => {
                         let heard = view.hears(&c, &hub.index.read().unwrap_or_else(|e| e.into_inner()));
@@ -651,10 +716,12 @@ mod tests {
         assert_eq!(ids, ["0v0", "1v0"]);
         assert!(leave.is_empty());
         // The door opens: an update; I walk east 20 m: 3v0 enters (15 m), nothing leaves.
-        let changed = index.update(2, world(110, "open").into_iter());
-        assert_eq!(changed.iter().map(|u| u.id.as_str()).collect::<Vec<_>>(), ["0v0", "1v0"]);
+        // (Areas are recomputed every AREA_EVERY ticks.)
+        let changed = index.update(1 + AREA_EVERY, world(110, "open").into_iter());
+        assert_eq!(changed.iter().map(|(_, u)| u.id.as_str()).collect::<Vec<_>>(), ["0v0", "1v0"]);
+        assert_eq!(changed.iter().map(|(k, _)| *k).collect::<Vec<_>>(), [0, 1 << 32]);
         let ServerMsg::Tick { tick, enter, update, leave } = view.delta(&index, &changed) else { panic!() };
-        assert_eq!(tick, 2);
+        assert_eq!(tick, 1 + AREA_EVERY);
         assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["3v0"]);
         assert_eq!(update.len(), 2);
         assert_eq!(
@@ -666,7 +733,7 @@ mod tests {
         // Far east: everything but 2v0 leaves and 2v0 enters; a removed object leaves too.
         let mut w = world(190, "open");
         w.remove(3);
-        let changed = index.update(3, w.into_iter());
+        let changed = index.update(1 + 2 * AREA_EVERY, w.into_iter());
         let ServerMsg::Tick { enter, leave, .. } = view.delta(&index, &changed) else { panic!() };
         assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["2v0"]);
         assert_eq!(leave, ["1v0", "3v0"]);
@@ -722,7 +789,7 @@ mod tests {
         };
         let mut view = View { follow: Some("aa".repeat(32)), ..View::default() };
         let mut client = metatopia_client::View::default();
-        let x = |c: &metatopia_client::View| c.objects["1v0"].motion_mm().0[0];
+        let x = |c: &metatopia_client::View| c.position_mm("1v0").unwrap()[0];
         let mut sent = step(&mut index, &mut view, &mut client, 1, ball(10_000, 1000));
         for t in 2..=40 {
             sent += step(&mut index, &mut view, &mut client, t, ball(10_000 + 50 * (t as i64 - 1), 1000));
@@ -763,6 +830,7 @@ mod tests {
                 })
                 .map(|o| o.id.clone())
                 .collect();
+            let scan: BTreeSet<u64> = scan.iter().filter_map(|id| key_of(id)).collect();
             assert_eq!(index.within(c, r), scan, "center {c:?} radius {r}");
         }
     }

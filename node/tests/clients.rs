@@ -19,7 +19,7 @@ fn key(n: u8) -> SigningKey {
 }
 
 fn x_of(view: &View, account: &str) -> Option<i64> {
-    view.avatar_of(account).map(|a| a.metres()[0])
+    view.avatar_of(account).and_then(|a| view.metres_of(&a.id)).map(|p| p[0])
 }
 
 fn heard(view: &View, text: &str) -> usize {
