@@ -225,7 +225,7 @@ fn client_bots(nodes: Vec<metatopia_client::proto::NodeAddr>, count: usize) {
             let (ticks, bytes) = (g(&report.ticks), g(&report.bytes));
             let n = g(&report.logged_in).max(1);
             println!(
-                "[bots] {} of {count} in; per bot {:.1} ticks/s, {:.1} KB/s; {} ticks missed; {} acts executed, {} refused",
+                "[bots] {} of {count} in; per bot {:.1} deltas/s, {:.1} KB/s; {} ticks missed; {} acts executed, {} refused",
                 g(&report.logged_in),
                 (ticks - last.0) as f64 / 30.0 / n as f64,
                 (bytes - last.1) as f64 / 1024.0 / 30.0 / n as f64,
