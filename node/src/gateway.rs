@@ -542,7 +542,7 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                         } else {
                             view.follow = follow.map(|f| f.to_ascii_lowercase());
                             view.radius_m = radius_m;
-                            let rate = u64::from(hub.index.read().unwrap_or_else(|e| e.into_inner()).rate_hz.max(1));
+                            let rate = u64::from(s.status.borrow().tick_rate_hz.max(1));
                             view.stride = max_hz.map_or(1, |hz| rate.div_ceil(u64::from(hz.max(1)))).max(1);
                             if !full_state(&mut t, &s, &hub, &mut view).await {
                                 return;

@@ -433,9 +433,9 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                             removed = Removed { kicked: g.kicked_until_ms.clone(), banned: g.banned.clone() };
                         }
                         let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
+                        index.radius_m = w.settings().aoi_radius_m;
+                        index.rate_hz = meter.status.tick_rate_hz;
                         if hub.listened() {
-                            index.radius_m = w.settings().aoi_radius_m;
-                            index.rate_hz = meter.status.tick_rate_hz;
                             let changed = index.update(tick.0, w.objects().values().map(|o| object_view(w, o, false)));
                             drop(index);
                             hub.publish(Feed::Tick { tick: tick.0, changed: std::sync::Arc::new(changed) });
