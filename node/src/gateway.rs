@@ -576,7 +576,9 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                             let _ = t.send(&ServerMsg::Error { r#ref: Some(r#ref), message: m }).await;
                             return;
                         }
-                        if let Some(author) = proto::unhex(&event)
+                        // (A session acts for a few accounts at most; the set stays small.)
+                        if view.authors.len() < 64
+                            && let Some(author) = proto::unhex(&event)
                             .and_then(|b| metatopia_sim::event::SignedEvent::decode(&b, MAX_EVENT_BYTES).ok())
                             .map(|e| e.body.author.to_string())
                         {
