@@ -172,11 +172,7 @@ fn account(s: &str) -> anyhow::Result<AccountId> {
 }
 
 fn object(s: &str) -> anyhow::Result<ObjectId> {
-    let (slot, generation) = s.split_once('v').with_context(|| format!("{s:?} is not an object id like 12v0"))?;
-    Ok(ObjectId::new(
-        slot.parse().with_context(|| format!("bad slot in {s:?}"))?,
-        generation.parse().with_context(|| format!("bad generation in {s:?}"))?,
-    ))
+    metatopia_client::conn::parse_object(s).with_context(|| format!("{s:?} is not an object id like 12v0"))
 }
 
 fn days(ms: u64) -> String {

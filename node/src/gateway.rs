@@ -121,8 +121,8 @@ impl Hub {
 
 /// An object id (`SLOTvGEN`) as one number, for the index's sets.
 pub fn key_of(id: &str) -> Option<u64> {
-    let (slot, generation) = id.split_once('v')?;
-    Some((u64::from(slot.parse::<u32>().ok()?) << 32) | u64::from(generation.parse::<u32>().ok()?))
+    let o = metatopia_client::conn::parse_object(id)?;
+    Some((u64::from(o.slot()) << 32) | u64::from(o.generation()))
 }
 
 /// One object in the index: its view, where it is (whole metres) and its grid cell.
@@ -551,10 +551,7 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                         }
                     }
                     ClientMsg::Object { id } => {
-                        let parsed = id.split_once('v').and_then(|(a, b)| {
-                            Some(metatopia_sim::ObjectId::new(a.parse().ok()?, b.parse().ok()?))
-                        });
-                        Some(match parsed {
+                        Some(match metatopia_client::conn::parse_object(&id) {
                             Some(oid) => ServerMsg::Object { object: ask(&s, |tx| Query::Object(oid, tx)).await.flatten() },
                             None => ServerMsg::Error { r#ref: None, message: format!("{id:?} is not an object id") },
                         })

@@ -328,9 +328,9 @@ async fn account(State(s): State<Service>, Path(id): Path<String>) -> Response {
 }
 
 async fn object(State(s): State<Service>, Path(id): Path<String>) -> Response {
-    let parsed =
-        id.split_once('v').and_then(|(a, b)| Some(metatopia_sim::ObjectId::new(a.parse().ok()?, b.parse().ok()?)));
-    let Some(id) = parsed else { return err(StatusCode::BAD_REQUEST, "an object id is SLOTvGENERATION, like 12v0") };
+    let Some(id) = metatopia_client::conn::parse_object(&id) else {
+        return err(StatusCode::BAD_REQUEST, "an object id is SLOTvGENERATION, like 12v0");
+    };
     match s.ask(|tx| Query::Object(id, tx)).await {
         Ok(Some(o)) => axum::Json(o).into_response(),
         Ok(None) => err(StatusCode::NOT_FOUND, "no such object"),

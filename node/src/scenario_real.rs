@@ -223,10 +223,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             } else {
                 let me = account_of(&key);
                 let view = clients[via].get::<AccountView>(&format!("/v1/accounts/{me}"))?;
-                let avatar = view.and_then(|a| a.avatar).and_then(|a| {
-                    let (slot, generation) = a.split_once('v')?;
-                    Some(ObjectId::new(slot.parse().ok()?, generation.parse().ok()?))
-                });
+                let avatar = view.and_then(|a| a.avatar).and_then(|a| metatopia_client::conn::parse_object(&a));
                 let payload =
                     scenario::payload(s, &g.objects, avatar, opts, &public).with_context(|| format!("line {line}"))?;
                 let nonce = nonces.entry(s.by.clone()).or_default();
