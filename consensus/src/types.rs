@@ -80,6 +80,7 @@ pub struct Block {
     /// BFT time in milliseconds: above the parent's, at most `max_drift` ahead of voters' clocks.
     pub time_ms: u64,
     /// Opaque client events (the node passes signed sim events).
+    #[serde(with = "byte_strings")]
     pub events: Vec<Vec<u8>>,
     /// The notarization of the parent (None when the parent is genesis). Its hash is the seed
     /// of the parent tick's canonical order once this block is finalized.
@@ -92,6 +93,38 @@ impl Block {
         let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/block/v1____");
         h.update(&bytes);
         Digest(*h.finalize().as_bytes())
+    }
+}
+
+/// Lists of byte strings (client events) encoded with `serialize_bytes`: postcard writes the same
+/// bytes as for a sequence of `u8` (a length, then the bytes), but copies each string at once
+/// instead of making one serde call per byte (that was 11% of a validator's time).
+mod byte_strings {
+    use serde::de::{SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+    use serde_bytes::{ByteBuf, Bytes};
+
+    pub fn serialize<S: Serializer>(v: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|b| Bytes::new(b)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
+        struct List;
+        impl<'de> Visitor<'de> for List {
+            type Value = Vec<Vec<u8>>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of byte strings")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                // The hint comes from untrusted bytes: cap the preallocation.
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4_096));
+                while let Some(b) = seq.next_element::<ByteBuf>()? {
+                    out.push(b.into_vec());
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(List)
     }
 }
 
@@ -257,7 +290,7 @@ pub enum Message {
     /// A certificate passed on, so that laggards catch up.
     Certificate(Certificate),
     /// Client events, disseminated to the validators' pools.
-    Events(Vec<Vec<u8>>),
+    Events(#[serde(with = "byte_strings")] Vec<Vec<u8>>),
     /// Ask for a block by digest (to finish a commit or catch up).
     Fetch(Digest),
     /// The answer to `Fetch`, with the certificate that notarized it.
@@ -308,4 +341,22 @@ pub enum DecodeError {
     TooLarge { len: usize, max: usize },
     #[error("malformed message: {0}")]
     Malformed(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_lists_keep_the_sequence_encoding() {
+        let events = vec![b"signed event".to_vec(), Vec::new(), vec![0xff; 300]];
+        let m = Message::Events(events.clone());
+        // Variant 3, then exactly what a plain `Vec<Vec<u8>>` encodes to.
+        let plain = [vec![3u8], postcard::to_allocvec(&events).unwrap()].concat();
+        assert_eq!(m.encode(), plain);
+        assert_eq!(Message::decode(&plain, 1 << 20).unwrap(), m);
+        // A length prefix larger than the input is an error, not an allocation.
+        let lying = [3u8, 0xff, 0xff, 0xff, 0x0f, 1, 2];
+        assert!(Message::decode(&lying, 1 << 20).is_err());
+    }
 }

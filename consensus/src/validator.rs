@@ -260,6 +260,7 @@ impl Validator {
             blocks.insert(a.block.digest(), Stored::new(a.block.clone()));
             output_tick = a.block.tick.checked_sub(1);
         }
+        let pool = Pool::new(&blake3::derive_key("metatopia consensus pool hasher v1", &key.to_bytes()));
         Validator {
             cfg,
             key,
@@ -278,7 +279,7 @@ impl Validator {
             output_tick,
             buffered: BTreeMap::new(),
             fetching: BTreeMap::new(),
-            pool: Pool::default(),
+            pool,
             root: None,
             my_roots: BTreeMap::new(),
             peer_roots: BTreeMap::new(),

@@ -138,7 +138,8 @@ const HANDLERS: [(&str, usize); 7] = [
 pub struct RhaiHost {
     engine: Engine,
     limits: SandboxLimits,
-    cache: Mutex<BTreeMap<ScriptId, Arc<CompiledScript>>>,
+    /// Compiled ASTs by content hash; clones of a host share it (it is only a cache).
+    cache: Arc<Mutex<BTreeMap<ScriptId, Arc<CompiledScript>>>>,
 }
 
 impl Default for RhaiHost {
@@ -149,7 +150,9 @@ impl Default for RhaiHost {
 
 impl Clone for RhaiHost {
     fn clone(&self) -> RhaiHost {
-        RhaiHost::new(self.limits.clone()).expect("the seed was set by the first host")
+        let mut host = RhaiHost::new(self.limits.clone()).expect("the seed was set by the first host");
+        host.cache = self.cache.clone();
+        host
     }
 }
 
@@ -184,7 +187,7 @@ impl RhaiHost {
         engine.on_print(|_| {});
         engine.on_debug(|_, _, _| {});
         api::register(&mut engine);
-        Ok(RhaiHost { engine, limits, cache: Mutex::new(BTreeMap::new()) })
+        Ok(RhaiHost { engine, limits, cache: Arc::default() })
     }
 
     fn compile_source(&self, source: &ScriptSource, limits: &Limits) -> Result<Arc<CompiledScript>, String> {

@@ -3,8 +3,8 @@
 //! - `tick/10k_objects_1k_events/wN`: one tick of a 10,000-object world with 1,000 events
 //!   (signatures verified ahead, as the node does while events arrive), N worker threads.
 //! - `verify/1k_events/wN`: checking 1,000 ed25519 signatures ahead of the tick.
-//! - `root/15k_objects_1500_changed`: the incremental state root after 1,500 of 15,000
-//!   objects changed, beside the raw baselines: blake3 over the same 1,500 objects' bytes in
+//! - `root/15k_objects_1500_changed/wN`: the incremental state root after 1,500 of 15,000
+//!   objects changed (N worker threads), beside the raw baselines: blake3 over the same 1,500 objects' bytes in
 //!   one call (`baseline_blake3_concat`) and one call per object (`baseline_blake3_each`).
 
 // Benchmarks measure wall time; the no-clock rule is for the simulation itself.
@@ -67,21 +67,23 @@ fn root(c: &mut Criterion) {
     let mut g = c.benchmark_group("root");
     g.sample_size(50);
     let mut counter = 0u32;
-    g.bench_function("15k_objects_1500_changed", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                for id in pick() {
-                    counter = counter.wrapping_add(1);
-                    world.object_mut(id).unwrap().color = counter;
+    for workers in [1u32, 2] {
+        g.bench_function(format!("15k_objects_1500_changed/w{workers}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    for id in pick() {
+                        counter = counter.wrapping_add(1);
+                        world.object_mut(id).unwrap().color = counter;
+                    }
+                    let start = Instant::now();
+                    std::hint::black_box(world.subsystem_roots(Hash32::default(), workers));
+                    total += start.elapsed();
                 }
-                let start = Instant::now();
-                std::hint::black_box(world.subsystem_roots(Hash32::default(), 1));
-                total += start.elapsed();
-            }
-            total
-        })
-    });
+                total
+            })
+        });
+    }
     let sample: Vec<Vec<u8>> =
         pick().iter().map(|id| postcard::to_allocvec(world.object(*id).unwrap()).unwrap()).collect();
     let concat: Vec<u8> = sample.concat();

@@ -24,7 +24,7 @@ pub mod host;
 pub mod ids;
 pub mod kinematic;
 pub mod merkle;
-mod par;
+pub mod par;
 pub mod pipeline;
 pub mod rng;
 pub mod rules;

@@ -92,6 +92,15 @@ impl SlotTree {
 
     /// The root, rehashing the paths of the leaves changed since the last call.
     pub fn root(&mut self) -> Hash32 {
+        self.root_with(1)
+    }
+
+    /// [`SlotTree::root`], hashing the wide levels (many changed nodes) on up to `workers`
+    /// threads. Every node is a function of its two children only, so the split never changes
+    /// the result.
+    pub fn root_with(&mut self, workers: u32) -> Hash32 {
+        /// Below this many changed nodes in a level, handing them to the pool costs more than it saves.
+        const PARALLEL_LEVEL: usize = 384;
         if self.cap == 0 {
             self.ensure_slots(1);
         }
@@ -104,9 +113,19 @@ impl SlotTree {
                     *p /= 2;
                 }
                 level.dedup();
-                for &p in &level {
-                    let p = p as usize;
-                    self.nodes[p] = node_hash(&self.nodes[2 * p], &self.nodes[2 * p + 1]);
+                if workers > 1 && level.len() >= PARALLEL_LEVEL {
+                    let nodes = &self.nodes;
+                    let hashed = crate::par::map_chunks(&level, workers, PARALLEL_LEVEL / 2, |ps| {
+                        ps.iter().map(|&p| node_hash(&nodes[2 * p as usize], &nodes[2 * p as usize + 1])).collect()
+                    });
+                    for (&p, h) in level.iter().zip(hashed) {
+                        self.nodes[p as usize] = h;
+                    }
+                } else {
+                    for &p in &level {
+                        let p = p as usize;
+                        self.nodes[p] = node_hash(&self.nodes[2 * p], &self.nodes[2 * p + 1]);
+                    }
                 }
             }
         }
@@ -181,6 +200,23 @@ mod tests {
                 }
             }
             prop_assert_eq!(inc.root(), full_rebuild(&leaves, n));
+        }
+
+        #[test]
+        fn parallel_rehash_equals_serial(
+            n in 1u32..5_000,
+            edits in proptest::collection::vec((0u32..5_000, any::<u8>()), 0..3_000),
+            workers in 2u32..9,
+        ) {
+            let mut serial = SlotTree::default();
+            serial.ensure_slots(n);
+            let _ = serial.root();
+            let mut parallel = serial.clone();
+            for (slot, v) in edits {
+                serial.set(slot % n, Hash32([v; 32]));
+                parallel.set(slot % n, Hash32([v; 32]));
+            }
+            prop_assert_eq!(parallel.root_with(workers), serial.root());
         }
 
         #[test]

@@ -30,21 +30,15 @@ use crate::state::{Limits, ScriptSource};
 use crate::vec2::Vec2;
 
 /// The rules host. Parsed scripts are cached by content hash (a cache only: every node parses
-/// the same source the same way, so it never changes a result).
-#[derive(Debug, Default)]
+/// the same source the same way, so it never changes a result). Clones share the cache.
+#[derive(Clone, Debug, Default)]
 pub struct RuleHost {
-    cache: Mutex<BTreeMap<ScriptId, Arc<Rules>>>,
-}
-
-impl Clone for RuleHost {
-    fn clone(&self) -> RuleHost {
-        RuleHost::default()
-    }
+    cache: Arc<Mutex<BTreeMap<ScriptId, Arc<Rules>>>>,
 }
 
 impl RuleHost {
-    fn rules(&self, source: &ScriptSource) -> Result<Arc<Rules>, String> {
-        let id = source.id();
+    /// `id` is the source's content hash (an instance carries it: no need to rehash).
+    fn rules(&self, id: ScriptId, source: &ScriptSource) -> Result<Arc<Rules>, String> {
         if let Some(r) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
             return Ok(r.clone());
         }
@@ -173,7 +167,7 @@ impl ScriptHost for RuleHost {
     }
 
     fn run(&self, ctx: &ScriptCtx<'_>, inputs: &[ScriptInput]) -> ScriptOutput {
-        let rules = match self.rules(ctx.source) {
+        let rules = match self.rules(ctx.instance.script, ctx.source) {
             Ok(r) => r,
             Err(message) => {
                 return ScriptOutput {

@@ -718,6 +718,10 @@ impl World {
     /// Per-subsystem roots, given the physics stage's root. Rehashes only what changed
     /// since the last call; `workers` threads hash the changed leaves.
     pub fn subsystem_roots(&mut self, physics: Hash32, workers: u32) -> SubsystemRoots {
+        crate::par::on_pool(workers, || self.subsystem_roots_here(physics, workers))
+    }
+
+    fn subsystem_roots_here(&mut self, physics: Hash32, workers: u32) -> SubsystemRoots {
         self.refresh_cache(workers);
         let c = &mut self.cache;
         let sources_root = *c.sources_root.get_or_insert_with(|| {
@@ -727,8 +731,9 @@ impl World {
             }
             Hash32(*h.finalize().as_bytes())
         });
-        let scripts = merkle::combine(&keys::SUBSYSTEM, &[b"scripts", &c.scripts.root().0, &sources_root.0]);
-        let objects = merkle::combine(&keys::SUBSYSTEM, &[b"objects", &c.objects.root().0]);
+        let scripts =
+            merkle::combine(&keys::SUBSYSTEM, &[b"scripts", &c.scripts.root_with(workers).0, &sources_root.0]);
+        let objects = merkle::combine(&keys::SUBSYSTEM, &[b"objects", &c.objects.root_with(workers).0]);
         let meta = postcard::to_allocvec(&(
             self.sim,
             self.tick,
@@ -743,7 +748,7 @@ impl World {
             &self.pending_init,
         ))
         .expect("encoding to a Vec cannot fail");
-        let governance = merkle::combine(&keys::SUBSYSTEM, &[b"governance", &c.accounts.root().0, &meta]);
+        let governance = merkle::combine(&keys::SUBSYSTEM, &[b"governance", &c.accounts.root_with(workers).0, &meta]);
         let queue_bytes = postcard::to_allocvec(&self.queue).expect("encoding to a Vec cannot fail");
         let queue = merkle::combine(&keys::SUBSYSTEM, &[b"queue", &queue_bytes]);
         SubsystemRoots { objects, scripts, physics, governance, queue }

@@ -207,6 +207,16 @@ pub fn step(
     physics: &mut dyn PhysicsStage,
     workers: u32,
 ) -> Result<TickReport, StepError> {
+    crate::par::on_pool(workers, || step_here(world, batch, host, physics, workers))
+}
+
+fn step_here(
+    world: &mut World,
+    batch: &VerifiedBatch,
+    host: &dyn ScriptHost,
+    physics: &mut dyn PhysicsStage,
+    workers: u32,
+) -> Result<TickReport, StepError> {
     if batch.tick != world.tick {
         return Err(StepError::WrongTick { expected: world.tick, got: batch.tick });
     }
