@@ -7,6 +7,10 @@ use anyhow::Context;
 use metatopia_consensus::VerifyingKey;
 use serde::{Deserialize, Serialize};
 
+/// How long a validator waits for a view's proposal before it votes to skip the view: what a
+/// dead or silent leader costs the sim, once per view it would lead.
+pub const LEADER_TIMEOUT_US: u64 = 400_000;
+
 /// The node's configuration file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

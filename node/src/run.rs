@@ -202,8 +202,8 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let (demo, physics_kind) = demo_of(&cfg)?;
     let consensus = Config {
         period_us: 1_000_000 / u64::from(cfg.tick_rate_hz),
-        leader_timeout_us: 400_000,
-        notarize_timeout_us: 800_000,
+        leader_timeout_us: metatopia_node::config::LEADER_TIMEOUT_US,
+        notarize_timeout_us: 2 * metatopia_node::config::LEADER_TIMEOUT_US,
         retry_us: 300_000,
         chain_id: u64::from(cfg.world.sim_id),
         // Execution may trail agreement by at most this many ticks; then ticks slow down.

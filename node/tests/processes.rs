@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use metatopia_node::config::{BotsConfig, NodeConfig, ValidatorEntry, WorldConfig};
 use metatopia_node::store::{DataDir, write_atomic};
 
-type Roots = Arc<Mutex<BTreeMap<(usize, u64), String>>>;
+/// (node, tick) -> (root, when its line was read).
+type Roots = Arc<Mutex<BTreeMap<(usize, u64), (String, Instant)>>>;
 
 struct Node {
     child: Child,
@@ -73,8 +74,11 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
 }
 
 fn start(i: usize, dir: &Path, roots: &Roots, extra: &[&str]) -> Node {
+    let every: &[&str] = if extra.contains(&"--report-every") { &[] } else { &["--report-every", "10"] };
     let mut child = Command::new(env!("CARGO_BIN_EXE_metatopia"))
-        .args(["run", "--report-every", "10", "--data-dir"])
+        .arg("run")
+        .args(every)
+        .arg("--data-dir")
         .arg(dir)
         .args(extra)
         .env("RUST_LOG", "warn")
@@ -92,7 +96,7 @@ fn start(i: usize, dir: &Path, roots: &Roots, extra: &[&str]) -> Node {
             // "tick T root R ..."
             let w: Vec<&str> = line.split(' ').collect();
             if w.len() > 3 && w[0] == "tick" && w[2] == "root" {
-                roots.lock().unwrap().insert((i, w[1].parse().unwrap()), w[3].to_owned());
+                roots.lock().unwrap().insert((i, w[1].parse().unwrap()), (w[3].to_owned(), Instant::now()));
             }
         }
     });
@@ -123,7 +127,7 @@ fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
 fn assert_same_roots(roots: &Roots) -> usize {
     let r = roots.lock().unwrap();
     let mut by_tick: BTreeMap<u64, Vec<(usize, &String)>> = BTreeMap::new();
-    for ((n, t), root) in r.iter() {
+    for ((n, t), (root, _)) in r.iter() {
         by_tick.entry(*t).or_default().push((*n, root));
     }
     let mut compared = 0;
@@ -200,6 +204,39 @@ fn a_validator_killed_and_restarted_with_a_torn_log_catches_up_and_agrees() {
     let warned = nodes[2].stderr.lock().unwrap().clone();
     assert!(warned.contains("cut 7 bytes off the commit log"), "{warned}");
     assert!(assert_same_roots(&roots) > 30);
+}
+
+#[test]
+fn a_killed_leader_costs_one_leader_timeout_per_view_it_would_lead() {
+    use metatopia_node::config::LEADER_TIMEOUT_US;
+    // 20 Hz; leaders rotate every view, so a dead validator is the leader of one view in four.
+    let dirs = setup("leader", 4, 20);
+    let roots: Roots = Arc::default();
+    let mut nodes: Vec<Node> =
+        dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &["--report-every", "1"])).collect();
+    wait_for("tick 60 everywhere", Duration::from_secs(300), || (0..4).all(|i| highest(&roots, i) >= Some(59)));
+    nodes[1].child.kill().unwrap();
+    nodes[1].child.wait().unwrap();
+    let at_kill = highest(&roots, 0).unwrap();
+    wait_for("40 ticks without node 1", Duration::from_secs(300), || highest(&roots, 0) >= Some(at_kill + 42));
+    for (i, n) in nodes.iter_mut().enumerate() {
+        if i != 1 {
+            interrupt(n);
+        }
+    }
+    // When node 0 executed each tick after the kill (its "tick T" line, one per tick).
+    let r = roots.lock().unwrap();
+    let times: Vec<Instant> = (at_kill + 2..=at_kill + 42).map(|t| r[&(0, t)].1).collect();
+    let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    let timeout = Duration::from_micros(LEADER_TIMEOUT_US);
+    let worst = *gaps.iter().max().unwrap();
+    // Each of the dead leader's views waits one leader timeout, then the next leader proposes:
+    // never two timeouts in a row (a generous bound: loaded CI machines are slow).
+    assert!(worst < 2 * timeout, "worst gap between ticks {worst:?} (leader timeout {timeout:?}): {gaps:?}");
+    // The control: its views did wait for it. One view in four is its, and a skipped view makes
+    // no tick, so one tick in three comes a leader timeout late (13 of 40 measured here).
+    let waited = gaps.iter().filter(|g| **g >= timeout * 3 / 4).count();
+    assert!((5..=16).contains(&waited), "{waited} of 40 ticks waited a leader timeout: {gaps:?}");
 }
 
 /// The whole stdout of a run that stops by itself.
@@ -391,8 +428,8 @@ fn a_node_started_from_another_world_diverges_reports_and_resyncs_from_its_peers
     }
     let r = roots.lock().unwrap();
     let mut compared = 0;
-    for ((n, t), root) in r.iter().filter(|((n, t), _)| *n == 3 && *t >= from) {
-        if let Some(other) = r.get(&(0, *t)) {
+    for ((n, t), (root, _)) in r.iter().filter(|((n, t), _)| *n == 3 && *t >= from) {
+        if let Some((other, _)) = r.get(&(0, *t)) {
             assert_eq!(root, other, "node {n} at tick {t} after resyncing at {from}");
             compared += 1;
         }
