@@ -10,7 +10,8 @@
 //! - [`http`]: health, readiness, Prometheus metrics and the JSON API of `stats` and `admin`;
 //! - [`gateway`]: the WebSocket gateway the web viewer speaks;
 //! - [`epochs`]: the agreement whose validator set follows governance, epoch by epoch;
-//! - [`timing`]: wall-clock timers around the script host and physics stage.
+//! - [`timing`]: wall-clock timers around the script host and physics stage;
+//! - [`verify`]: client events' signatures checked ahead of their tick, on a thread of their own.
 //!
 //! The `metatopia` binary (`src/main.rs`) adds the clock, the network and the command line.
 
@@ -24,6 +25,7 @@ pub mod scenario;
 pub mod simnet;
 pub mod store;
 pub mod timing;
+pub mod verify;
 pub mod wire;
 
 /// Milliseconds since the UNIX epoch (0 if the clock is before it).

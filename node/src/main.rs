@@ -6,6 +6,7 @@
 
 mod admin;
 mod bench_agreement;
+mod bench_nodes;
 mod client_cmd;
 mod devnet;
 mod local;
@@ -81,6 +82,9 @@ enum ConfigCmd {
 enum Bench {
     /// Per-tick agreement over real loopback TCP: commit latency vs the loopback round trip.
     Agreement(bench_agreement::AgreementArgs),
+    /// A devnet of real node processes at a tick rate, sampled every second: missed ticks,
+    /// dilation, commit latency, CPU and memory per node.
+    Nodes(bench_nodes::NodesArgs),
 }
 
 fn main() {
@@ -111,5 +115,6 @@ fn run() -> anyhow::Result<()> {
         Command::Sim(args) => local::run(args),
         Command::Raynet(args) => raynet_sim::run(args),
         Command::Bench(Bench::Agreement(args)) => bench_agreement::run(args),
+        Command::Bench(Bench::Nodes(args)) => bench_nodes::run(args),
     }
 }

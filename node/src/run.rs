@@ -259,7 +259,10 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     }
     .following_tick_rate();
     anyhow::ensure!(cfg.world.time_scale >= 1, "world.time_scale must be at least 1");
-    let mut core: Core = NodeCore::new(validator, sim, 2).with_time_scale(cfg.world.time_scale, anchor_ms);
+    let mut core: Core = NodeCore::new(validator, sim, 2)
+        .with_time_scale(cfg.world.time_scale, anchor_ms)
+        .defer_execution()
+        .verify_ahead();
     let from = core.sim().world().tick().0;
     let mut replayed = 0;
     for rec in recovery.records.iter().filter(|r| r.tick >= from) {
@@ -363,6 +366,8 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                 core.handle_message(now_us(), from, msg);
             }
             _ = tokio::time::sleep(wait) => core.handle_timeout(now_us()),
+            // Commits execute once the votes that committed them have gone out (below).
+            _ = std::future::ready(()), if core.has_deferred() => core.execute_deferred(now_us()),
             _ = bot_timer.tick(), if bots.is_some() => {
                 // One batch per executed tick: when time dilates, the bots slow down with the
                 // sim instead of piling events up faster than it executes them.

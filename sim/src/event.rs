@@ -237,6 +237,16 @@ pub struct Checked {
     pub signature_ok: bool,
 }
 
+impl Checked {
+    /// Check an event; `known` is its signature's verdict if it was computed ahead (a pure
+    /// function of the event's bytes, so any thread or cache may have computed it).
+    pub fn new(event: SignedEvent, known: Option<bool>) -> Checked {
+        let bytes = codec::encode(&event.body);
+        let signature_ok = known.unwrap_or_else(|| verify_encoded(&event.body.author, &bytes, &event.signature));
+        Checked { id: event_id(&bytes), size: bytes.len().min(u32::MAX as usize) as u32, signature_ok, event }
+    }
+}
+
 /// The inputs consensus committed for one tick.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Batch {
@@ -260,19 +270,18 @@ pub struct VerifiedBatch {
 impl VerifiedBatch {
     /// Check every signature, split over `workers` threads.
     pub fn new(batch: Batch, workers: u32) -> VerifiedBatch {
+        VerifiedBatch::with_verdicts(batch, workers, |_| None)
+    }
+
+    /// Like [`VerifiedBatch::new`], taking the verdicts `known` has (computed ahead, while the
+    /// events arrived) and checking only the others.
+    pub fn with_verdicts(
+        batch: Batch,
+        workers: u32,
+        known: impl Fn(&SignedEvent) -> Option<bool> + Sync,
+    ) -> VerifiedBatch {
         let events = crate::par::map_chunks(&batch.events, workers, 32, |chunk| {
-            chunk
-                .iter()
-                .map(|e| {
-                    let bytes = codec::encode(&e.body);
-                    Checked {
-                        event: e.clone(),
-                        id: event_id(&bytes),
-                        size: bytes.len().min(u32::MAX as usize) as u32,
-                        signature_ok: verify_encoded(&e.body.author, &bytes, &e.signature),
-                    }
-                })
-                .collect()
+            chunk.iter().map(|e| Checked::new(e.clone(), known(e))).collect()
         });
         VerifiedBatch { tick: batch.tick, time_ms: batch.time_ms, seed: batch.seed, events }
     }
