@@ -482,13 +482,13 @@ fn merge(world: &mut World, parts: Vec<ObjectPart>) -> Merged {
     for p in parts {
         debug_assert!(p.updated.as_ref().is_none_or(|o| o.id == p.object));
         if let Some(o) = p.updated {
-            world.put_object(o);
+            world.put_object(*o);
         }
         if let Some(src) = p.new_source {
-            world.add_source(src);
+            world.add_source(*src);
         }
         if let InstanceChange::Set(inst) = p.instance {
-            world.put_script(p.object, inst);
+            world.put_script(p.object, *inst);
         }
         m.physics.extend(p.physics);
         m.chat.extend(p.chat);

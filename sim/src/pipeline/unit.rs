@@ -44,17 +44,18 @@ pub(crate) struct Unit<'a, 'w> {
 #[derive(Debug)]
 pub(crate) enum InstanceChange {
     Keep,
-    Set(ScriptInstance),
+    Set(Box<ScriptInstance>),
 }
 
-/// What a unit returns: its own part of `World_{t+1}` and what it sends on.
+/// What a unit returns: its own part of `World_{t+1}` and what it sends on. The big, rare
+/// parts are boxed: parts are moved several times on their way to the merge.
 #[derive(Debug)]
 pub(crate) struct ObjectPart {
     pub object: ObjectId,
     /// The object's new appearance, if it changed.
-    pub updated: Option<Object>,
+    pub updated: Option<Box<Object>>,
     pub instance: InstanceChange,
-    pub new_source: Option<ScriptSource>,
+    pub new_source: Option<Box<ScriptSource>>,
     pub physics: Vec<PhysicsCommand>,
     pub chat: Vec<ChatLine>,
     pub queued: Vec<Queued>,
@@ -124,7 +125,7 @@ fn next_fire(t: Timer, ctx: &TickCtx) -> crate::ids::Tick {
 
 fn finish(w: Work<'_>, mut part: ObjectPart) -> ObjectPart {
     if let Cow::Owned(o) = w.object {
-        part.updated = Some(o);
+        part.updated = Some(Box::new(o));
     }
     let Some(mut inst) = w.instance else { return part };
     // One rule for the failure streak: a failing tick adds one, a clean run resets it, and a
@@ -140,7 +141,7 @@ fn finish(w: Work<'_>, mut part: ObjectPart) -> ObjectPart {
         inst.to_mut().failures = failures;
     }
     if let Cow::Owned(inst) = inst {
-        part.instance = InstanceChange::Set(inst);
+        part.instance = InstanceChange::Set(Box::new(inst));
     }
     part
 }
@@ -220,7 +221,7 @@ fn deploy(
         suspended: false,
     }));
     w.source = Some(Cow::Owned(record.clone()));
-    part.new_source = Some(record);
+    part.new_source = Some(Box::new(record));
     w.pending.push(ScriptInput::Init);
     Ok(())
 }
