@@ -23,11 +23,12 @@ pub struct NodesArgs {
     seconds: u64,
     #[arg(long, default_value_t = 10)]
     warmup: u64,
-    /// Bots' signed events per tick (through node 0).
-    #[arg(long, default_value_t = 20)]
-    bots: u32,
-    /// Client bots over QUIC.
+    /// Bots' signed events per tick (through node 0). They rez about one object a tick, so the
+    /// world grows through the run (the table says by how much).
     #[arg(long, default_value_t = 0)]
+    bots: u32,
+    /// Client bots over QUIC (they log in, wander and chat: a load that keeps the world's size).
+    #[arg(long, default_value_t = 16)]
     clients: usize,
     /// First port (node i: port + i, its HTTP: port + 1000 + i).
     #[arg(long, default_value_t = 7600)]
@@ -43,6 +44,8 @@ struct Samples {
     pid: Option<u32>,
     first: Option<(Instant, u64, u64)>, // when, tick, cpu jiffies
     last: Option<(Instant, u64, u64)>,
+    /// Objects and scripts in the world at the first and the last sample.
+    world: Option<((u64, u64), (u64, u64))>,
     dilation: Vec<f64>,
     p50: Vec<f64>,
     p99: Vec<f64>,
@@ -143,6 +146,8 @@ pub fn run(args: NodesArgs) -> anyhow::Result<()> {
             let now = (Instant::now(), st.tick, cpu);
             s.first.get_or_insert(now);
             s.last = Some(now);
+            let size = (st.objects, st.scripts);
+            s.world = Some((s.world.map_or(size, |w| w.0), size));
             s.dilation.push(st.dilation);
             s.p50.push(st.commit_latency_p50_ms);
             s.p99.push(st.commit_latency_p99_ms);
@@ -177,6 +182,9 @@ pub fn run(args: NodesArgs) -> anyhow::Result<()> {
             quantile(&s.rss_kib.iter().map(|k| *k as f64).collect::<Vec<_>>(), 0.5) / 1024.0,
             s.rss_kib.iter().max().copied().unwrap_or(0) as f64 / 1024.0,
         );
+    }
+    if let Some(((o0, s0), (o1, s1))) = samples.first().and_then(|s| s.world) {
+        println!("world: {o0} -> {o1} objects, {s0} -> {s1} scripts");
     }
     Ok(())
 }

@@ -6,6 +6,8 @@
 //! of the tick, on any thread ([`VerifiedBatch::new`]); the tick reads the verdict and checks
 //! nonces, which depend on state.
 
+use std::collections::BTreeMap;
+
 use ed25519_dalek::{Signature as DalekSig, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
@@ -223,8 +225,24 @@ fn verify_encoded(author: &AccountId, body_bytes: &[u8], sig: &Signature) -> boo
     let Ok(key) = VerifyingKey::from_bytes(&author.0) else {
         return false;
     };
+    verify_with(&key, body_bytes, sig)
+}
+
+fn verify_with(key: &VerifyingKey, body_bytes: &[u8], sig: &Signature) -> bool {
     let sig = DalekSig::from_bytes(&sig.to_bytes());
     key.verify_strict(&signing_bytes(body_bytes), &sig).is_ok()
+}
+
+/// Authors' public keys, decompressed once per batch chunk (decompressing a point is a good part
+/// of a signature check, and a tick's events come from far fewer authors than events).
+#[derive(Default)]
+struct AuthorKeys(BTreeMap<AccountId, Option<VerifyingKey>>);
+
+impl AuthorKeys {
+    fn verify(&mut self, author: &AccountId, body_bytes: &[u8], sig: &Signature) -> bool {
+        let key = self.0.entry(*author).or_insert_with(|| VerifyingKey::from_bytes(&author.0).ok());
+        key.as_ref().is_some_and(|k| verify_with(k, body_bytes, sig))
+    }
 }
 
 /// One event of a batch with what can be known of it without state.
@@ -241,8 +259,12 @@ impl Checked {
     /// Check an event; `known` is its signature's verdict if it was computed ahead (a pure
     /// function of the event's bytes, so any thread or cache may have computed it).
     pub fn new(event: SignedEvent, known: Option<bool>) -> Checked {
+        Checked::with_keys(event, known, &mut AuthorKeys::default())
+    }
+
+    fn with_keys(event: SignedEvent, known: Option<bool>, keys: &mut AuthorKeys) -> Checked {
         let bytes = codec::encode(&event.body);
-        let signature_ok = known.unwrap_or_else(|| verify_encoded(&event.body.author, &bytes, &event.signature));
+        let signature_ok = known.unwrap_or_else(|| keys.verify(&event.body.author, &bytes, &event.signature));
         Checked { id: event_id(&bytes), size: bytes.len().min(u32::MAX as usize) as u32, signature_ok, event }
     }
 }
@@ -281,7 +303,8 @@ impl VerifiedBatch {
         known: impl Fn(&SignedEvent) -> Option<bool> + Sync,
     ) -> VerifiedBatch {
         let events = crate::par::map_chunks(&batch.events, workers, 32, |chunk| {
-            chunk.iter().map(|e| Checked::new(e.clone(), known(e))).collect()
+            let mut keys = AuthorKeys::default();
+            chunk.iter().map(|e| Checked::with_keys(e.clone(), known(e), &mut keys)).collect()
         });
         VerifiedBatch { tick: batch.tick, time_ms: batch.time_ms, seed: batch.seed, events }
     }
