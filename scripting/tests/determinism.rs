@@ -1,5 +1,6 @@
 //! 10,000 scripted objects for 300 ticks: the same state root with 1 and 8 worker threads, in
-//! debug and in release (the test command runs both), pinned as a golden root.
+//! debug and in release (the test command runs both: 8 workers unoptimised, 1 and 8 optimised),
+//! pinned as a golden root.
 
 mod common;
 
@@ -53,8 +54,14 @@ fn run(workers: u32) -> String {
 
 #[test]
 fn ten_thousand_scripts_same_root_with_1_and_8_workers() {
-    let one = run(1);
     let eight = run(8);
+    assert_eq!(eight, GOLDEN_ROOT_300, "the golden root moved: determinism broke, or the state format changed");
+    // Unoptimised, one run of this size takes almost two minutes: the test command's debug pass
+    // checks the debug build against the pinned root, and its release pass also runs 1 worker.
+    // Together: debug with 8 workers = the pin = release with 1 = release with 8.
+    if cfg!(debug_assertions) {
+        return;
+    }
+    let one = run(1);
     assert_eq!(one, eight, "worker count changed the result");
-    assert_eq!(one, GOLDEN_ROOT_300, "the golden root moved: determinism broke, or the state format changed");
 }
