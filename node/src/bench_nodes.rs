@@ -60,7 +60,8 @@ fn proc_stat(pid: u32) -> Option<(u32, u64)> {
     Some((f.get(1)?.parse().ok()?, f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?))
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
+/// A process's resident memory, KiB (`VmRSS` of `/proc/PID/status`).
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
 }

@@ -50,8 +50,7 @@ fn say(bar: &indicatif::ProgressBar, line: String) {
 }
 
 fn rss_kib() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
+    crate::bench_nodes::rss_kib(std::process::id())
 }
 
 pub fn run(args: RaynetArgs) -> anyhow::Result<()> {
