@@ -31,7 +31,7 @@ pub struct AgreementArgs {
     events_per_tick: usize,
 }
 
-use metatopia_node::net::{MAX_FRAME, read_frame, write_frame, write_frames};
+use metatopia_node::frames::{MAX_FRAME, read_frame, write_frame, write_frames};
 
 type Frame = Arc<Vec<u8>>;
 

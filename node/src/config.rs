@@ -15,8 +15,13 @@ pub const LEADER_TIMEOUT_US: u64 = 400_000;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
-    /// Where this node listens for its peers.
+    /// Where this node listens for its peers over TCP (libp2p: noise + yamux), and for clients
+    /// over QUIC (UDP, the same port).
     pub listen: SocketAddr,
+    /// Where this node listens for its peers over QUIC (libp2p, UDP). Peers dial QUIC first and
+    /// fall back to TCP; without it, TCP only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<SocketAddr>,
     /// The HTTP service (`/healthz`, `/readyz`, `/metrics`, the API of `stats` and `admin`).
     /// Default: the peers' address with the port + 1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,6 +90,9 @@ pub struct ValidatorEntry {
     /// The validator's public key, 64 hex digits.
     pub key: String,
     pub address: SocketAddr,
+    /// Its QUIC address for peers (libp2p, UDP); without one, peers reach it over TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<SocketAddr>,
     /// A node of the sim that starts as an observer: it executes every tick and serves clients
     /// but does not vote, until the admin admits its key (`admit-validator`; it votes from the
     /// next epoch boundary on).

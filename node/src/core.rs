@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use metatopia_consensus::{Commit, Digest, Message, Micros, Output, Validator, ValidatorIndex};
+use metatopia_consensus::{Commit, Digest, Message, Micros, Output, Validator, ValidatorIndex, VerifyingKey};
 use metatopia_sim::host::{PhysicsStage, ScriptHost};
 use metatopia_sim::state::SubsystemRoots;
 use metatopia_sim::{Batch, EventId, Hash32, SignedEvent, Sim, Snapshot, Tick, VerifiedBatch};
@@ -45,6 +45,9 @@ pub trait Agreement {
     fn persist(&self) -> Option<Vec<u8>> {
         None
     }
+    /// The transport numbered a node outside the configured list `index` (it holds `key`): a
+    /// node that joined, which governance may later admit as a validator.
+    fn learn_peer(&mut self, _index: u16, _key: VerifyingKey) {}
     /// Events waiting in the pool.
     fn pool_len(&self) -> usize {
         0
@@ -324,6 +327,10 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
 
     pub fn agreement(&self) -> &A {
         &self.agreement
+    }
+
+    pub fn agreement_mut(&mut self) -> &mut A {
+        &mut self.agreement
     }
 
     pub fn stats(&self) -> CoreStats {

@@ -65,6 +65,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         validators.push(ValidatorEntry {
             key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
             address,
+            quic: Some(std::net::SocketAddr::from(([127, 0, 0, 1], args.port + 2000 + i as u16))),
             observer: false,
         });
     }
@@ -98,6 +99,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     for (i, d) in dirs.iter().enumerate() {
         let cfg = NodeConfig {
             listen: validators[i].address,
+            quic: validators[i].quic,
             http: None,
             tick_rate_hz: args.rate,
             snapshot_every: 640,

@@ -18,6 +18,7 @@
 pub mod config;
 pub mod core;
 pub mod epochs;
+pub mod frames;
 pub mod gateway;
 pub mod http;
 pub mod net;

@@ -7,12 +7,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use metatopia_consensus::Config;
 use metatopia_node::config::{NodeConfig, ValidatorEntry};
-use metatopia_node::core::{CoreOutput, DesyncReport, NodeCore};
+use metatopia_node::core::{Agreement as _, CoreOutput, DesyncReport, NodeCore};
 use metatopia_node::epochs::Epochs;
 use metatopia_node::gateway::{Feed, Hub};
 use metatopia_node::http::object_view;
 use metatopia_node::http::{Query, Service, Status};
-use metatopia_node::net::Mesh;
+use metatopia_node::net::{Mesh, MeshEvent, PeerAddr};
 use metatopia_node::scenario::AnyPhysics;
 use metatopia_node::store::{CommitLog, DataDir};
 use metatopia_node::timing::{StageTimes, TimedHost, TimedPhysics};
@@ -35,6 +35,9 @@ pub struct InitArgs {
     /// Address to listen on for peers.
     #[arg(long, env = "METATOPIA_LISTEN", default_value = "127.0.0.1:7100")]
     pub listen: std::net::SocketAddr,
+    /// Address to listen on for peers over QUIC (UDP; default: the listen port + 2000).
+    #[arg(long, env = "METATOPIA_QUIC")]
+    pub quic: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -65,17 +68,30 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
     let key = dir.key()?;
     let public = metatopia_sim::ids::hex(key.verifying_key().as_bytes());
     let path = dir.config_path();
+    let quic = match args.quic {
+        Some(q) => q,
+        None => std::net::SocketAddr::new(
+            args.listen.ip(),
+            args.listen.port().checked_add(2000).context("--listen's port + 2000 is not a port: give --quic")?,
+        ),
+    };
     if path.exists() {
         println!("{} exists; left as it is", path.display());
     } else {
         let cfg = NodeConfig {
             listen: args.listen,
+            quic: Some(quic),
             http: None,
             tick_rate_hz: 20,
             snapshot_every: 640,
             world: Default::default(),
             bots: Default::default(),
-            validators: vec![ValidatorEntry { key: public.clone(), address: args.listen, observer: false }],
+            validators: vec![ValidatorEntry {
+                key: public.clone(),
+                address: args.listen,
+                quic: Some(quic),
+                observer: false,
+            }],
         };
         metatopia_node::store::write_atomic(&path, cfg.commented().as_bytes())?;
         println!("wrote {}: add the sim's other validators (at least 4 in all) before `metatopia run`", path.display());
@@ -279,9 +295,20 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         core.sim().world().tick()
     );
 
-    let peers: Vec<_> = cfg.validators.iter().map(|v| v.address).collect();
-    let (mesh, mut inbox) = Mesh::start(me as u16, cfg.listen, peers).await?;
-    println!("listening on {}", cfg.listen);
+    let peers: Vec<PeerAddr> = cfg
+        .validators
+        .iter()
+        .zip(&keys)
+        .map(|(v, k)| PeerAddr { key: *k, tcp: Some(v.address), quic: v.quic })
+        .collect();
+    let (mesh, mut inbox) = Mesh::start(&key, cfg.listen, cfg.quic, peers)
+        .await
+        .with_context(|| format!("listening for peers on tcp {} and quic {:?}", cfg.listen, cfg.quic))?;
+    println!(
+        "peer id {}; listening on {}",
+        mesh.local_peer_id(),
+        mesh.listening().iter().map(ToString::to_string).collect::<Vec<_>>().join(" ")
+    );
 
     // The HTTP service: health, metrics and the API, answered by this loop through `queries`.
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -362,8 +389,14 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                 }
             }
             m = inbox.recv() => {
-                let Some((from, msg)) = m else { break Err(anyhow::anyhow!("the mesh stopped")) };
-                core.handle_message(now_us(), from, msg);
+                match m {
+                    Some(MeshEvent::Message(from, msg)) => core.handle_message(now_us(), from, msg),
+                    Some(MeshEvent::Joined { index, key }) => {
+                        println!("a node outside the config connected: {} (peer {index})", metatopia_sim::ids::hex(key.as_bytes()));
+                        core.agreement_mut().learn_peer(index, key);
+                    }
+                    None => break Err(anyhow::anyhow!("the mesh stopped")),
+                }
             }
             _ = tokio::time::sleep(wait) => core.handle_timeout(now_us()),
             // Commits execute once the votes that committed them have gone out (below).

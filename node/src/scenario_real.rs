@@ -97,6 +97,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
     }
     let ports = free_ports(2 * n)?;
+    let quic = metatopia_node::net::free_udp_ports(n)?;
     let dirs: Vec<DataDir> = (0..n).map(|i| DataDir::open(&dir.join(format!("node-{i}")))).collect::<Result<_, _>>()?;
     let mut validators = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
@@ -104,6 +105,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         validators.push(ValidatorEntry {
             key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
             address: ([127, 0, 0, 1], ports[i]).into(),
+            quic: Some(([127, 0, 0, 1], quic[i]).into()),
             observer: i >= validators_n,
         });
     }
@@ -119,6 +121,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     for (i, d) in dirs.iter().enumerate() {
         let cfg = NodeConfig {
             listen: validators[i].address,
+            quic: validators[i].quic,
             http: Some(([127, 0, 0, 1], ports[n + i]).into()),
             tick_rate_hz: spec.world.tick_rate_hz,
             snapshot_every: 640,

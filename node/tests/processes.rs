@@ -44,6 +44,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
     let root = std::env::temp_dir().join(format!("metatopia-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let ports = free_ports(2 * n);
+    let quic = metatopia_node::net::free_udp_ports(n).unwrap();
     let dirs: Vec<PathBuf> = (0..n).map(|i| root.join(format!("node-{i}"))).collect();
     let validators: Vec<ValidatorEntry> = dirs
         .iter()
@@ -54,6 +55,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
             ValidatorEntry {
                 key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
                 address: ([127, 0, 0, 1], *p).into(),
+                quic: Some(([127, 0, 0, 1], quic[i]).into()),
                 observer: i >= n - observers,
             }
         })
@@ -61,6 +63,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
     for (i, d) in dirs.iter().enumerate() {
         let cfg = NodeConfig {
             listen: validators[i].address,
+            quic: validators[i].quic,
             http: Some(([127, 0, 0, 1], ports[n + i]).into()),
             tick_rate_hz: rate,
             snapshot_every: 128,

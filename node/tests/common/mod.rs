@@ -47,13 +47,16 @@ impl Cluster {
         let ls: Vec<_> = (0..8).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
         let ports: Vec<u16> = ls.iter().map(|l| l.local_addr().unwrap().port()).collect();
         drop(ls);
+        let quic = metatopia_node::net::free_udp_ports(4).unwrap();
         let dirs: Vec<std::path::PathBuf> = (0..4).map(|i| root.join(format!("node-{i}"))).collect();
         let validators: Vec<ValidatorEntry> = dirs
             .iter()
             .zip(&ports)
-            .map(|(d, p)| ValidatorEntry {
+            .enumerate()
+            .map(|(i, (d, p))| ValidatorEntry {
                 key: metatopia_sim::ids::hex(DataDir::open(d).unwrap().key().unwrap().verifying_key().as_bytes()),
                 address: ([127, 0, 0, 1], *p).into(),
+                quic: Some(([127, 0, 0, 1], quic[i]).into()),
                 observer: false,
             })
             .collect();
@@ -61,6 +64,7 @@ impl Cluster {
         for (i, d) in dirs.iter().enumerate() {
             let cfg = NodeConfig {
                 listen: validators[i].address,
+                quic: validators[i].quic,
                 http: Some(([127, 0, 0, 1], ports[4 + i]).into()),
                 tick_rate_hz: 20,
                 snapshot_every: 640,
