@@ -209,6 +209,8 @@ pub struct Validator {
     tip: (View, Digest),
     /// The tick of the last block output as committed.
     output_tick: Option<u64>,
+    /// A joining node outputs no commits until it has the state they apply to.
+    held: bool,
     buffered: BTreeMap<View, (Block, Vote, Vec<Certificate>)>,
     fetching: BTreeMap<Digest, Micros>,
     pool: Pool,
@@ -277,6 +279,7 @@ impl Validator {
             finalized: BTreeMap::new(),
             tip: (View(0), genesis),
             output_tick,
+            held: false,
             buffered: BTreeMap::new(),
             fetching: BTreeMap::new(),
             pool,
@@ -409,6 +412,28 @@ impl Validator {
     /// The tick of the last committed block handed out.
     pub fn committed_tick(&self) -> Option<u64> {
         self.output_tick
+    }
+
+    /// For a node that joins a running sim: output no commits until [`Validator::commit_from`]
+    /// (it has no state to apply them to, and the chain back to the epoch's start may be pruned
+    /// everywhere), and start in `view` (a peer's), so the votes and certificates of the views
+    /// under way count — their state roots certify the snapshot the node joins from.
+    pub fn join_at(&mut self, now: Micros, view: View) {
+        self.held = true;
+        if view > self.view {
+            self.view = view;
+            self.view_started = now;
+        }
+    }
+
+    /// The joining node has the state after tick `tick - 1`: output commits from `tick` on.
+    pub fn commit_from(&mut self, now: Micros, tick: u64) {
+        if !self.held {
+            return;
+        }
+        self.held = false;
+        self.output_tick = tick.checked_sub(1);
+        self.advance_commits(now);
     }
 
     /// The leader of a view: round robin.
@@ -1006,6 +1031,10 @@ impl Validator {
     /// committed when it or a descendant is finalized; its seed comes from the certificate
     /// its child embeds, so the newest finalized block waits for its child.
     fn advance_commits(&mut self, now: Micros) {
+        if self.held {
+            self.prune();
+            return;
+        }
         let (tip_view, tip) = self.tip;
         if tip_view == View(0) {
             return;
@@ -1049,7 +1078,9 @@ impl Validator {
     }
 
     fn prune(&mut self) {
-        let Some(out) = self.output_tick else { return };
+        // (A joining node that outputs nothing yet keeps the newest blocks only.)
+        let newest = || self.held.then(|| self.blocks.values().map(|s| s.block.tick).max()).flatten();
+        let Some(out) = self.output_tick.or_else(newest) else { return };
         let keep_from = out.saturating_sub(self.cfg.keep_blocks);
         self.blocks.retain(|_, s| s.block.tick >= keep_from);
         let tip_view = self.tip.0;

@@ -40,6 +40,11 @@ pub struct NodeConfig {
     pub bots: BotsConfig,
     /// The sim's validators, in index order (every node of the sim lists the same ones).
     pub validators: Vec<ValidatorEntry>,
+    /// Set by `run --join KEY@HOST:PORT`: the node this one joined the sim through. A node in no
+    /// `[[validators]]` list follows the sim (and serves clients) through it and the listed
+    /// nodes, and votes once the admin admits its key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +143,9 @@ impl NodeConfig {
         for (i, v) in self.validators.iter().enumerate() {
             parse_public(&v.key).with_context(|| format!("validators[{i}].key"))?;
         }
+        if let Some(j) = &self.join {
+            parse_join(j).context("join")?;
+        }
         Ok(())
     }
 
@@ -167,6 +175,16 @@ impl NodeConfig {
              # marks a node that follows (and serves clients) until the admin admits its key.\n\n{body}"
         )
     }
+}
+
+/// A join address, `KEY@HOST:PORT`: a node's public key (64 hex digits) and its peer address.
+pub fn parse_join(s: &str) -> anyhow::Result<(VerifyingKey, SocketAddr)> {
+    let (key, addr) = s
+        .split_once('@')
+        .with_context(|| format!("a join address is KEY@HOST:PORT (as `init` and `devnet` print it), not {s:?}"))?;
+    let key = parse_public(key).context("the key before '@'")?;
+    let addr = addr.parse().with_context(|| format!("{addr:?} is not HOST:PORT"))?;
+    Ok((key, addr))
 }
 
 pub fn parse_public(hex: &str) -> anyhow::Result<VerifyingKey> {
@@ -214,6 +232,16 @@ address = "127.0.0.1:7003"
         // What `init` writes reads back the same.
         let again: NodeConfig = toml::from_str(&c.commented()).unwrap();
         assert_eq!(again, c);
+    }
+
+    #[test]
+    fn join_addresses_parse_or_say_what_is_wrong() {
+        let key = "3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29";
+        let (k, a) = parse_join(&format!("{key}@127.0.0.1:7400")).unwrap();
+        assert_eq!((metatopia_sim::ids::hex(k.as_bytes()), a.port()), (key.to_owned(), 7400));
+        assert!(parse_join("127.0.0.1:7400").unwrap_err().to_string().contains("KEY@HOST:PORT"));
+        assert!(format!("{:#}", parse_join(&format!("{key}@nowhere")).unwrap_err()).contains("HOST:PORT"));
+        assert!(format!("{:#}", parse_join("abc@127.0.0.1:1").unwrap_err()).contains("64 hex digits"));
     }
 
     #[test]

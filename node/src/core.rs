@@ -48,6 +48,20 @@ pub trait Agreement {
     /// The transport numbered a node outside the configured list `index` (it holds `key`): a
     /// node that joined, which governance may later admit as a validator.
     fn learn_peer(&mut self, _index: u16, _key: VerifyingKey) {}
+    /// What a node joining the sim needs to follow the agreement from where this one is (its
+    /// epoch and view), if this agreement can be joined.
+    fn join_state(&self) -> Option<Vec<u8>> {
+        None
+    }
+    /// Follow from a peer's [`Agreement::join_state`], outputting no commits until
+    /// [`Agreement::commit_from`]; false if the state is malformed.
+    fn join_from(&mut self, _now: Micros, _state: &[u8]) -> bool {
+        false
+    }
+    /// The joining node has the state after tick `tick - 1`: commits from `tick` on.
+    fn commit_from(&mut self, _now: Micros, _tick: u64) {}
+    /// A joining node: no commits until [`Agreement::commit_from`].
+    fn hold(&mut self, _now: Micros) {}
     /// Events waiting in the pool.
     fn pool_len(&self) -> usize {
         0
@@ -132,6 +146,8 @@ pub enum CoreOutput {
         tick: u64,
         certified_by: usize,
         snapshot: Vec<u8>,
+        /// The node was joining the sim (rather than recovering from a divergence).
+        joined: bool,
     },
 }
 
@@ -195,10 +211,22 @@ pub const MAX_SNAPSHOT_BYTES: usize = 1 << 30;
 /// A diverged node getting back: committed batches since, and snapshots peers offered.
 #[derive(Debug, Default)]
 struct Resync {
+    /// A node joining a running sim (it asks with `JoinRequest`, and starts its agreement from
+    /// the first answer) rather than one that diverged.
+    join: Option<JoinState>,
     next_request: Micros,
     buffered: BTreeMap<u64, Batch>,
     /// The newest snapshot each peer sent: the number of ticks it executed, and the snapshot.
     offers: BTreeMap<ValidatorIndex, (u64, Snapshot)>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+enum JoinState {
+    /// No answer yet.
+    #[default]
+    Asking,
+    /// The agreement follows a peer's epoch and view; waiting for a certified snapshot.
+    Following,
 }
 
 /// A node's core for one sim.
@@ -358,16 +386,20 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 self.now = now;
                 self.agreement.handle_epoch_message(now, from, epoch, msg)
             }
-            NodeMsg::SnapshotRequest => self.serve_snapshot(now, from),
-            NodeMsg::Snapshot { tick, bytes } => {
+            NodeMsg::SnapshotRequest => self.serve_snapshot(now, from, false),
+            NodeMsg::JoinRequest => self.serve_snapshot(now, from, true),
+            NodeMsg::Snapshot { tick, bytes } => self.offered(from, tick, &bytes),
+            NodeMsg::JoinSnapshot { tick, bytes, agreement } => {
                 if let Some(r) = self.resync.as_mut()
-                    && bytes.len() <= MAX_SNAPSHOT_BYTES
-                    && let Ok(snap) = Snapshot::decode(&bytes, MAX_SNAPSHOT_BYTES as u32)
-                    && snap.world.tick().0 == tick
+                    && r.join == Some(JoinState::Asking)
+                    && self.agreement.join_from(now, &agreement)
                 {
-                    r.offers.insert(from, (tick, snap));
+                    r.join = Some(JoinState::Following);
                 }
+                self.offered(from, tick, &bytes);
             }
+            // Answered by the node's shell (they are about files, not the sim's state).
+            NodeMsg::SimInfoRequest | NodeMsg::SimInfo { .. } => {}
         }
         self.pump(now);
     }
@@ -379,7 +411,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             && now >= r.next_request
         {
             r.next_request = now + RESYNC_RETRY_US;
-            self.out.push_back(CoreOutput::Broadcast(NodeMsg::SnapshotRequest));
+            let ask = if r.join.is_some() { NodeMsg::JoinRequest } else { NodeMsg::SnapshotRequest };
+            self.out.push_back(CoreOutput::Broadcast(ask));
         }
         self.pump(now);
     }
@@ -399,20 +432,52 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
 
     /// A peer asks for this node's state (it diverged, or joins). Served when this node is
     /// itself in step, at most once per peer every two seconds.
-    fn serve_snapshot(&mut self, now: Micros, from: ValidatorIndex) {
-        if self.desynced.is_some() || self.served.get(&from).is_some_and(|t| now < t + SERVE_EVERY_US) {
+    fn serve_snapshot(&mut self, now: Micros, from: ValidatorIndex, join: bool) {
+        if self.desynced.is_some()
+            || self.resync.is_some()
+            || self.served.get(&from).is_some_and(|t| now < t + SERVE_EVERY_US)
+        {
             return;
         }
         self.served.insert(from, now);
         let tick = self.sim.world().tick().0;
         let bytes = self.sim.snapshot().encode();
-        self.out.push_back(CoreOutput::Send(from, NodeMsg::Snapshot { tick, bytes }));
+        let msg = match join.then(|| self.agreement.join_state()).flatten() {
+            Some(agreement) => NodeMsg::JoinSnapshot { tick, bytes, agreement },
+            None => NodeMsg::Snapshot { tick, bytes },
+        };
+        self.out.push_back(CoreOutput::Send(from, msg));
+    }
+
+    /// A snapshot a peer sent: kept while this node looks for one its peers certify.
+    fn offered(&mut self, from: ValidatorIndex, tick: u64, bytes: &[u8]) {
+        if let Some(r) = self.resync.as_mut()
+            && bytes.len() <= MAX_SNAPSHOT_BYTES
+            && let Ok(snap) = Snapshot::decode(bytes, MAX_SNAPSHOT_BYTES as u32)
+            && snap.world.tick().0 == tick
+        {
+            r.offers.insert(from, (tick, snap));
+        }
+    }
+
+    /// This node joins a running sim: it executes nothing until it has a snapshot that f+1 of
+    /// the current validators certify (their votes report its root), then follows from there.
+    /// Its agreement outputs no commits until then, and starts from the first peer's answer.
+    pub fn joining(mut self) -> Self {
+        self.agreement.hold(self.now);
+        self.resync = Some(Resync { join: Some(JoinState::Asking), ..Resync::default() });
+        self
+    }
+
+    /// Whether this node is still joining (no certified snapshot yet).
+    pub fn is_joining(&self) -> bool {
+        self.resync.as_ref().is_some_and(|r| r.join.is_some())
     }
 
     /// Install the newest offered snapshot whose root f+1 other validators reported (so at
     /// least one honest one computed it), then replay the commits buffered since.
-    fn try_resync(&mut self) {
-        let Some(r) = self.resync.as_mut() else { return };
+    fn try_resync(&mut self) -> bool {
+        let Some(r) = self.resync.as_mut() else { return false };
         let f = self.agreement.validators().saturating_sub(1) / 3;
         let mut offers: Vec<(u64, ValidatorIndex)> = r.offers.iter().map(|(v, (t, _))| (*t, *v)).collect();
         offers.sort_unstable_by(|a, b| b.cmp(a));
@@ -423,7 +488,10 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             }
             let root = snap.root;
             let certified_by = self.agreement.peer_roots(tick - 1).into_iter().filter(|(_, d)| d.0 == root.0).count();
-            if certified_by < f + 1 {
+            // A joining node (no validator of the set) waits for 2f+1 of them; one that diverged
+            // takes f+1 others (at least one honest), as it may be a validator itself.
+            let need = if r.join.is_some() { 2 * f + 1 } else { f + 1 };
+            if certified_by < need {
                 continue;
             }
             // The commits from `tick` on must all be here (or not committed yet).
@@ -438,16 +506,20 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 continue;
             }
             let r = self.resync.take().unwrap_or_default();
+            if r.join.is_some() {
+                self.agreement.commit_from(self.now, tick);
+            }
             self.desynced = None;
             self.judge_from = tick;
             self.roots.clear();
             self.disagreements.clear();
-            self.out.push_back(CoreOutput::Resynced { tick, certified_by, snapshot: bytes });
+            self.out.push_back(CoreOutput::Resynced { tick, certified_by, snapshot: bytes, joined: r.join.is_some() });
             for (_, batch) in r.buffered.range(tick..) {
                 self.run_batch(batch.clone(), true);
             }
-            return;
+            return true;
         }
+        false
     }
 
     pub fn poll_output(&mut self) -> Option<CoreOutput> {
@@ -519,8 +591,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     Output::Finalized { .. } | Output::Evidence(_) => {}
                 }
             }
-            if self.resync.is_some() {
-                self.try_resync();
+            if self.resync.is_some() && self.try_resync() {
+                // Commits from the snapshot's tick on may be waiting in the agreement.
+                continue;
             }
             if !executed {
                 return;

@@ -106,6 +106,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             world: world.clone(),
             bots: BotsConfig { events_per_tick: if i == 0 { args.bots } else { 0 } },
             validators: validators.clone(),
+            join: None,
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }

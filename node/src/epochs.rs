@@ -55,15 +55,56 @@ impl Instance {
     }
 }
 
-/// What survives a restart.
+/// An epoch: its number, validator set, last tick, tick period and anchor.
 #[derive(Serialize, Deserialize)]
-struct Saved {
+struct EpochDef {
     epoch: u64,
     keys: Vec<[u8; 32]>,
     last_tick: u64,
     period_us: Micros,
     anchor: Option<Anchor>,
+}
+
+impl EpochDef {
+    fn of(inst: &Instance) -> EpochDef {
+        EpochDef {
+            epoch: inst.epoch,
+            keys: inst.keys.iter().map(|k| k.to_bytes()).collect(),
+            last_tick: inst.last_tick,
+            period_us: inst.period_us,
+            anchor: inst.validator.anchor().cloned(),
+        }
+    }
+
+    /// The set as keys, and the agreement's config for the epoch; `None` if a key is malformed.
+    fn config(self, cfg: &Config) -> Option<(Vec<VerifyingKey>, Config)> {
+        let keys: Vec<VerifyingKey> = self.keys.iter().filter_map(|k| VerifyingKey::from_bytes(k).ok()).collect();
+        (keys.len() == self.keys.len()).then(|| {
+            (
+                keys,
+                Config {
+                    last_tick: Some(self.last_tick),
+                    anchor: self.anchor,
+                    period_us: self.period_us,
+                    ..cfg.clone()
+                },
+            )
+        })
+    }
+}
+
+/// What survives a restart (the same bytes as the flat struct it was before).
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    def: EpochDef,
     validator: Vec<u8>,
+}
+
+/// Where a joining node's agreement starts: the serving node's current epoch and view.
+#[derive(Serialize, Deserialize)]
+struct EpochStart {
+    def: EpochDef,
+    view: u64,
 }
 
 /// The agreement of a sim whose validators change at epoch boundaries.
@@ -149,10 +190,10 @@ impl Epochs {
         saved: &[u8],
     ) -> Option<Epochs> {
         let s: Saved = postcard::from_bytes(saved).ok()?;
-        let keys: Vec<VerifyingKey> = s.keys.iter().filter_map(|k| VerifyingKey::from_bytes(k).ok()).collect();
-        let c = Config { last_tick: Some(s.last_tick), anchor: s.anchor, period_us: s.period_us, ..cfg.clone() };
+        let (epoch, last_tick, period_us) = (s.def.epoch, s.def.last_tick, s.def.period_us);
+        let (keys, c) = s.def.config(&cfg)?;
         let validator = Validator::restore(c, key.clone(), keys.clone(), now, &s.validator).ok()?;
-        let current = Instance { epoch: s.epoch, keys, validator, last_tick: s.last_tick, period_us: s.period_us };
+        let current = Instance { epoch, keys, validator, last_tick, period_us };
         Some(Epochs {
             cfg,
             key,
@@ -320,18 +361,40 @@ impl Agreement for Epochs {
         self.current.keys.len()
     }
     fn persist(&self) -> Option<Vec<u8>> {
-        let s = Saved {
-            epoch: self.current.epoch,
-            keys: self.current.keys.iter().map(|k| k.to_bytes()).collect(),
-            last_tick: self.current.last_tick,
-            period_us: self.current.period_us,
-            anchor: self.cfg_anchor(),
-            validator: self.current.validator.persist(),
-        };
+        let s = Saved { def: EpochDef::of(&self.current), validator: self.current.validator.persist() };
         postcard::to_allocvec(&s).ok()
     }
     fn pool_len(&self) -> usize {
         self.current.validator.pool_len()
+    }
+    fn join_state(&self) -> Option<Vec<u8>> {
+        let s = EpochStart { def: EpochDef::of(&self.current), view: self.current.validator.view().0 };
+        postcard::to_allocvec(&s).ok()
+    }
+    fn join_from(&mut self, now: Micros, state: &[u8]) -> bool {
+        let Ok(s) = postcard::from_bytes::<EpochStart>(state) else { return false };
+        let (epoch, last_tick, period_us) = (s.def.epoch, s.def.last_tick, s.def.period_us);
+        let Some((keys, c)) = s.def.config(&self.cfg).filter(|(k, _)| k.len() >= 4 && period_us > 0) else {
+            return false;
+        };
+        let mut validator = Validator::new(c, self.key.clone(), keys.clone(), now);
+        validator.join_at(now, metatopia_consensus::View(s.view));
+        tracing::info!(epoch, view = s.view, validators = keys.len(), "joining: following the sim's current epoch");
+        self.current = Instance { epoch, keys, validator, last_tick, period_us };
+        self.previous = None;
+        let early = std::mem::take(&mut self.early);
+        for (from, epoch, msg) in early {
+            self.route(now, from, epoch, msg);
+        }
+        self.drain();
+        true
+    }
+    fn hold(&mut self, now: Micros) {
+        self.current.validator.join_at(now, metatopia_consensus::View(0));
+    }
+    fn commit_from(&mut self, now: Micros, tick: u64) {
+        self.current.validator.commit_from(now, tick);
+        self.drain();
     }
     fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
         let inst = &self.current;
@@ -339,12 +402,6 @@ impl Agreement for Epochs {
             .peer_roots(tick)
             .map(|m| m.iter().filter_map(|(v, d)| inst.peer(&self.peers, *v).map(|p| (p, *d))).collect())
             .unwrap_or_default()
-    }
-}
-
-impl Epochs {
-    fn cfg_anchor(&self) -> Option<Anchor> {
-        self.current.validator.anchor().cloned()
     }
 }
 

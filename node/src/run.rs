@@ -44,9 +44,20 @@ pub struct InitArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub dir: DirArgs,
-    /// Listen here instead of the config's `listen`.
+    /// Listen here instead of the config's `listen` (with --join and no config yet: default
+    /// 127.0.0.1:7100).
     #[arg(long, env = "METATOPIA_LISTEN")]
     pub listen: Option<std::net::SocketAddr>,
+    /// Listen for peers over QUIC here instead of the config's `quic` (with --join and no config
+    /// yet: default the listen port + 2000).
+    #[arg(long, env = "METATOPIA_QUIC")]
+    pub quic: Option<std::net::SocketAddr>,
+    /// Join a running sim through the node at KEY@HOST:PORT (its join address, as `init` and
+    /// `devnet` print it): with no config yet, fetch the sim's config (and scenario files) from
+    /// it; with no state yet, start from a snapshot that 2f+1 validators certify, then follow.
+    /// The node follows (and serves clients) until the admin admits its key as a validator.
+    #[arg(long, env = "METATOPIA_JOIN", value_name = "KEY@HOST:PORT")]
+    pub join: Option<String>,
     /// Serve HTTP (health, metrics, the API of `stats` and `admin`) here instead of the config's
     /// `http` (default: the peers' port + 1000).
     #[arg(long, env = "METATOPIA_HTTP")]
@@ -92,6 +103,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
                 quic: Some(quic),
                 observer: false,
             }],
+            join: None,
         };
         metatopia_node::store::write_atomic(&path, cfg.commented().as_bytes())?;
         println!("wrote {}: add the sim's other validators (at least 4 in all) before `metatopia run`", path.display());
@@ -201,19 +213,40 @@ impl Meter {
 
 async fn node(args: RunArgs) -> anyhow::Result<()> {
     let dir = DataDir::open(&args.dir.data_dir)?;
+    if !dir.config_path().exists() {
+        let Some(join) = &args.join else {
+            anyhow::bail!(
+                "{} has no config.toml: run `metatopia init` first, or give --join KEY@HOST:PORT to join a running sim",
+                dir.root().display()
+            );
+        };
+        fetch_config(&dir, &args, join).await?;
+    }
     let mut cfg = NodeConfig::load(&dir.config_path())?;
     if let Some(l) = args.listen {
         cfg.listen = l;
+    }
+    if let Some(q) = args.quic {
+        cfg.quic = Some(q);
+    }
+    if let Some(j) = &args.join {
+        metatopia_node::config::parse_join(j).context("--join")?;
+        cfg.join = Some(j.clone());
     }
     if let Some(b) = args.bots {
         cfg.bots.events_per_tick = b;
     }
     let key = dir.key()?;
     let keys = cfg.keys()?;
-    let me = keys
-        .iter()
-        .position(|k| *k == key.verifying_key())
-        .context("this node's key is not among the config's [[validators]] entries (validators and observers; joining unlisted with --join is not built yet)")?;
+    let me = match keys.iter().position(|k| *k == key.verifying_key()) {
+        Some(i) => i,
+        // A node in no list follows through the node it joined (and the listed ones).
+        None if cfg.join.is_some() => keys.len(),
+        None => anyhow::bail!(
+            "this node's key is not among the config's [[validators]] entries (validators and observers): add it there, or start with --join KEY@HOST:PORT to follow the sim through a node of it"
+        ),
+    };
+    let unlisted = me == keys.len();
     let genesis_validators = cfg.genesis_validators()?;
     let (demo, physics_kind) = demo_of(&cfg)?;
     let consensus = Config {
@@ -280,6 +313,11 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         .defer_execution()
         .verify_ahead();
     let from = core.sim().world().tick().0;
+    // A node that joined and has no state of its own yet starts from a certified snapshot.
+    let fresh = from == 0 && recovery.records.is_empty() && dir.read_consensus_state()?.is_none();
+    if cfg.join.is_some() && fresh {
+        core = core.joining();
+    }
     let mut replayed = 0;
     for rec in recovery.records.iter().filter(|r| r.tick >= from) {
         core.replay(rec).map_err(|e| anyhow::anyhow!("replaying the log: {e}"))?;
@@ -289,18 +327,34 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     println!(
         "node {me} of {} ({}): {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}",
         keys.len(),
-        if core.agreement().index().is_some() { "a validator" } else { "an observer: it follows until admitted" },
+        if core.agreement().index().is_some() {
+            "a validator"
+        } else if unlisted {
+            "joined through another node, in no list: it follows until admitted"
+        } else {
+            "an observer: it follows until admitted"
+        },
         core.sim().world().sim(),
         core.sim().world().objects().len(),
         core.sim().world().tick()
     );
 
-    let peers: Vec<PeerAddr> = cfg
+    let mut peers: Vec<PeerAddr> = cfg
         .validators
         .iter()
         .zip(&keys)
         .map(|(v, k)| PeerAddr { key: *k, tcp: Some(v.address), quic: v.quic })
         .collect();
+    if let Some(j) = &cfg.join {
+        let (k, addr) = metatopia_node::config::parse_join(j)?;
+        if !keys.contains(&k) {
+            peers.push(PeerAddr { key: k, tcp: Some(addr), quic: None });
+        }
+    }
+    if core.is_joining() {
+        println!("joining: asking the sim's nodes for a snapshot that 2f+1 validators certify");
+    }
+    let sim_info = sim_info(&cfg)?;
     let (mesh, mut inbox) = Mesh::start(&key, cfg.listen, cfg.quic, peers)
         .await
         .with_context(|| format!("listening for peers on tcp {} and quic {:?}", cfg.listen, cfg.quic))?;
@@ -390,6 +444,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             }
             m = inbox.recv() => {
                 match m {
+                    Some(MeshEvent::Message(from, NodeMsg::SimInfoRequest)) => mesh.send(from.0, &sim_info),
                     Some(MeshEvent::Message(from, msg)) => core.handle_message(now_us(), from, msg),
                     Some(MeshEvent::Joined { index, key }) => {
                         println!("a node outside the config connected: {} (peer {index})", metatopia_sim::ids::hex(key.as_bytes()));
@@ -531,13 +586,19 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                         path.display()
                     );
                 }
-                CoreOutput::Resynced { tick, certified_by, snapshot } => {
+                CoreOutput::Resynced { tick, certified_by, snapshot, joined } => {
                     meter.status.desynced = None;
                     // The state the log replays on top of after a restart.
                     dir.write_snapshot(tick, &snapshot)?;
-                    println!(
-                        "resynced: took the state of tick {tick} that {certified_by} validators certify; executing again"
-                    );
+                    if joined {
+                        println!(
+                            "joined: took the state of tick {tick} that {certified_by} validators certify; following"
+                        );
+                    } else {
+                        println!(
+                            "resynced: took the state of tick {tick} that {certified_by} validators certify; executing again"
+                        );
+                    }
                 }
                 other => sends.push(other),
             }
@@ -660,4 +721,115 @@ fn write_desync_report(root: &Path, r: &DesyncReport) -> anyhow::Result<PathBuf>
     std::fs::write(dir.join("roots.txt"), roots)?;
     std::fs::write(dir.join("last-inputs.bin"), postcard::to_allocvec(&r.last_inputs)?)?;
     Ok(dir)
+}
+
+/// What a node joining this sim is sent (`run --join`): the sim's part of this node's config,
+/// and the scenario file and scripts it names (relative paths: `scenario.toml`, `scripts/…`).
+fn sim_info(cfg: &NodeConfig) -> anyhow::Result<NodeMsg> {
+    let mut shared = cfg.clone();
+    shared.http = None;
+    shared.bots = Default::default();
+    shared.join = None;
+    let mut files = Vec::new();
+    if let Some(path) = &cfg.world.scenario {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        files.push(("scenario.toml".to_owned(), text));
+        shared.world.scenario = Some(PathBuf::from("scenario.toml"));
+        let scripts =
+            cfg.world.scripts.clone().unwrap_or_else(|| path.parent().unwrap_or(Path::new(".")).join("../scripts"));
+        let mut names: Vec<PathBuf> = std::fs::read_dir(&scripts)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        names.sort();
+        for p in names.into_iter().filter(|p| p.extension().is_some_and(|e| e == "rhai")).take(MAX_SIM_FILES) {
+            if let (Some(name), Ok(text)) = (p.file_name().and_then(|n| n.to_str()), std::fs::read_to_string(&p)) {
+                files.push((format!("scripts/{name}"), text));
+            }
+        }
+        shared.world.scripts = Some(PathBuf::from("scripts"));
+    }
+    let config = toml::to_string(&shared).context("encoding the sim's config")?;
+    let msg = NodeMsg::SimInfo { config, files };
+    anyhow::ensure!(
+        msg.encode().len() < metatopia_node::net::MAX_FRAME as usize,
+        "the sim's scenario and scripts are over {} bytes: too big to send to joining nodes",
+        metatopia_node::net::MAX_FRAME
+    );
+    Ok(msg)
+}
+
+/// Files a sim's description may carry.
+const MAX_SIM_FILES: usize = 512;
+
+/// `run --join` with no config: ask the node at the join address for the sim's config and
+/// files, and write them into the data directory as this node's.
+async fn fetch_config(dir: &DataDir, args: &RunArgs, join: &str) -> anyhow::Result<()> {
+    let (their_key, addr) = metatopia_node::config::parse_join(join).context("--join")?;
+    let key = dir.key()?;
+    let listen = args.listen.unwrap_or_else(|| ([127, 0, 0, 1], 7100).into());
+    let quic = match args.quic {
+        Some(q) => q,
+        None => std::net::SocketAddr::new(
+            listen.ip(),
+            listen.port().checked_add(2000).context("--listen's port + 2000 is not a port: give --quic")?,
+        ),
+    };
+    println!("joining through {join}: asking it for the sim's config");
+    // A throwaway mesh on an ephemeral port: the node's own starts once the config is written.
+    let local = std::net::SocketAddr::new(listen.ip(), 0);
+    let bootstrap = PeerAddr { key: their_key, tcp: Some(addr), quic: None };
+    let (mesh, mut rx) = Mesh::start(&key, local, None, vec![bootstrap]).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut ask = tokio::time::interval(Duration::from_millis(500));
+    let (config, files) = loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => anyhow::bail!(
+                "no answer from {join} within 30 s: is a node of the sim running there, with that key?"
+            ),
+            _ = ask.tick() => if mesh.connected() > 0 {
+                mesh.send(0, &NodeMsg::SimInfoRequest);
+            },
+            m = rx.recv() => match m {
+                Some(MeshEvent::Message(from, NodeMsg::SimInfo { config, files })) if from.0 == 0 => break (config, files),
+                Some(_) => {}
+                None => anyhow::bail!("the mesh stopped"),
+            },
+        }
+    };
+    drop(mesh);
+    let mut cfg: NodeConfig =
+        toml::from_str(&config).map_err(|e| anyhow::anyhow!("the config {join} sent does not load: {e}"))?;
+    let world = dir.root().join("world");
+    std::fs::create_dir_all(world.join("scripts"))?;
+    for (name, text) in &files {
+        // Only `scenario.toml` and `scripts/NAME.rhai`, never a path that leaves the directory.
+        let ok = name == "scenario.toml"
+            || name.strip_prefix("scripts/").is_some_and(|n| {
+                !n.is_empty()
+                    && n.ends_with(".rhai")
+                    && n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                    && !n.starts_with('.')
+            });
+        anyhow::ensure!(ok, "{join} sent a file named {name:?}: refused (only scenario.toml and scripts/*.rhai)");
+        metatopia_node::store::write_atomic(&world.join(name), text.as_bytes())?;
+    }
+    if cfg.world.scenario.is_some() {
+        cfg.world.scenario = Some(world.join("scenario.toml"));
+        cfg.world.scripts = Some(world.join("scripts"));
+    }
+    cfg.listen = listen;
+    cfg.quic = Some(quic);
+    cfg.http = args.http;
+    cfg.bots = Default::default();
+    cfg.join = Some(join.to_owned());
+    cfg.check().with_context(|| format!("the config {join} sent"))?;
+    metatopia_node::store::write_atomic(&dir.config_path(), cfg.commented().as_bytes())?;
+    println!(
+        "wrote {} ({} validators, {} Hz, {} files of the world)",
+        dir.config_path().display(),
+        cfg.validators.len(),
+        cfg.tick_rate_hz,
+        files.len()
+    );
+    Ok(())
 }

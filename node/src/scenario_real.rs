@@ -136,6 +136,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
                 events_per_tick: if usize::from(spec.bots.node) == i { spec.bots.events_per_tick } else { 0 },
             },
             validators: validators.clone(),
+            join: None,
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }

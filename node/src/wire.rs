@@ -16,6 +16,17 @@ pub enum NodeMsg {
     /// The sender's state after executing ticks `0..tick` (an encoded `Snapshot`). Trusted by
     /// the receiver only when its root is the one 2f+1 validators reported for `tick - 1`.
     Snapshot { tick: u64, bytes: Vec<u8> },
+    /// "Send me what a new node of this sim needs to start": from `run --join`.
+    SimInfoRequest,
+    /// The sim's description: its config (`config.toml` without this node's own settings) and
+    /// the files it names (the scenario and its scripts), by relative path.
+    SimInfo { config: String, files: Vec<(String, String)> },
+    /// "Send me your state and where your agreement is": from a node joining the running sim.
+    JoinRequest,
+    /// The answer: a snapshot as in `Snapshot`, and the sender's agreement state (its epoch and
+    /// view) to follow from. The joiner trusts the snapshot only when its root is the one f+1
+    /// validators of that epoch reported.
+    JoinSnapshot { tick: u64, bytes: Vec<u8>, agreement: Vec<u8> },
 }
 
 /// Why bytes are not a node message.
@@ -53,6 +64,10 @@ impl NodeMsg {
             NodeMsg::Consensus { msg, .. } => msg.kind(),
             NodeMsg::SnapshotRequest => "snapshot-request",
             NodeMsg::Snapshot { .. } => "snapshot",
+            NodeMsg::SimInfoRequest => "sim-info-request",
+            NodeMsg::SimInfo { .. } => "sim-info",
+            NodeMsg::JoinRequest => "join-request",
+            NodeMsg::JoinSnapshot { .. } => "join-snapshot",
         }
     }
 }

@@ -70,6 +70,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
             world: WorldConfig { objects: 120, players: 8, ..WorldConfig::default() },
             bots: BotsConfig { events_per_tick: if i == 0 { 8 } else { 0 } },
             validators: validators.clone(),
+            join: None,
         };
         write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
     }
@@ -207,6 +208,57 @@ fn a_validator_killed_and_restarted_with_a_torn_log_catches_up_and_agrees() {
     let warned = nodes[2].stderr.lock().unwrap().clone();
     assert!(warned.contains("cut 7 bytes off the commit log"), "{warned}");
     assert!(assert_same_roots(&roots) > 30);
+}
+
+#[test]
+fn a_node_in_no_config_joins_through_a_join_address_from_a_certified_snapshot_and_follows() {
+    let dirs = setup("join", 4, 20);
+    let roots: Roots = Arc::default();
+    let mut nodes: Vec<Node> = dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &[])).collect();
+    wait_for("tick 200 on node 0", Duration::from_secs(300), || highest(&roots, 0) >= Some(199));
+
+    // A new node with an empty data directory: only node 1's join address.
+    let cfg = NodeConfig::load(&DataDir::open(&dirs[1]).unwrap().config_path()).unwrap();
+    let join = format!("{}@{}", cfg.validators[1].key, cfg.validators[1].address);
+    let joiner = dirs[0].parent().unwrap().join("joiner");
+    let ports = free_ports(2);
+    let quic = metatopia_node::net::free_udp_ports(1).unwrap();
+    let (listen, quic, http) =
+        (format!("127.0.0.1:{}", ports[0]), format!("127.0.0.1:{}", quic[0]), format!("127.0.0.1:{}", ports[1]));
+    let args = ["--join", &join, "--listen", &listen, "--quic", &quic, "--http", &http];
+    nodes.push(start(4, &joiner, &roots, &args));
+    let joined = |out: &str| -> Option<u64> {
+        out.split("joined: took the state of tick ").nth(1)?.split(' ').next()?.parse().ok()
+    };
+    wait_for("the new node to join", Duration::from_secs(120), || joined(&nodes[4].stdout.lock().unwrap()).is_some());
+    let at = joined(&nodes[4].stdout.lock().unwrap()).unwrap();
+    wait_for("the new node to follow 100 ticks", Duration::from_secs(300), || {
+        highest(&roots, 4).is_some_and(|t| t >= at + 100)
+    });
+    let out = nodes[4].stdout.lock().unwrap().clone();
+    assert!(out.contains("in no list"), "{out}");
+    // It took a snapshot: it never executed the ticks before it.
+    let first = roots.lock().unwrap().keys().filter(|(n, _)| *n == 4).map(|(_, t)| *t).min().unwrap();
+    assert!(first >= at && at >= 199, "joined at {at}, first tick reported {first}");
+    // Its config came from node 1, with this node's own addresses.
+    let written = NodeConfig::load(&DataDir::open(&joiner).unwrap().config_path()).unwrap();
+    assert_eq!(written.validators, cfg.validators);
+    assert_eq!((written.listen.to_string(), written.join.as_deref()), (listen.clone(), Some(join.as_str())));
+    for n in &mut nodes {
+        interrupt(n);
+    }
+    assert!(assert_same_roots(&roots) > 4 * 6, "the joiner's roots were compared with the others'");
+
+    // Restarted, it goes on from its own snapshot and log, without asking again.
+    let mut again = start(4, &joiner, &roots, &[]);
+    wait_for("the restarted joiner's first lines", Duration::from_secs(60), || {
+        again.stdout.lock().unwrap().contains("listening on")
+    });
+    interrupt(&mut again);
+    let out = again.stdout.lock().unwrap().clone();
+    assert!(out.contains("in no list") && !out.contains("joining:"), "{out}");
+    let now: u64 = out.split("now at tick ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
+    assert!(now >= at + 100, "{out}");
 }
 
 #[test]
@@ -473,4 +525,56 @@ fn the_admins_tick_rate_takes_effect_at_the_next_epoch_boundary_on_every_node() 
             .collect();
         assert!(roots.iter().all(|r| *r == roots[0]), "tick {t}: {roots:?}");
     }
+}
+
+#[test]
+fn a_joined_node_admitted_by_the_admin_votes_from_the_next_epoch_and_its_votes_count() {
+    use metatopia_node::http::{Client, Status};
+    // 20 Hz, epochs of 40 ticks; the admin is "ada".
+    let mut cluster = common::Cluster::start("admit-joined", "validator-admission.toml");
+    let ports = free_ports(2);
+    let quic = metatopia_node::net::free_udp_ports(1).unwrap();
+    let http = format!("127.0.0.1:{}", ports[1]);
+    let joiner = cluster.root.join("joiner");
+    let key = metatopia_sim::ids::hex(DataDir::open(&joiner).unwrap().key().unwrap().verifying_key().as_bytes());
+    let _node = common::Kill(
+        Command::new(env!("CARGO_BIN_EXE_metatopia"))
+            .args(["run", "--join", &cluster.join[1], "--data-dir"])
+            .arg(&joiner)
+            .args(["--listen", &format!("127.0.0.1:{}", ports[0]), "--quic", &format!("127.0.0.1:{}", quic[0])])
+            .args(["--http", &http])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let status = || Client::new(&http).get::<Status>("/v1/status").ok().flatten();
+    wait_for("the new node to follow", Duration::from_secs(120), || status().is_some_and(|s| s.tick > 0));
+    assert!(!status().unwrap().voting);
+
+    let admin = cluster.root.join("ada.key");
+    metatopia_node::store::write_key(&admin, &metatopia_node::scenario::account_key("ada")).unwrap();
+    let admin = admin.to_str().unwrap();
+    let (ok, out, err) = cli(&["admin", "--node", &cluster.http[1], "--key", admin, "login", "ada"]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = cli(&["admin", "--node", &cluster.http[2], "--key", admin, "admit-validator", &key]);
+    assert!(ok && out.contains("executed at tick"), "{out}{err}");
+    wait_for("the new node to vote", Duration::from_secs(60), || status().is_some_and(|s| s.voting));
+    wait_for("five validators everywhere", Duration::from_secs(60), || {
+        (0..4).all(|i| cluster.status(i).is_some_and(|s| s.validators == 5))
+    });
+
+    // Two of the five stop: 1, 2 and the new node are a quorum (3 of n = 5) only with its votes.
+    cluster.nodes[0] = None;
+    cluster.nodes[3] = None;
+    let from = cluster.status(1).unwrap().tick;
+    wait_for("40 more ticks without nodes 0 and 3", Duration::from_secs(120), || {
+        cluster.status(1).is_some_and(|s| s.tick >= from + 40)
+    });
+    let (a, b) = (cluster.status(1).unwrap().tick, status().unwrap().tick);
+    let t = a.min(b).saturating_sub(5);
+    let root = |h: &str| {
+        Client::new(h).get::<metatopia_node::http::RootView>(&format!("/v1/roots/{t}")).unwrap().unwrap().root
+    };
+    assert_eq!(root(&cluster.http[1]), root(&http), "tick {t}");
 }

@@ -71,6 +71,7 @@ impl Cluster {
                 world: WorldConfig { scenario: Some(world.clone()), ..WorldConfig::default() },
                 bots: BotsConfig::default(),
                 validators: validators.clone(),
+                join: None,
             };
             write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
         }
