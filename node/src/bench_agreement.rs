@@ -1,8 +1,9 @@
 //! `metatopia bench agreement`: 4 validators in this process, connected over real loopback TCP
-//! (tokio, length-prefixed frames, `TCP_NODELAY`), committing one tick per period with a load
-//! of signed sim events. Reports the commit latency per tick (leader proposes → each validator
-//! holds the finalization) and its ratio to the loopback round trip measured on the same
-//! connections in the same run.
+//! (tokio, length-prefixed frames, `TCP_NODELAY`), or with `--transport libp2p` over the node's
+//! own mesh (`node::net`: libp2p, QUIC), committing one tick per period with a load of signed
+//! sim events. Reports the commit latency per tick (leader proposes → each validator holds the
+//! finalization) and its ratio to the round trip measured on the same connections in the same
+//! run.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,10 @@ pub struct AgreementArgs {
     /// Signed events submitted per tick.
     #[arg(long, default_value_t = 1_000)]
     events_per_tick: usize,
+    /// `tcp`: plain TCP between the validators (the agreement alone); `libp2p`: the node's mesh
+    /// (QUIC, encrypted, multiplexed), what real nodes use.
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "libp2p"])]
+    transport: String,
 }
 
 use metatopia_node::frames::{MAX_FRAME, read_frame, write_frame, write_frames};
@@ -57,13 +62,19 @@ async fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     let vks: Vec<VerifyingKey> = keys.iter().map(|k| k.verifying_key()).collect();
     let total_ticks = args.ticks + u64::from(args.rate_hz) + 5;
     println!(
-        "bench agreement: {n} validators on loopback TCP, {} Hz, {} signed events per tick, {} ticks measured",
-        args.rate_hz, args.events_per_tick, args.ticks
+        "bench agreement: {n} validators on loopback ({}), {} Hz, {} signed events per tick, {} ticks measured",
+        if args.transport == "libp2p" { "the node's libp2p mesh" } else { "plain TCP" },
+        args.rate_hz,
+        args.events_per_tick,
+        args.ticks
     );
     print!("signing {} events ... ", total_ticks as usize * args.events_per_tick);
     let events = sign_events(total_ticks as usize * args.events_per_tick);
     println!("done ({} bytes each)", events.first().map_or(0, Vec::len));
 
+    if args.transport == "libp2p" {
+        return bench_libp2p(args, keys, vks, events, total_ticks).await;
+    }
     // Full mesh: listeners first, then every pair connects once.
     let mut listeners = Vec::new();
     for _ in 0..n {
@@ -87,22 +98,9 @@ async fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         rtt.as_secs_f64() * 1e6
     );
 
-    let shared = Arc::new(Shared {
-        start: Instant::now(),
-        proposed: Mutex::new(BTreeMap::new()),
-        finalized: Mutex::new(Vec::new()),
-        committed: Mutex::new(Vec::new()),
-        handling: Mutex::new(BTreeMap::new()),
-    });
-    let period_us = 1_000_000 / u64::from(args.rate_hz);
-    let cfg = Config {
-        period_us,
-        leader_timeout_us: 200_000,
-        notarize_timeout_us: 400_000,
-        retry_us: 200_000,
-        max_batch_events: args.events_per_tick * 2,
-        ..Config::default()
-    };
+    let shared = new_shared();
+    let cfg = config_for(&args);
+    let period_us = cfg.period_us;
     let mut inboxes = Vec::new();
     let mut event_txs = Vec::new();
     let mut writers: BTreeMap<u16, BTreeMap<u16, mpsc::UnboundedSender<Frame>>> = BTreeMap::new();
@@ -140,11 +138,146 @@ async fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         // Each validator verifies signatures itself (its own cache), as separate machines would.
         let own = Config { sig_cache: Default::default(), ..cfg.clone() };
         let v = Validator::new(own, keys[i as usize].clone(), vks.clone(), 0);
-        tasks.push(tokio::spawn(validator_loop(v, inbox, evs, peers, shared.clone(), total_ticks)));
+        tasks.push(tokio::spawn(validator_loop(v, inbox, evs, peers, shared.clone(), total_ticks, false)));
     }
-
-    // Load: events_per_tick per period, spread round-robin over the validators.
     let etx: Vec<_> = event_txs.iter().map(|(t, _)| t.clone()).collect();
+    load(&args, etx, events, period_us, total_ticks).await;
+    report(&shared, &args, rtt);
+    for t in tasks {
+        t.abort();
+    }
+    Ok(())
+}
+
+fn config_for(args: &AgreementArgs) -> Config {
+    Config {
+        period_us: 1_000_000 / u64::from(args.rate_hz),
+        leader_timeout_us: 200_000,
+        notarize_timeout_us: 400_000,
+        retry_us: 200_000,
+        max_batch_events: args.events_per_tick * 2,
+        ..Config::default()
+    }
+}
+
+fn new_shared() -> Arc<Shared> {
+    Arc::new(Shared {
+        start: Instant::now(),
+        proposed: Mutex::new(BTreeMap::new()),
+        finalized: Mutex::new(Vec::new()),
+        committed: Mutex::new(Vec::new()),
+        handling: Mutex::new(BTreeMap::new()),
+    })
+}
+
+/// The same bench over the node's libp2p mesh: each validator has its own swarm (QUIC on
+/// loopback), and consensus messages travel as `NodeMsg::Consensus` frames, as between nodes.
+async fn bench_libp2p(
+    args: AgreementArgs,
+    keys: Vec<SigningKey>,
+    vks: Vec<VerifyingKey>,
+    events: Vec<Vec<u8>>,
+    total_ticks: u64,
+) -> anyhow::Result<()> {
+    use metatopia_node::net::{Mesh, MeshEvent, PeerAddr, free_udp_ports};
+    use metatopia_node::wire::NodeMsg;
+    let n = usize::from(args.validators);
+    let tcp: Vec<std::net::SocketAddr> = {
+        // Free ports: bound, read and let go.
+        let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+        ls.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?
+    };
+    let udp: Vec<std::net::SocketAddr> =
+        free_udp_ports(n)?.into_iter().map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))).collect();
+    let peers: Vec<PeerAddr> =
+        (0..n).map(|i| PeerAddr { key: vks[i], tcp: Some(tcp[i]), quic: Some(udp[i]) }).collect();
+    let mut meshes = Vec::new();
+    for i in 0..n {
+        meshes.push(Mesh::start(&keys[i], tcp[i], Some(udp[i]), peers.clone()).await?);
+    }
+    let t0 = Instant::now();
+    while meshes.iter().any(|(m, _)| m.connected() < n - 1) {
+        anyhow::ensure!(t0.elapsed() < Duration::from_secs(30), "the meshes did not connect within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let via: Vec<&str> = meshes[0].0.transports().values().copied().collect();
+    // Round trip: a 64-byte message there and back, validator 0 and each other in turn.
+    let mut samples = Vec::new();
+    let ping = NodeMsg::Snapshot { tick: 0, bytes: vec![7; 64] };
+    for j in 1..n {
+        for _ in 0..200 {
+            let t = Instant::now();
+            meshes[0].0.send(j as u16, &ping);
+            loop {
+                if let Some(MeshEvent::Message(_, m)) = meshes[j].1.recv().await {
+                    meshes[j].0.send(0, &m);
+                    break;
+                }
+            }
+            loop {
+                if let Some(MeshEvent::Message(..)) = meshes[0].1.recv().await {
+                    break;
+                }
+            }
+            samples.push(t.elapsed());
+        }
+    }
+    samples.sort();
+    let rtt = samples[samples.len() / 2];
+    println!(
+        "libp2p round trip (64-byte message there and back over the mesh, via {via:?}): p50 {:.1} µs",
+        rtt.as_secs_f64() * 1e6
+    );
+    let shared = new_shared();
+    let cfg = config_for(&args);
+    let mut tasks = Vec::new();
+    let mut etx = Vec::new();
+    for (i, (mesh, mut rx)) in meshes.into_iter().enumerate() {
+        let (tx, inbox) = mpsc::unbounded_channel::<(ValidatorIndex, Message)>();
+        tasks.push(tokio::spawn(async move {
+            while let Some(e) = rx.recv().await {
+                if let MeshEvent::Message(from, NodeMsg::Consensus { msg, .. }) = e
+                    && tx.send((from, msg)).is_err()
+                {
+                    return;
+                }
+            }
+        }));
+        let mut writers = BTreeMap::new();
+        for j in (0..n as u16).filter(|j| usize::from(*j) != i) {
+            let (wtx, mut wrx) = mpsc::unbounded_channel::<Frame>();
+            let mesh = mesh.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(f) = wrx.recv().await {
+                    mesh.send_frame(j, f);
+                }
+            }));
+            writers.insert(j, wtx);
+        }
+        let (e, erx) = mpsc::unbounded_channel::<Vec<Vec<u8>>>();
+        etx.push(e);
+        let own = Config { sig_cache: Default::default(), ..cfg.clone() };
+        let v = Validator::new(own, keys[i].clone(), vks.clone(), 0);
+        tasks.push(tokio::spawn(validator_loop(v, inbox, erx, writers, shared.clone(), total_ticks, true)));
+        // (The mesh lives as long as its writer tasks hold it.)
+        drop(mesh);
+    }
+    load(&args, etx, events, cfg.period_us, total_ticks).await;
+    report(&shared, &args, rtt);
+    for t in tasks {
+        t.abort();
+    }
+    Ok(())
+}
+
+/// Load: events_per_tick per period, spread round-robin over the validators.
+async fn load(
+    args: &AgreementArgs,
+    etx: Vec<mpsc::UnboundedSender<Vec<Vec<u8>>>>,
+    events: Vec<Vec<u8>>,
+    period_us: u64,
+    total_ticks: u64,
+) {
     let period = Duration::from_micros(period_us);
     let mut next = Instant::now();
     let mut events = events.into_iter();
@@ -159,11 +292,6 @@ async fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         tokio::time::sleep_until(next.into()).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    report(&shared, &args, rtt);
-    for t in tasks {
-        t.abort();
-    }
-    Ok(())
 }
 
 async fn validator_loop(
@@ -173,7 +301,16 @@ async fn validator_loop(
     peers: BTreeMap<u16, mpsc::UnboundedSender<Frame>>,
     shared: Arc<Shared>,
     until_tick: u64,
+    // Frames are `NodeMsg::Consensus` (the node's mesh) rather than bare messages.
+    node_frames: bool,
 ) {
+    let encode = |m: Message| {
+        if node_frames {
+            Arc::new(metatopia_node::wire::NodeMsg::Consensus { epoch: 0, msg: m }.encode())
+        } else {
+            Arc::new(m.encode())
+        }
+    };
     let me = v.index().expect("every bench node is a validator").0;
     let micros = |s: &Shared| s.start.elapsed().as_micros() as u64;
     loop {
@@ -216,14 +353,14 @@ async fn validator_loop(
                     if let Message::Propose { block, .. } = &m {
                         shared.proposed.lock().expect("not poisoned").insert(block.digest(), at);
                     }
-                    let frame = Arc::new(m.encode());
+                    let frame = encode(m);
                     for tx in peers.values() {
                         let _ = tx.send(frame.clone());
                     }
                 }
                 Output::Send(to, m) => {
                     if let Some(tx) = peers.get(&to.0) {
-                        let _ = tx.send(Arc::new(m.encode()));
+                        let _ = tx.send(encode(m));
                     }
                 }
                 Output::Finalized { digest, .. } => {

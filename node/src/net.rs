@@ -250,15 +250,23 @@ impl Mesh {
     }
 
     pub fn send(&self, to: u16, msg: &NodeMsg) {
-        if let Some((_, w)) = lock(&self.shared.writers).get(&to) {
-            let frame = msg.encode();
-            metrics::counter!("metatopia_net_bytes_out_total").increment(frame.len() as u64 + 4);
-            let _ = w.send(Arc::new(frame));
-        }
+        self.send_frame(to, Arc::new(msg.encode()));
     }
 
     pub fn broadcast(&self, msg: &NodeMsg) {
-        let frame = Arc::new(msg.encode());
+        self.broadcast_frame(Arc::new(msg.encode()));
+    }
+
+    /// Send an encoded [`NodeMsg`] (encoded once for many sends).
+    pub fn send_frame(&self, to: u16, frame: Arc<Vec<u8>>) {
+        if let Some((_, w)) = lock(&self.shared.writers).get(&to) {
+            metrics::counter!("metatopia_net_bytes_out_total").increment(frame.len() as u64 + 4);
+            let _ = w.send(frame);
+        }
+    }
+
+    /// Send an encoded [`NodeMsg`] to every connected peer.
+    pub fn broadcast_frame(&self, frame: Arc<Vec<u8>>) {
         let writers = lock(&self.shared.writers);
         metrics::counter!("metatopia_net_bytes_out_total").increment((frame.len() as u64 + 4) * writers.len() as u64);
         for (_, w) in writers.values() {

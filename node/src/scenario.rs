@@ -290,6 +290,8 @@ pub fn run(
         faults.iter().filter(|f| f.kind == kind).filter_map(|f| f.node.map(|x| (x, f.clone()))).collect()
     };
     let (byzantine, twins, diverging) = (fault_of("byzantine"), fault_of("twin"), fault_of("diverge"));
+    // Observers that start late, with nothing on disk, and join the running sim.
+    let joiners: std::collections::BTreeSet<u16> = fault_of("join").into_keys().collect();
 
     let period_us = 1_000_000 / u64::from(w.tick_rate_hz);
     let cfg = Config {
@@ -362,20 +364,28 @@ pub fn run(
         let (physics, scale, nodes_of) = (w.physics.clone(), w.time_scale, nodes_of.clone());
         let key_of_node = key_of_node.clone();
         let genesis_n = usize::from(n);
+        let joiners = joiners.clone();
         c.set_restarter(Box::new(move |id, now, saved| {
             let k = key_of_node[id as usize] as usize;
             let saved: Saved = saved.and_then(|b| postcard::from_bytes(&b).ok()).unwrap_or_default();
+            // A joiner's first start: nothing of its own yet.
+            let join = joiners.contains(&(k as u16)) && saved.log.is_empty();
             let fresh = || {
                 let set = public[..genesis_n].to_vec();
                 Epochs::new(cfg.clone(), keys[k].clone(), public.clone(), set, epoch_ticks, now)
             };
             let e = match &saved.consensus {
-                Some(b) => Epochs::restore(cfg.clone(), keys[k].clone(), public.clone(), now, b).unwrap_or_else(fresh),
-                None => fresh(),
+                Some(b) if !join => {
+                    Epochs::restore(cfg.clone(), keys[k].clone(), public.clone(), now, b).unwrap_or_else(fresh)
+                }
+                _ => fresh(),
             };
             let sim = Sim::new(genesis_world.clone(), RhaiHost::default(), AnyPhysics::of(&physics), 1)
                 .expect("the genesis world loaded before");
             let mut core = NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1).with_time_scale(scale, 0);
+            if join {
+                core = core.joining();
+            }
             let mut log = Vec::new();
             for rec in &saved.log {
                 if core.replay(rec).is_err() {
@@ -405,6 +415,12 @@ pub fn run(
                 groups: f.groups.iter().flatten().map(|g| g.iter().map(|x| NodeId::from(*x)).collect()).collect(),
             }),
             "skew" => c.set_skew(NodeId::from(f.node.unwrap_or_default()), f.skew_ms.unwrap_or_default() * 1000),
+            "join" => {
+                // Down from the start (before it has done anything), up at `at_secs`.
+                let node = NodeId::from(f.node.unwrap_or_default());
+                c.schedule_fault(0, Fault::Crash(node));
+                c.schedule_fault(at.max(1), Fault::Restart(node));
+            }
             _ => {}
         }
     }
@@ -675,6 +691,34 @@ fn judge(
                     None => (false, "down or not an honest node".to_owned()),
                 };
                 verdict(format!("node {node} {}", if want { "votes" } else { "only follows" }), ok, detail)
+            }
+            "joined" => {
+                let node = NodeId::from(v.node.unwrap_or_default());
+                let p = c.node(node);
+                let at = p.and_then(|p| {
+                    p.log.iter().find_map(|o| match o {
+                        CoreOutput::Resynced { tick, certified_by, joined: true, .. } => Some((*tick, *certified_by)),
+                        _ => None,
+                    })
+                });
+                let (ok, detail) = match (p, at) {
+                    (Some(p), Some((tick, by))) => {
+                        let mine = p.executed_roots();
+                        let first = mine.keys().next().map_or(0, |t| t.0);
+                        let reference = &all_roots[0];
+                        let bad = mine.iter().find(|(t, r)| reference.get(t).is_some_and(|h| h != *r));
+                        match bad {
+                            Some((t, _)) => (false, format!("joined at tick {tick}, but differs at tick {t}")),
+                            None if first < tick => (false, format!("executed tick {first}, before its snapshot")),
+                            None => (
+                                mine.len() > 1,
+                                format!("from tick {tick} (certified by {by}); {} ticks in step since", mine.len()),
+                            ),
+                        }
+                    }
+                    _ => (false, "never joined".to_owned()),
+                };
+                verdict(format!("node {node} joined from a snapshot and agrees"), ok, detail)
             }
             "resynced" => {
                 let node = NodeId::from(v.node.unwrap_or_default());

@@ -113,6 +113,34 @@ impl Agreement for Actor {
             e.on_executed(now, tick, world);
         }
     }
+    // Joining is what epochs do (a joining node starts from a peer's epoch and view).
+    fn learn_peer(&mut self, index: u16, key: metatopia_consensus::VerifyingKey) {
+        if let Actor::Epochs(e) = self {
+            e.learn_peer(index, key);
+        }
+    }
+    fn join_state(&self) -> Option<Vec<u8>> {
+        match self {
+            Actor::Epochs(e) => e.join_state(),
+            _ => None,
+        }
+    }
+    fn join_from(&mut self, now: Micros, state: &[u8]) -> bool {
+        match self {
+            Actor::Epochs(e) => e.join_from(now, state),
+            _ => false,
+        }
+    }
+    fn commit_from(&mut self, now: Micros, tick: u64) {
+        if let Actor::Epochs(e) = self {
+            e.commit_from(now, tick);
+        }
+    }
+    fn hold(&mut self, now: Micros) {
+        if let Actor::Epochs(e) = self {
+            e.hold(now);
+        }
+    }
 }
 
 /// What a simulated node keeps on its "disk": its consensus state and its commit log.

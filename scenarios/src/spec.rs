@@ -289,7 +289,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 const BEHAVIOURS: [&str; 4] = ["equivocate", "double_vote", "invalid_signatures", "withhold"];
-const EXPECT_KINDS: [&str; 12] = [
+const EXPECT_KINDS: [&str; 13] = [
     "validator",
     "observer",
     "roots_equal",
@@ -301,6 +301,7 @@ const EXPECT_KINDS: [&str; 12] = [
     "no_desync",
     "desync",
     "resynced",
+    "joined",
     "object_text",
 ];
 
@@ -475,10 +476,20 @@ impl Scenario {
                     }
                 }
                 "twin" | "diverge" => {}
+                "join" => {
+                    if !v.node.is_some_and(|x| x >= n && x < total) {
+                        return Err(at(
+                            f.span(),
+                            format!("join needs an observer: `node` in {n}..{total} (add [validators] observers)"),
+                        ));
+                    }
+                }
                 other => {
                     return Err(at(
                         f.span(),
-                        format!("unknown fault kind {other:?}: crash, partition, skew, byzantine, twin or diverge"),
+                        format!(
+                            "unknown fault kind {other:?}: crash, partition, skew, byzantine, twin, diverge or join"
+                        ),
                     ));
                 }
             }
@@ -515,7 +526,9 @@ impl Scenario {
                         return Err(at(e.span(), format!("status must be executed or refused, not {status:?}")));
                     }
                 }
-                "desync" | "resynced" | "validator" | "observer" => need("node", v.node.is_some_and(|x| x < total))?,
+                "desync" | "resynced" | "joined" | "validator" | "observer" => {
+                    need("node", v.node.is_some_and(|x| x < total))?
+                }
                 _ => {}
             }
             if let Some(o) = &v.object
