@@ -392,7 +392,7 @@ async fn write_stream(mut control: libp2p_stream::Control, shared: Arc<Shared>, 
         if !lock(&shared.book).connected.contains(&peer) {
             return;
         }
-        let stream = match tokio::time::timeout(Duration::from_secs(5), control.open_stream(peer, PROTOCOL)).await {
+        let stream = match tokio::time::timeout(Duration::from_secs(5), open(&mut control, peer)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 tracing::debug!(%peer, "opening a stream: {e}");
@@ -415,7 +415,21 @@ async fn write_stream(mut control: libp2p_stream::Control, shared: Arc<Shared>, 
     }
 }
 
-/// Every stream peers open to this node: frames decoded and handed on.
+/// A stream to `peer` that its node has taken: it answers a new stream with one byte once it
+/// reads it. (Inbound streams the peer's libp2p cannot hand on at once are dropped there, so a
+/// stream is used only after that answer: nothing is written into a stream nobody reads.)
+async fn open(control: &mut libp2p_stream::Control, peer: PeerId) -> anyhow::Result<libp2p::Stream> {
+    let mut stream = control.open_stream(peer, PROTOCOL).await?;
+    let mut ack = [0u8; 1];
+    stream.read_exact(&mut ack).await?;
+    anyhow::ensure!(ack == [ACK], "the peer answered {ack:?}, not a stream acknowledgement");
+    Ok(stream)
+}
+
+/// The byte that acknowledges a stream.
+const ACK: u8 = 0x4d;
+
+/// Every stream peers open to this node: acknowledged, then frames decoded and handed on.
 async fn read_streams(
     mut incoming: libp2p_stream::IncomingStreams,
     shared: Arc<Shared>,
@@ -425,6 +439,9 @@ async fn read_streams(
         let Some(index) = number(&shared, &peer, &events, false) else { continue };
         let events = events.clone();
         tokio::spawn(async move {
+            if stream.write_all(&[ACK]).await.is_err() || stream.flush().await.is_err() {
+                return;
+            }
             while let Ok(frame) = read_frame(&mut stream).await {
                 metrics::counter!("metatopia_net_bytes_in_total").increment(frame.len() as u64 + 4);
                 match NodeMsg::decode(&frame, MAX_FRAME as usize) {

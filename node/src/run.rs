@@ -142,7 +142,8 @@ fn now_us() -> u64 {
 /// The genesis world a config describes: the seeded demo world (or the scenario file's), with
 /// the config's validators and tick rate in its governance state; and its physics.
 pub fn demo_of(cfg: &NodeConfig) -> anyhow::Result<(DemoWorld, String)> {
-    let keys = cfg.keys()?;
+    // The genesis set is the validators, not the observers (they vote once admitted).
+    let keys = cfg.genesis_validators()?;
     let validators: Vec<metatopia_sim::AccountId> =
         keys.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect();
     let (mut demo, physics) = match &cfg.world.scenario {
@@ -832,4 +833,39 @@ async fn fetch_config(dir: &DataDir, args: &RunArgs, join: &str) -> anyhow::Resu
         files.len()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observers_are_not_in_the_genesis_validator_set() {
+        let keys: Vec<_> =
+            (1..=5u8).map(|i| metatopia_consensus::SigningKey::from_bytes(&[i; 32]).verifying_key()).collect();
+        let cfg = NodeConfig {
+            listen: ([127, 0, 0, 1], 7000).into(),
+            quic: None,
+            http: None,
+            tick_rate_hz: 20,
+            snapshot_every: 640,
+            world: Default::default(),
+            bots: Default::default(),
+            validators: keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| ValidatorEntry {
+                    key: metatopia_sim::ids::hex(k.as_bytes()),
+                    address: ([127, 0, 0, 1], 7000 + i as u16).into(),
+                    quic: None,
+                    observer: i == 4,
+                })
+                .collect(),
+            join: None,
+        };
+        let (demo, _) = demo_of(&cfg).unwrap();
+        let set = &demo.world.governance().validators;
+        assert_eq!(set.len(), 4, "{set:?}");
+        assert!(!set.contains(&metatopia_sim::AccountId(keys[4].to_bytes())), "the observer votes only once admitted");
+    }
 }

@@ -40,11 +40,21 @@ impl Drop for Proc {
 }
 
 fn spawn(dir: &Path, out: &Arc<Mutex<String>>, err: &Arc<Mutex<String>>) -> anyhow::Result<Child> {
+    spawn_with(dir, &[], out, err)
+}
+
+fn spawn_with(
+    dir: &Path,
+    extra: &[String],
+    out: &Arc<Mutex<String>>,
+    err: &Arc<Mutex<String>>,
+) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("finding this program")?;
     let mut child = Command::new(exe)
         .arg("run")
         .arg("--data-dir")
         .arg(dir)
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -74,8 +84,8 @@ fn check_supported(spec: &Scenario, text: &str) -> anyhow::Result<()> {
     for f in &spec.faults {
         let k = f.get_ref().kind.as_str();
         anyhow::ensure!(
-            k == "crash" || k == "diverge",
-            "line {}: fault {k:?} is simulation-only; --real supports crash and diverge",
+            k == "crash" || k == "diverge" || k == "join",
+            "line {}: fault {k:?} is simulation-only; --real supports crash, diverge and join",
             Scenario::line_of(text, f.span())
         );
     }
@@ -99,9 +109,20 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     let ports = free_ports(2 * n)?;
     let quic = metatopia_node::net::free_udp_ports(n)?;
     let dirs: Vec<DataDir> = (0..n).map(|i| DataDir::open(&dir.join(format!("node-{i}")))).collect::<Result<_, _>>()?;
+    // Observers with a `join` fault are in no config: they start later with `run --join`.
+    let joiners: BTreeMap<usize, f64> = spec
+        .faults
+        .iter()
+        .map(|f| f.get_ref())
+        .filter(|f| f.kind == "join")
+        .filter_map(|f| f.node.map(|x| (usize::from(x), f.at_secs)))
+        .collect();
     let mut validators = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
         let key = d.key()?;
+        if joiners.contains_key(&i) {
+            continue;
+        }
         validators.push(ValidatorEntry {
             key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
             address: ([127, 0, 0, 1], ports[i]).into(),
@@ -118,10 +139,10 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         .filter(|f| f.get_ref().kind == "diverge")
         .filter_map(|f| f.get_ref().node.map(usize::from))
         .collect();
-    for (i, d) in dirs.iter().enumerate() {
+    for (i, d) in dirs.iter().enumerate().filter(|(i, _)| !joiners.contains_key(i)) {
         let cfg = NodeConfig {
-            listen: validators[i].address,
-            quic: validators[i].quic,
+            listen: ([127, 0, 0, 1], ports[i]).into(),
+            quic: Some(([127, 0, 0, 1], quic[i]).into()),
             http: Some(([127, 0, 0, 1], ports[n + i]).into()),
             tick_rate_hz: spec.world.tick_rate_hz,
             snapshot_every: 640,
@@ -141,23 +162,38 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }
     let node_cfg = NodeConfig::load(&dirs[0].config_path())?;
-    let keys = node_cfg.keys()?;
     let accounts: Vec<_> =
         node_cfg.genesis_validators()?.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect();
     let g = scenario::genesis(spec, opts.seed, opts, &accounts)?;
     let honest: Vec<usize> = (0..n).filter(|i| !diverging.contains(i)).collect();
 
     let mut procs: Vec<Proc> = Vec::new();
-    for d in &dirs {
+    for (i, d) in dirs.iter().enumerate() {
         let (out, err) = (Arc::default(), Arc::default());
-        let child = spawn(d.root(), &out, &err)?;
-        procs.push(Proc { child: Some(child), out, err });
+        let child = if joiners.contains_key(&i) { None } else { Some(spawn(d.root(), &out, &err)?) };
+        procs.push(Proc { child, out, err });
     }
+    // A joiner joins through node 0, with addresses of its own.
+    let join_args = |i: usize| -> Vec<String> {
+        let via = &validators[0];
+        vec![
+            "--join".into(),
+            format!("{}@{}", via.key, via.address),
+            "--listen".into(),
+            format!("127.0.0.1:{}", ports[i]),
+            "--quic".into(),
+            format!("127.0.0.1:{}", quic[i]),
+            "--http".into(),
+            format!("127.0.0.1:{}", ports[n + i]),
+        ]
+    };
+    let mut joins: std::collections::VecDeque<(f64, usize)> = joiners.iter().map(|(i, at)| (*at, *i)).collect();
+    joins.make_contiguous().sort_by(|a, b| a.0.total_cmp(&b.0));
     let clients: Vec<Client> = (0..n).map(|i| Client::new(&format!("127.0.0.1:{}", ports[n + i]))).collect();
     let status = |i: usize| clients[i].get::<Status>("/v1/status").ok().flatten();
     // Wait for the nodes to serve (the first tick is the start of the scenario's time).
     let t0 = Instant::now();
-    while !(0..n).all(|i| status(i).is_some()) {
+    while !(0..n).filter(|i| !joiners.contains_key(i)).all(|i| status(i).is_some()) {
         anyhow::ensure!(t0.elapsed() < Duration::from_secs(60), "the nodes did not start within 60 s");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -181,7 +217,8 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     let mut labelled: BTreeMap<String, EventId> = BTreeMap::new();
     let mut roles: BTreeMap<usize, Verdict> = BTreeMap::new();
     let mut submitted = 0;
-    let public = keys.clone();
+    // Every node's key in node order (joiners included: the admin may admit them).
+    let public: Vec<_> = dirs.iter().map(|d| d.key().map(|k| k.verifying_key())).collect::<Result<_, _>>()?;
     // The scenario's clock is sim time: run until the honest nodes have executed
     // `duration × rate` ticks (a loaded machine dilates time, it does not fail the run), and
     // crash or restart nodes at the tick their `at_secs` / `until_secs` stand for.
@@ -202,6 +239,11 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         }
         bar.set_position(low);
         std::thread::sleep(Duration::from_millis(50));
+        while joins.front().is_some_and(|j| (j.0 * rate) as u64 <= high) {
+            let Some((_, node)) = joins.pop_front() else { break };
+            let p = &mut procs[node];
+            p.child = Some(spawn_with(dirs[node].root(), &join_args(node), &p.out, &p.err)?);
+        }
         while crashes.front().is_some_and(|c| (c.0 * rate) as u64 <= high) {
             let Some((_, node, restart)) = crashes.pop_front() else { break };
             let p = &mut procs[node];
@@ -352,7 +394,7 @@ fn judge(
                 let bad: Vec<_> = status.iter().filter_map(|s| s.desynced).collect();
                 verdict("no honest node diverged".into(), bad.is_empty(), format!("{bad:?}"))
             }
-            "desync" | "resynced" => {
+            "desync" | "resynced" | "joined" => {
                 let node = usize::from(v.node.unwrap_or_default());
                 let (out, err) = (procs[node].out.lock().map(|s| s.clone()), procs[node].err.lock().map(|s| s.clone()));
                 let (out, err) = (out.unwrap_or_default(), err.unwrap_or_default());
@@ -364,14 +406,17 @@ fn judge(
                         err.lines().find(|l| l.contains("diverged")).unwrap_or("").to_owned(),
                     )
                 } else {
-                    let line = out.lines().find(|l| l.starts_with("resynced")).unwrap_or("").to_owned();
-                    // And it agrees now: its root of a recent tick is the first honest node's.
+                    // "resynced: ..." or "joined: ...", and it agrees now: its root of a recent
+                    // tick is the first honest node's.
+                    let prefix = if v.kind == "joined" { "joined:" } else { "resynced" };
+                    let line = out.lines().find(|l| l.starts_with(prefix)).unwrap_or("").to_owned();
                     let t = status[0].tick.saturating_sub(5);
                     let mine = clients[node].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten();
                     let theirs = clients[first].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten();
                     let ok = !line.is_empty() && mine.is_some() && mine == theirs;
+                    let what = if v.kind == "joined" { "joined from a snapshot" } else { "resynced" };
                     verdict(
-                        format!("node {node} resynced and agrees"),
+                        format!("node {node} {what} and agrees"),
                         ok,
                         format!("{line}; tick {t} equal: {}", mine == theirs),
                     )
