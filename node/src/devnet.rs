@@ -136,6 +136,10 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     println!("admin: `metatopia admin --node {http0} --key {} status`", admin_key.display());
     println!("web viewer: http://{http0}/  (any node's http port serves it); Ctrl-C stops the devnet");
     println!("terminal client: `metatopia client --node {}@{} --name you`", validators[0].key, validators[0].address);
+    println!(
+        "another node: `metatopia run --data-dir <new dir> --join {}@{} --listen 127.0.0.1:7500`",
+        validators[0].key, validators[0].address
+    );
 
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
