@@ -589,6 +589,8 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                 }
                 CoreOutput::Resynced { tick, certified_by, snapshot, joined } => {
                     meter.status.desynced = None;
+                    // Dilation counts ticks executed from here, not the ones the snapshot skipped.
+                    (last_report, last_report_tick) = (std::time::Instant::now(), tick);
                     // The state the log replays on top of after a restart.
                     dir.write_snapshot(tick, &snapshot)?;
                     if joined {

@@ -231,6 +231,8 @@ impl EventGen {
     fn event(&mut self, world: &World) -> SignedEvent {
         let i = self.rng.below(self.keys.len() as u64) as usize;
         let author = account_of(&self.keys[i]);
+        // Never behind the world (a generator started again on a world that ran on).
+        self.nonces[i] = self.nonces[i].max(world.account(&author).map_or(0, |a| a.last_nonce));
         let payload = self.payload(world, author);
         if self.rng.chance(u64::from(self.bad_per_mille), 1000) {
             return self.bad(i, payload);

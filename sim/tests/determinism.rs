@@ -124,3 +124,27 @@ fn different_seeds_give_different_roots() {
     assert_eq!(run(1), run(1));
     assert_ne!(run(1), run(2));
 }
+
+#[test]
+fn a_generator_started_again_on_a_world_that_ran_on_is_not_refused_for_stale_nonces() {
+    use metatopia_sim::state::RejectReason;
+    let demo = demo_world(DemoSpec { seed: 3, objects: 100, players: 6, ..DemoSpec::default() });
+    let mut sim = common::sim_of(&demo, 1);
+    let mut first = EventGen::new(&demo, 3);
+    first.bad_per_mille = 0;
+    common::run(&mut sim, &mut first, 20, 12);
+    // A node restarted on its log: its bots start again with the same seed.
+    let mut again = EventGen::new(&demo, 3);
+    again.bad_per_mille = 0;
+    let mut stale = 0;
+    let mut accepted = 0;
+    for _ in 0..10 {
+        let t = sim.world().tick();
+        let b = again.batch(sim.world(), t, 12);
+        let r = sim.step(&VerifiedBatch::new(b, 1)).unwrap();
+        accepted += r.accepted;
+        stale += r.rejected.iter().filter(|x| matches!(x.reason, RejectReason::StaleNonce { .. })).count();
+    }
+    assert_eq!(stale, 0, "events refused for stale nonces after a restart");
+    assert!(accepted > 60, "{accepted} of 120 events accepted");
+}
