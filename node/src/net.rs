@@ -123,7 +123,7 @@ impl Book {
             .iter()
             .filter(|p| self.by_peer.get(p).is_none_or(|&i| usize::from(i) >= self.listed))
             .count();
-        if unlisted > MAX_UNLISTED || self.keys.len() >= MAX_INDEX {
+        if unlisted >= MAX_UNLISTED || self.keys.len() >= MAX_INDEX {
             return None;
         }
         let i = self.keys.len() as u16;
