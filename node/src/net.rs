@@ -16,14 +16,17 @@ use std::num::NonZeroU8;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use futures::StreamExt;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 use libp2p::{Multiaddr, PeerId, StreamProtocol, identify, identity, noise, ping, tcp, yamux};
 use metatopia_consensus::{SigningKey, ValidatorIndex, VerifyingKey};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt};
 
+use crate::frames::{read_frame, write_frames};
 use crate::wire::NodeMsg;
 
 /// The sim's messages between nodes.
@@ -418,8 +421,8 @@ async fn write_stream(mut control: libp2p_stream::Control, shared: Arc<Shared>, 
 /// A stream to `peer` that its node has taken: it answers a new stream with one byte once it
 /// reads it. (Inbound streams the peer's libp2p cannot hand on at once are dropped there, so a
 /// stream is used only after that answer: nothing is written into a stream nobody reads.)
-async fn open(control: &mut libp2p_stream::Control, peer: PeerId) -> anyhow::Result<libp2p::Stream> {
-    let mut stream = control.open_stream(peer, PROTOCOL).await?;
+async fn open(control: &mut libp2p_stream::Control, peer: PeerId) -> anyhow::Result<Compat<libp2p::Stream>> {
+    let mut stream = control.open_stream(peer, PROTOCOL).await?.compat();
     let mut ack = [0u8; 1];
     stream.read_exact(&mut ack).await?;
     anyhow::ensure!(ack == [ACK], "the peer answered {ack:?}, not a stream acknowledgement");
@@ -435,7 +438,8 @@ async fn read_streams(
     shared: Arc<Shared>,
     events: mpsc::UnboundedSender<MeshEvent>,
 ) {
-    while let Some((peer, mut stream)) = incoming.next().await {
+    while let Some((peer, stream)) = incoming.next().await {
+        let mut stream = stream.compat();
         let Some(index) = number(&shared, &peer, &events, false) else { continue };
         let events = events.clone();
         tokio::spawn(async move {
@@ -455,41 +459,6 @@ async fn read_streams(
             }
         });
     }
-}
-
-/// Write queued frames to `w` until the queue closes or the stream fails, flushing once per
-/// burst (whatever is queued goes out in one write).
-async fn write_frames(w: impl futures::AsyncWrite + Unpin, mut queue: mpsc::UnboundedReceiver<Arc<Vec<u8>>>) {
-    let mut w = futures::io::BufWriter::with_capacity(64 << 10, w);
-    while let Some(f) = queue.recv().await {
-        if write_frame(&mut w, &f).await.is_err() {
-            return;
-        }
-        while let Ok(f) = queue.try_recv() {
-            if write_frame(&mut w, &f).await.is_err() {
-                return;
-            }
-        }
-        if w.flush().await.is_err() {
-            return;
-        }
-    }
-}
-
-/// One length-prefixed frame (u32 LE length, at most [`MAX_FRAME`] bytes).
-async fn read_frame(r: &mut (impl futures::AsyncRead + Unpin)) -> anyhow::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    r.read_exact(&mut len).await?;
-    let len = u32::from_le_bytes(len);
-    anyhow::ensure!(len <= MAX_FRAME, "a frame of {len} bytes is over the limit");
-    let mut buf = vec![0; len as usize];
-    r.read_exact(&mut buf).await?;
-    Ok(buf)
-}
-
-async fn write_frame(w: &mut (impl futures::AsyncWrite + Unpin), f: &[u8]) -> std::io::Result<()> {
-    w.write_all(&(f.len() as u32).to_le_bytes()).await?;
-    w.write_all(f).await
 }
 
 #[cfg(test)]
