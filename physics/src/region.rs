@@ -204,6 +204,8 @@ pub enum Crossing {
     Left { object: ObjectId, to: RegionId },
     /// This region took authority over `object` from `from` this tick.
     Arrived { object: ObjectId, from: RegionId },
+    /// `to` confirmed it holds `object` (released here earlier): the handoff is over.
+    Settled { object: ObjectId, to: RegionId },
 }
 
 /// What one step produces.
@@ -460,6 +462,48 @@ impl Region {
     /// Queue messages for the next step.
     pub fn deliver(&mut self, messages: impl IntoIterator<Item = Envelope>) {
         self.inbox.extend(messages);
+    }
+
+    /// Give a body another id (an arrived body gets its id in the receiving world). Nothing
+    /// happens if `from` is unknown or `to` is taken.
+    pub fn rename(&mut self, from: ObjectId, to: ObjectId) {
+        if from == to || self.bodies.contains_key(&to) {
+            return;
+        }
+        let Some(b) = self.bodies.remove(&from) else { return };
+        if let Some(rb) = self.world.bodies.get_mut(b.handle) {
+            rb.user_data = u128::from(to.0);
+            let colliders: Vec<ColliderHandle> = rb.colliders().to_vec();
+            for c in colliders {
+                if let Some(col) = self.world.colliders.get_mut(c) {
+                    col.user_data = u128::from(to.0);
+                }
+            }
+        }
+        self.bodies.insert(to, b);
+        if let Some(t) = self.targets.remove(&from) {
+            self.targets.insert(to, t);
+        }
+        if self.stopping.remove(&from) {
+            self.stopping.insert(to);
+        }
+        if let Some(a) = self.arriving.remove(&from) {
+            self.arriving.insert(to, a);
+        }
+        if let Some(r) = self.released.remove(&from) {
+            self.released.insert(to, r);
+        }
+    }
+
+    /// Remove a body and whatever this region knew of it.
+    pub fn despawn(&mut self, object: ObjectId) {
+        if let Some(b) = self.bodies.remove(&object) {
+            self.remove_rapier(b.handle);
+        }
+        self.arriving.remove(&object);
+        self.released.remove(&object);
+        self.targets.remove(&object);
+        self.stopping.remove(&object);
     }
 
     /// Put an owned body into the world (genesis, or a rez).
@@ -760,6 +804,7 @@ impl Region {
             Msg::Done { object, epoch } => {
                 if self.released.get(object).is_some_and(|r| r.to == from && r.epoch == *epoch) {
                     self.released.remove(object);
+                    out.crossings.push(Crossing::Settled { object: *object, to: from });
                 }
             }
         }

@@ -83,7 +83,8 @@ fn a_body_crossing_a_border_is_handed_over_once_with_its_state() {
         crossings,
         vec![
             (RegionId(0), Crossing::Left { object: a, to: RegionId(1) }),
-            (RegionId(1), Crossing::Arrived { object: a, from: RegionId(0) })
+            (RegionId(1), Crossing::Arrived { object: a, from: RegionId(0) }),
+            (RegionId(0), Crossing::Settled { object: a, to: RegionId(1) })
         ]
     );
     let s = grid.regions[1].body_state(a).unwrap();
@@ -175,6 +176,7 @@ fn bouncing_grid(seed: u64, bodies: u32, ticks: u64, max_delay: u64, dup_per_mil
                         *arrived.entry(object).or_default() += 1;
                         handoffs += 1;
                     }
+                    Crossing::Settled { .. } => {}
                 }
             }
             for m in out.outbox {

@@ -90,6 +90,14 @@ pub enum Payload {
         index: u32,
         position: Vec2,
     },
+    /// A neighbour sim's mail of its tick `tick` (a [`crate::links::MailBody`], encoded),
+    /// signed by one of that sim's validators; see [`crate::links`]. Not nonce-checked: copies
+    /// are counted per (sender, tick, digest) and delivered once.
+    Mail {
+        from: SimId,
+        tick: Tick,
+        body: Vec<u8>,
+    },
 }
 
 /// Governance acts (DESIGN §10); checked against the roles at the tick they execute.

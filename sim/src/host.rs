@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::ChatRange;
 use crate::fx::Fx;
-use crate::ids::{AccountId, Hash32, ObjectId, Tick};
+use crate::ids::{AccountId, Hash32, ObjectId, SimId, Tick};
 use crate::state::{Limits, Object, ScriptInstance, ScriptSource, Shape, World};
 use crate::vec2::Vec2;
 
@@ -187,12 +187,29 @@ pub enum PhysicsEvent {
     Collision { object: ObjectId, other: ObjectId },
 }
 
+/// A body crossing a border between sims, as the physics stage saw it this step.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Border {
+    /// Authority over `object` (ours) moved to the neighbour `to`: the world hands the object's
+    /// record over and keeps a copy until the crossing settles.
+    Left { object: ObjectId, to: SimId },
+    /// The neighbour `to` confirmed it holds `object`: the handoff is over.
+    Settled { object: ObjectId, to: SimId },
+    /// We took authority over the body the neighbour `from` called `origin`. The stage names it
+    /// `object` until the world gives it a local id ([`PhysicsStage::rename`], same tick).
+    Arrived { object: ObjectId, from: SimId, origin: ObjectId },
+}
+
 /// The result of one physics step.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct PhysicsOutput {
     /// Bodies that changed, in object-id order.
     pub bodies: Vec<BodyState>,
     pub events: Vec<PhysicsEvent>,
+    /// Border crossings, in a deterministic order.
+    pub borders: Vec<Border>,
+    /// Messages for neighbour sims (the stage's encoding), one per neighbour, in sim order.
+    pub mail: Vec<(SimId, Vec<u8>)>,
 }
 
 /// Why a physics stage could not load its saved state.
@@ -211,4 +228,17 @@ pub trait PhysicsStage: Send {
     fn save(&self) -> Vec<u8>;
     /// The digest of the carried state.
     fn root(&self) -> Hash32;
+    /// Certified mail from the neighbour sim `from` for the next step. A stage without
+    /// neighbours ignores it.
+    fn deliver(&mut self, from: SimId, mail: &[u8]) {
+        let _ = (from, mail);
+    }
+    /// Give an arrived body (see [`Border::Arrived`]) the world's id for it.
+    fn rename(&mut self, from: ObjectId, to: ObjectId) {
+        let _ = (from, to);
+    }
+    /// Drop a body at once (an arrival the world cannot take).
+    fn despawn(&mut self, object: ObjectId) {
+        let _ = object;
+    }
 }

@@ -12,6 +12,7 @@
 //!   [`rules`] and [`kinematic`].
 //! - [`merkle`]: the incremental state root; [`snapshot`]: versioned, validated snapshots.
 //! - [`governance`]: roles, the temp-admin rule and admin acts.
+//! - [`links`]: neighbour sims, the certified mail between them, objects crossing borders.
 //! - [`genesis`]: seeded demo worlds and event streams.
 #![forbid(unsafe_code)]
 
@@ -23,6 +24,7 @@ pub mod governance;
 pub mod host;
 pub mod ids;
 pub mod kinematic;
+pub mod links;
 pub mod merkle;
 pub mod par;
 pub mod pipeline;

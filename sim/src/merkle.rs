@@ -22,6 +22,7 @@ pub mod keys {
     pub const SCRIPT_ID: [u8; 32] = *b"metatopia/script/id/v1__________";
     pub const QUEUED_ID: [u8; 32] = *b"metatopia/queued/id/v1__________";
     pub const RNG: [u8; 32] = *b"metatopia/rng/seed/v1___________";
+    pub const MAIL: [u8; 32] = *b"metatopia/mail/digest/v1________";
 }
 
 /// Hash some bytes as a leaf.

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fx::Fx;
 use crate::ids::{AccountId, Hash32, ObjectId, ScriptId, SimId, Tick};
+use crate::links::{Links, Neighbour};
 use crate::merkle::{self, SlotTree, keys};
 use crate::vec2::Vec2;
 
@@ -309,6 +310,16 @@ pub enum RejectReason {
     ObjectLimit { max: u32 },
     #[error("the object was removed in the same tick")]
     Conflict,
+    #[error("mail from {sim}, which is not a neighbour of this sim")]
+    NotNeighbour { sim: SimId },
+    #[error("mail signed by a key that is not a validator of {sim}")]
+    NotNeighbourValidator { sim: SimId },
+    #[error("mail of tick {tick} is older than the window behind the newest delivered ({newest})")]
+    MailTooOld { tick: Tick, newest: Tick },
+    #[error("the signer has too much undelivered mail from {sim} open")]
+    MailBacklog { sim: SimId },
+    #[error("mail from {sim} reached its quorum but does not decode: {reason}")]
+    MalformedMail { sim: SimId, reason: String },
 }
 
 /// A rejected event and why.
@@ -345,6 +356,8 @@ pub struct World {
     pub(crate) pending_init: BTreeSet<ObjectId>,
     /// Rejections of the last executed tick.
     pub(crate) receipts: Vec<Rejection>,
+    /// Neighbour sims and the mail and objects crossing to and from them.
+    pub(crate) links: Links,
     #[serde(skip)]
     pub(crate) cache: RootCache,
 }
@@ -424,6 +437,7 @@ impl World {
             queue: Vec::new(),
             pending_init: BTreeSet::new(),
             receipts: Vec::new(),
+            links: Links::default(),
             cache: RootCache::default(),
         }
     }
@@ -477,6 +491,11 @@ impl World {
         &self.queue
     }
     /// Rejections recorded by the last executed tick.
+    /// Neighbour sims, mail waiting for its quorum, objects in transit.
+    pub fn links(&self) -> &Links {
+        &self.links
+    }
+
     pub fn receipts(&self) -> &[Rejection] {
         &self.receipts
     }
@@ -531,6 +550,22 @@ impl World {
         let id = self.allocate_object_id();
         self.put_object(Object { id, kind, owner, name, shape, position, rotation: Fx::ZERO, velocity, color, text });
         id
+    }
+
+    /// Genesis editing: the neighbour sims (whose validators vouch for their mail) and the
+    /// walls around the whole world. Ids must be below [`crate::links::MAX_NEIGHBOUR_SIM`].
+    pub fn set_genesis_neighbours(
+        &mut self,
+        neighbours: impl IntoIterator<Item = (SimId, Neighbour)>,
+        bounds: (Vec2, Vec2),
+    ) -> Result<(), String> {
+        let links = Links { neighbours: neighbours.into_iter().collect(), bounds: Some(bounds), ..Links::default() };
+        if links.neighbours.contains_key(&self.sim) {
+            return Err(format!("{} lists itself as a neighbour", self.sim));
+        }
+        links.validate()?;
+        self.links = links;
+        Ok(())
     }
 
     /// Genesis editing: the settings. After genesis they change only through admin acts.
@@ -699,6 +734,7 @@ impl World {
                 return Err(format!("script source {sid} does not match its content hash"));
             }
         }
+        self.links.validate()?;
         let mut slots = BTreeSet::new();
         for (id, a) in &self.accounts {
             if *id != a.id || a.slot >= self.next_account_slot || !slots.insert(a.slot) {
@@ -748,7 +784,13 @@ impl World {
             &self.pending_init,
         ))
         .expect("encoding to a Vec cannot fail");
-        let governance = merkle::combine(&keys::SUBSYSTEM, &[b"governance", &c.accounts.root_with(workers).0, &meta]);
+        let mut governance =
+            merkle::combine(&keys::SUBSYSTEM, &[b"governance", &c.accounts.root_with(workers).0, &meta]);
+        if !self.links.is_empty() {
+            // A sim with no neighbours has nothing here, and hashes as it did before links.
+            let links = postcard::to_allocvec(&self.links).expect("encoding to a Vec cannot fail");
+            governance = merkle::combine(&keys::SUBSYSTEM, &[b"links", &governance.0, &links]);
+        }
         let queue_bytes = postcard::to_allocvec(&self.queue).expect("encoding to a Vec cannot fail");
         let queue = merkle::combine(&keys::SUBSYSTEM, &[b"queue", &queue_bytes]);
         SubsystemRoots { objects, scripts, physics, governance, queue }

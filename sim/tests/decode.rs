@@ -7,7 +7,7 @@ use metatopia_sim::codec::{self, DecodeError};
 use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world};
 use metatopia_sim::kinematic::KinematicPhysics;
 use metatopia_sim::rules::RuleHost;
-use metatopia_sim::snapshot::MAX_SNAPSHOT_BYTES;
+use metatopia_sim::snapshot::{MAX_SNAPSHOT_BYTES, SNAPSHOT_VERSION};
 use metatopia_sim::{Batch, SignedEvent, Sim, Snapshot, SnapshotError, VerifiedBatch};
 use proptest::prelude::*;
 
@@ -106,7 +106,7 @@ fn a_tampered_snapshot_is_refused_with_a_clear_error() {
     wrong_version[0] = 9;
     assert_eq!(
         Snapshot::decode(&wrong_version, MAX_SNAPSHOT_BYTES).unwrap_err(),
-        SnapshotError::Version { got: 9, supported: 1 }
+        SnapshotError::Version { got: 9, supported: SNAPSHOT_VERSION }
     );
 }
 

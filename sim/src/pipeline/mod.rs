@@ -28,11 +28,12 @@ use serde::{Deserialize, Serialize};
 use crate::event::{ChatRange, Checked, Payload, VerifiedBatch};
 use crate::fx::Fx;
 use crate::governance;
-use crate::host::{PhysicsCommand, PhysicsEvent, PhysicsStage, ScriptError, ScriptHost};
-use crate::ids::{AccountId, EventId, Hash32, ObjectId, Tick};
+use crate::host::{Border, PhysicsCommand, PhysicsEvent, PhysicsStage, ScriptError, ScriptHost};
+use crate::ids::{AccountId, EventId, Hash32, ObjectId, SimId, Tick};
+use crate::links::{Departed, MailBody, ObjectRecord, OutMail, Received};
 use crate::merkle::keys;
 use crate::snapshot::{Snapshot, SnapshotError};
-use crate::state::{Queued, Rejection, SubsystemRoots, World};
+use crate::state::{ObjectKind, Queued, RejectReason, Rejection, SubsystemRoots, World};
 use crate::vec2::Vec2;
 
 pub use unit::script_seed;
@@ -86,6 +87,12 @@ pub struct TickReport {
     /// Object units run in parallel.
     pub units: u32,
     pub bodies_moved: u32,
+    /// Mail for neighbour sims: every validator of this sim signs and sends it.
+    pub mail: Vec<OutMail>,
+    /// Objects handed to a neighbour this tick: (our id, the neighbour).
+    pub left: Vec<(ObjectId, SimId)>,
+    /// Objects that arrived this tick: (our new id, the sender, the sender's id).
+    pub arrived: Vec<(ObjectId, SimId, ObjectId)>,
 }
 
 /// Why a batch could not be executed at all (a bug upstream, never bad client input).
@@ -232,7 +239,9 @@ fn step_here(
     let temp_admin = governance::temp_admin(world, ctx.time_ms);
 
     // 1. verify
-    let verdicts = verify::check(world, batch);
+    let mut verdicts = verify::check(world, batch);
+    // Neighbours' mail: count the copies; mail that reaches its quorum goes to physics.
+    let arrivals = receive_mail(world, physics, &verdicts.mail, &mut verdicts.rejected);
     // 2. route + 3. order
     let queue = std::mem::take(&mut world.queue);
     let (routes, units) = route(world, &verdicts.accepted, queue, &ctx);
@@ -264,9 +273,11 @@ fn step_here(
     // 6. physics
     let dt = Fx::ONE / Fx::from_int(i64::from(world.settings.tick_rate_hz.max(1)));
     let out = physics.step(world, &merged.physics, dt);
+    let crossed = borders(world, physics, &out.borders, arrivals, ctx.time_ms);
     let bodies_moved = out.bodies.len() as u32;
+    let local = |id: ObjectId| crossed.renamed.get(&id).copied().unwrap_or(id);
     for b in &out.bodies {
-        if let Some(o) = world.object_mut(b.object) {
+        if let Some(o) = world.object_mut(local(b.object)) {
             o.position = b.position;
             o.rotation = b.rotation;
             o.velocity = b.velocity;
@@ -278,13 +289,22 @@ fn step_here(
     deliver_chat(world, &chat, &mut queue);
     for e in out.events {
         let PhysicsEvent::Collision { object, other } = e;
-        queue.push(Queued::Collision { object, other });
+        queue.push(Queued::Collision { object: local(object), other: local(other) });
     }
+    let mail = out
+        .mail
+        .into_iter()
+        .map(|(to, physics)| {
+            let records = world.links.departed.values().filter(|d| d.to == to).map(|d| d.record.clone()).collect();
+            OutMail { to, tick: ctx.tick, body: MailBody { physics, records }.encode() }
+        })
+        .collect();
     world.queue = queue;
     world.pending_init.clear();
     world.receipts = rejected.clone();
     world.tick = world.tick.next();
     world.time_ms = ctx.time_ms;
+    world.links.prune(world.tick);
     governance::end_of_tick(world);
 
     // 7. hash
@@ -299,7 +319,125 @@ fn step_here(
         script_errors: merged.errors,
         units: unit_count,
         bodies_moved,
+        mail,
+        left: crossed.left,
+        arrived: crossed.arrived,
     })
+}
+
+/// Count the batch's mail copies (in canonical order); hand what reached its quorum to the
+/// physics stage, and return the object records it carried, by (sender, sender's id).
+fn receive_mail(
+    world: &mut World,
+    physics: &mut dyn PhysicsStage,
+    mail: &[&Checked],
+    rejected: &mut Vec<Rejection>,
+) -> BTreeMap<(SimId, ObjectId), ObjectRecord> {
+    let mut arrivals = BTreeMap::new();
+    let mut received = Received::default();
+    for c in mail {
+        let Payload::Mail { from, tick, body } = &c.event.body.payload else { continue };
+        let author = c.event.body.author;
+        let before = received.delivered.len();
+        if let Err(reason) = world.links.vote(world.tick, *from, *tick, author, body, &mut received) {
+            rejected.push(Rejection { event: c.id, author, reason });
+        }
+        if let Some((sim, _, Err(reason))) = received.delivered.get(before) {
+            let reason = RejectReason::MalformedMail { sim: *sim, reason: reason.clone() };
+            rejected.push(Rejection { event: c.id, author, reason });
+        }
+    }
+    received.delivered.sort_by_key(|(from, tick, _)| (*from, *tick));
+    for (from, _, body) in received.delivered {
+        if let Ok(body) = body {
+            physics.deliver(from, &body.physics);
+            for r in body.records {
+                arrivals.insert((from, r.object.id), r);
+            }
+        }
+    }
+    arrivals
+}
+
+/// What the border crossings of a step did to the world.
+#[derive(Debug, Default)]
+struct Crossed {
+    /// The physics stage's names of arrived bodies -> their new ids.
+    renamed: BTreeMap<ObjectId, ObjectId>,
+    left: Vec<(ObjectId, SimId)>,
+    arrived: Vec<(ObjectId, SimId, ObjectId)>,
+}
+
+/// Move object records across borders as the physics stage moved their bodies: a body that
+/// left takes its object (and script) out of this world into `departed` (sent with every mail
+/// to the neighbour until it settles); a body that arrived gets its object from the record the
+/// same mail carried, under a fresh local id.
+fn borders(
+    world: &mut World,
+    physics: &mut dyn PhysicsStage,
+    borders: &[Border],
+    mut arrivals: BTreeMap<(SimId, ObjectId), ObjectRecord>,
+    now_ms: u64,
+) -> Crossed {
+    let mut c = Crossed::default();
+    for b in borders {
+        match *b {
+            Border::Left { object, to } => {
+                let Some(o) = world.objects.get(&object).cloned() else { continue };
+                let script = world
+                    .scripts
+                    .get(&object)
+                    .and_then(|i| world.sources.get(&i.script).map(|s| (i.clone(), s.clone())));
+                world.remove_object(object);
+                world.pending_init.remove(&object);
+                world.links.departed.insert(object, Departed { to, record: ObjectRecord { object: o, script } });
+                c.left.push((object, to));
+            }
+            Border::Settled { object, to } => {
+                if world.links.departed.get(&object).is_some_and(|d| d.to == to) {
+                    world.links.departed.remove(&object);
+                }
+            }
+            Border::Arrived { object, from, origin } => match arrivals.remove(&(from, origin)) {
+                Some(record) if record.object.shape.is_valid() => {
+                    let id = arrive(world, record, now_ms);
+                    physics.rename(object, id);
+                    c.renamed.insert(object, id);
+                    c.arrived.push((id, from, origin));
+                }
+                // A body without its record (or with a broken one) cannot live here.
+                _ => physics.despawn(object),
+            },
+        }
+    }
+    c
+}
+
+/// Put an arrived object into this world under a fresh id; an avatar becomes its owner's
+/// avatar here (the account is created on its first arrival, as by a first login).
+fn arrive(world: &mut World, record: ObjectRecord, now_ms: u64) -> ObjectId {
+    let id = world.allocate_object_id();
+    let mut o = record.object;
+    o.id = id;
+    let (owner, kind, name) = (o.owner, o.kind, o.name.clone());
+    world.put_object(o);
+    if let Some((mut instance, source)) = record.script {
+        instance.script = world.add_source(source);
+        if let Some(t) = instance.timer.as_mut() {
+            t.next = world.tick.next();
+        }
+        world.put_script(id, instance);
+    }
+    if kind == ObjectKind::Avatar {
+        if world.accounts.contains_key(&owner) {
+            if let Some(a) = world.account_mut(&owner) {
+                a.avatar = Some(id);
+            }
+        } else {
+            world.create_account(owner, name, now_ms).avatar = Some(id);
+        }
+    }
+    id
 }
 
 /// Where each accepted event goes, already in canonical order (object units, in object-id
@@ -357,6 +495,7 @@ fn route<'a, 'w>(
             | Payload::Derez { .. }
             | Payload::RezReturned { .. }
             | Payload::Admin(_) => gov.push((order_key(&ctx.seed, GOVERNANCE_TARGET, &c.id), c)),
+            Payload::Mail { .. } => {} // counted by the links before the tick's units
         }
     }
     // Queue_t: the previous tick made these; ids come from their place in the queue.

@@ -16,6 +16,22 @@ pub(crate) struct Verdicts<'a> {
     pub rejected: Vec<Rejection>,
     /// The highest accepted nonce per author.
     pub nonces: BTreeMap<AccountId, u64>,
+    /// Neighbours' mail with good signatures, for the links to count (in canonical order).
+    pub mail: Vec<&'a Checked>,
+}
+
+/// Mail needs no account or nonce: the links count its copies per signer.
+fn check_mail(world: &World, c: &Checked) -> Result<(), RejectReason> {
+    if !c.signature_ok {
+        return Err(RejectReason::BadSignature);
+    }
+    if c.size > crate::links::MAX_MAIL_BYTES {
+        return Err(RejectReason::TooLarge { bytes: c.size, max: crate::links::MAX_MAIL_BYTES });
+    }
+    if c.event.body.sim != world.sim {
+        return Err(RejectReason::WrongSim { expected: world.sim, got: c.event.body.sim });
+    }
+    Ok(())
 }
 
 pub(crate) fn check<'a>(world: &World, batch: &'a VerifiedBatch) -> Verdicts<'a> {
@@ -25,6 +41,13 @@ pub(crate) fn check<'a>(world: &World, batch: &'a VerifiedBatch) -> Verdicts<'a>
     });
     let mut v = Verdicts::default();
     for c in events {
+        if let Payload::Mail { .. } = c.event.body.payload {
+            match check_mail(world, c) {
+                Ok(()) => v.mail.push(c),
+                Err(reason) => v.rejected.push(Rejection { event: c.id, author: c.event.body.author, reason }),
+            }
+            continue;
+        }
         match check_one(world, batch.time_ms, c, &v.nonces) {
             Ok(()) => {
                 v.nonces.insert(c.event.body.author, c.event.body.nonce);
@@ -103,6 +126,7 @@ fn check_fields(p: &Payload, l: &Limits) -> Result<(), RejectReason> {
         | Payload::Touch { .. }
         | Payload::Derez { .. }
         | Payload::RezReturned { .. }
+        | Payload::Mail { .. }
         | Payload::Admin(_) => Ok(()),
     }
 }
