@@ -69,6 +69,21 @@ pub struct Status {
     pub desynced: Option<u64>,
     /// Milliseconds since the UNIX epoch when the last tick executed here.
     pub last_executed_unix_ms: u64,
+    /// In a world of several sims: the neighbour sims, the mail this node signed for them and
+    /// took from them, and the objects that crossed (left, arrived, and handed over but not yet
+    /// confirmed, by name).
+    #[serde(default)]
+    pub neighbours: Vec<u32>,
+    #[serde(default)]
+    pub mail_sent: u64,
+    #[serde(default)]
+    pub mail_received: u64,
+    #[serde(default)]
+    pub departures: u64,
+    #[serde(default)]
+    pub arrivals: u64,
+    #[serde(default)]
+    pub in_transit: Vec<String>,
 }
 
 /// An account as nodes show it.

@@ -45,6 +45,19 @@ pub struct NodeConfig {
     /// nodes, and votes once the admin admits its key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub join: Option<String>,
+    /// The other sims of a world of several sims (a scenario with `world.sims > 1`): each one's
+    /// id and validators. A sim takes a neighbour's mail only when f + 1 of that neighbour's
+    /// validators signed it, and this node sends its own sim's mail to them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sims: Vec<SimEntry>,
+}
+
+/// Another sim of the world, and its validators (as in `[[validators]]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimEntry {
+    pub sim_id: u32,
+    pub validators: Vec<ValidatorEntry>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,7 +159,30 @@ impl NodeConfig {
         if let Some(j) = &self.join {
             parse_join(j).context("join")?;
         }
+        let mut ids = std::collections::BTreeSet::from([self.world.sim_id]);
+        for (i, s) in self.sims.iter().enumerate() {
+            anyhow::ensure!(
+                ids.insert(s.sim_id),
+                "sims[{i}]: sim {} is listed twice (or is this node's own sim)",
+                s.sim_id
+            );
+            anyhow::ensure!(!s.validators.is_empty(), "sims[{i}] (sim {}): no validators", s.sim_id);
+            for (j, v) in s.validators.iter().enumerate() {
+                parse_public(&v.key).with_context(|| format!("sims[{i}].validators[{j}].key"))?;
+            }
+        }
         Ok(())
+    }
+
+    /// The genesis validators of another sim of the world, from `[[sims]]`.
+    pub fn sim_validators(&self, sim_id: u32) -> anyhow::Result<Option<Vec<VerifyingKey>>> {
+        let Some(s) = self.sims.iter().find(|s| s.sim_id == sim_id) else { return Ok(None) };
+        s.validators
+            .iter()
+            .filter(|v| !v.observer)
+            .map(|v| parse_public(&v.key))
+            .collect::<anyhow::Result<_>>()
+            .map(Some)
     }
 
     /// Where the HTTP service listens.
@@ -172,7 +208,8 @@ impl NodeConfig {
              # listen: address for peers. tick_rate_hz: the sim's rate. snapshot_every: ticks between snapshots.\n\
              # [world]: the seeded genesis world. [bots]: signed events per tick this node submits.\n\
              # [[validators]]: the sim's nodes, in index order, the same on every node; `observer = true`\n\
-             # marks a node that follows (and serves clients) until the admin admits its key.\n\n{body}"
+             # marks a node that follows (and serves clients) until the admin admits its key.\n\
+             # [[sims]]: in a world of several sims, the other sims (sim_id, validators).\n\n{body}"
         )
     }
 }

@@ -22,8 +22,10 @@ use metatopia_sim::{Batch, EventId, Hash32, SignedEvent, Sim, Snapshot, Tick, Ve
 
 use crate::wire::NodeMsg;
 
-/// Largest signed event accepted from a client or a block.
+/// Largest signed event accepted from a client.
 pub const MAX_EVENT_BYTES: u32 = 64 * 1024;
+/// Largest signed event in a block: a neighbour sim's mail may be larger than a client's event.
+pub const MAX_BLOCK_EVENT_BYTES: u32 = metatopia_sim::links::MAX_MAIL_BYTES + 4096;
 /// Committed inputs kept for a desync report.
 const KEEP_INPUTS: usize = 8;
 /// Outcomes of executed events remembered for `GET /v1/events/<id>`.
@@ -140,6 +142,13 @@ pub enum CoreOutput {
     },
     /// This node diverged: it has stopped executing. Write the report; the core resyncs.
     Desync(Box<DesyncReport>),
+    /// This validator's signed copy of its sim's mail of a tick for the neighbour sim `to`
+    /// (an encoded [`SignedEvent`]); send it to a validator of `to` as [`NodeMsg::Mail`].
+    Mail {
+        to: metatopia_sim::SimId,
+        tick: Tick,
+        event: Vec<u8>,
+    },
     /// This node took a snapshot of tick `tick` whose root `certified_by` other validators
     /// reported, replayed the commits since, and executes again.
     Resynced {
@@ -170,8 +179,13 @@ pub struct DesyncReport {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SubmitError {
     Undecodable(String),
-    OtherSim { event: u32, here: u32 },
+    OtherSim {
+        event: u32,
+        here: u32,
+    },
     BadSignature,
+    /// Not mail from a validator of a neighbour sim (on the neighbours' path).
+    NotMail,
 }
 
 impl std::fmt::Display for SubmitError {
@@ -182,6 +196,7 @@ impl std::fmt::Display for SubmitError {
                 write!(f, "the event is for sim {event}; this node runs sim {here}")
             }
             SubmitError::BadSignature => f.write_str("the signature does not verify"),
+            SubmitError::NotMail => f.write_str("not mail signed by a validator of a neighbour sim"),
         }
     }
 }
@@ -197,6 +212,12 @@ pub struct CoreStats {
     pub undecodable: u64,
     pub refused_submissions: u64,
     pub peer_divergences: u64,
+    /// Mail this node signed for neighbour sims, and neighbours' mail it took into its pool.
+    pub mail_sent: u64,
+    pub mail_received: u64,
+    /// Objects that left this sim for a neighbour, and that arrived from one.
+    pub departures: u64,
+    pub arrivals: u64,
 }
 
 /// Ask again for snapshots this often while resyncing.
@@ -257,6 +278,8 @@ pub struct NodeCore<A, H, P> {
     deferred: Option<VecDeque<Box<Commit>>>,
     /// Signature verdicts: recorded at the door, computed ahead for gossiped and proposed events.
     verifier: crate::verify::Verifier,
+    /// This node's key, to sign its sim's mail for neighbour sims while it is a validator.
+    mail_key: Option<metatopia_sim::SigningKey>,
 }
 
 impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for NodeCore<A, H, P> {
@@ -291,7 +314,15 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             served: BTreeMap::new(),
             deferred: None,
             verifier: crate::verify::Verifier::cache(),
+            mail_key: None,
         }
+    }
+
+    /// Sign this sim's mail for its neighbours with `key` (the node key) whenever the key is
+    /// one of the sim's validators.
+    pub fn with_mail_key(mut self, key: metatopia_sim::SigningKey) -> Self {
+        self.mail_key = Some(key);
+        self
     }
 
     /// Check the signatures of events seen in peers' messages on a thread of their own, ahead
@@ -400,8 +431,42 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             }
             // Answered by the node's shell (they are about files, not the sim's state).
             NodeMsg::SimInfoRequest | NodeMsg::SimInfo { .. } => {}
+            NodeMsg::Mail(event) => {
+                self.now = now;
+                if self.check_mail(&event).is_ok() {
+                    self.stats.mail_received += 1;
+                    self.agreement.submit_events(now, vec![event]);
+                }
+            }
         }
         self.pump(now);
+    }
+
+    /// A neighbour's signed mail, sent by one of its validators (from any peer: the sender need
+    /// not be a node of this sim). Checked before it costs the validators anything: it must be
+    /// mail for this sim, signed by a validator of the neighbour it claims to come from.
+    pub fn check_mail(&mut self, bytes: &[u8]) -> Result<EventId, SubmitError> {
+        let world = self.sim.world();
+        let r = match SignedEvent::decode(bytes, MAX_BLOCK_EVENT_BYTES) {
+            Err(e) => Err(SubmitError::Undecodable(e.to_string())),
+            Ok(e) if e.body.sim != world.sim() => {
+                Err(SubmitError::OtherSim { event: e.body.sim.0, here: world.sim().0 })
+            }
+            Ok(e) => match &e.body.payload {
+                metatopia_sim::Payload::Mail { from, .. }
+                    if world.links().neighbours.get(from).is_some_and(|n| n.validators.contains(&e.body.author)) =>
+                {
+                    let ok = e.verify();
+                    self.verifier.record(bytes, ok);
+                    if ok { Ok(e.id()) } else { Err(SubmitError::BadSignature) }
+                }
+                _ => Err(SubmitError::NotMail),
+            },
+        };
+        if r.is_err() {
+            self.stats.refused_submissions += 1;
+        }
+        r
     }
 
     pub fn handle_timeout(&mut self, now: Micros) {
@@ -620,7 +685,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         }
         let mut events = Vec::with_capacity(c.block.events.len());
         for bytes in &c.block.events {
-            match SignedEvent::decode(bytes, MAX_EVENT_BYTES) {
+            match SignedEvent::decode(bytes, MAX_BLOCK_EVENT_BYTES) {
                 Ok(e) => events.push(e),
                 Err(_) => self.stats.undecodable += 1, // the same on every node: skipped
             }
@@ -651,7 +716,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         if Tick(rec.tick) != at {
             return Err(format!("the log's tick {} is not the sim's next tick {at}", rec.tick));
         }
-        let events = rec.events.iter().filter_map(|b| SignedEvent::decode(b, MAX_EVENT_BYTES).ok()).collect();
+        let events = rec.events.iter().filter_map(|b| SignedEvent::decode(b, MAX_BLOCK_EVENT_BYTES).ok()).collect();
         let time_ms = self.sim_time(rec.time_ms);
         self.run_batch(Batch { tick: at, time_ms, seed: Hash32(rec.seed), events }, false);
         if self.desynced.is_some() {
@@ -680,9 +745,12 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 }
                 self.agreement.report_root(tick.0, Digest(report.root.0));
                 self.agreement.on_executed(self.now, tick.0, self.sim.world());
+                self.stats.departures += report.left.len() as u64;
+                self.stats.arrivals += report.arrived.len() as u64;
                 if !live {
                     return;
                 }
+                self.sign_mail(&report.mail);
                 self.out.push_back(CoreOutput::Executed {
                     tick,
                     root: report.root,
@@ -695,6 +763,22 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 tracing::error!(%tick, error = %e, "a committed batch did not execute; stopping this sim");
                 self.desynced = Some(tick.0);
             }
+        }
+    }
+
+    /// A validator signs the tick's mail for each neighbour (observers do not: their copies
+    /// would not count).
+    fn sign_mail(&mut self, mail: &[metatopia_sim::links::OutMail]) {
+        let Some(key) = &self.mail_key else { return };
+        let world = self.sim.world();
+        if mail.is_empty() || !world.governance().validators.contains(&metatopia_sim::event::account_of(key)) {
+            return;
+        }
+        for m in mail {
+            let payload = metatopia_sim::Payload::Mail { from: world.sim(), tick: m.tick, body: m.body.clone() };
+            let e = SignedEvent::new(key, m.to, m.tick.0, payload);
+            self.out.push_back(CoreOutput::Mail { to: m.to, tick: m.tick, event: metatopia_sim::codec::encode(&e) });
+            self.stats.mail_sent += 1;
         }
     }
 

@@ -107,6 +107,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             bots: BotsConfig { events_per_tick: if i == 0 { args.bots } else { 0 } },
             validators: validators.clone(),
             join: None,
+            sims: Vec::new(),
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }

@@ -23,6 +23,7 @@ pub mod gateway;
 pub mod http;
 pub mod net;
 pub mod scenario;
+pub mod scenario_world;
 pub mod simnet;
 pub mod store;
 pub mod timing;

@@ -112,6 +112,8 @@ struct Book {
     connected: BTreeSet<PeerId>,
     /// How each connected peer was last reached ("quic" or "tcp").
     via: BTreeMap<PeerId, &'static str>,
+    /// Indices of nodes of other sims (neighbour sims' validators): messaged, not broadcast to.
+    outsiders: BTreeSet<u16>,
 }
 
 impl Book {
@@ -217,6 +219,7 @@ impl Mesh {
             me,
             connected: BTreeSet::new(),
             via: BTreeMap::new(),
+            outsiders: BTreeSet::new(),
         };
         let shared = Arc::new(Shared {
             book: Mutex::new(book),
@@ -247,6 +250,38 @@ impl Mesh {
         let _ = self.commands.send(Command::Add(peers));
     }
 
+    /// Keep connections to nodes of other sims too (a neighbour sim's validators, for its mail):
+    /// numbered like peers, but left out of broadcasts. Returns their indices, in order (a node
+    /// already numbered keeps its index; beyond the index space a node is left out).
+    pub fn add_outsiders(&self, peers: Vec<PeerAddr>) -> Vec<u16> {
+        let mut indices = Vec::new();
+        {
+            let mut book = lock(&self.shared.book);
+            for p in &peers {
+                let id = peer_id(&p.key);
+                let i = match book.by_peer.get(&id) {
+                    Some(i) => *i,
+                    None if book.keys.len() < MAX_INDEX => {
+                        let i = book.keys.len() as u16;
+                        book.keys.push(p.key);
+                        book.by_peer.insert(id, i);
+                        i
+                    }
+                    None => continue,
+                };
+                book.outsiders.insert(i);
+                indices.push(i);
+            }
+        }
+        let _ = self.commands.send(Command::Add(peers));
+        indices
+    }
+
+    /// Whether this index is a node of another sim.
+    pub fn is_outsider(&self, index: u16) -> bool {
+        lock(&self.shared.book).outsiders.contains(&index)
+    }
+
     /// The key of the node with this peer index.
     pub fn key_of(&self, index: u16) -> Option<VerifyingKey> {
         lock(&self.shared.book).keys.get(usize::from(index)).copied()
@@ -268,13 +303,18 @@ impl Mesh {
         }
     }
 
-    /// Send an encoded [`NodeMsg`] to every connected peer.
+    /// Send an encoded [`NodeMsg`] to every connected peer of this sim.
     pub fn broadcast_frame(&self, frame: Arc<Vec<u8>>) {
+        let outsiders = lock(&self.shared.book).outsiders.clone();
         let writers = lock(&self.shared.writers);
-        metrics::counter!("metatopia_net_bytes_out_total").increment((frame.len() as u64 + 4) * writers.len() as u64);
-        for (_, w) in writers.values() {
-            let _ = w.send(frame.clone());
+        let mut sent = 0;
+        for (i, (_, w)) in writers.iter() {
+            if !outsiders.contains(i) {
+                let _ = w.send(frame.clone());
+                sent += 1;
+            }
         }
+        metrics::counter!("metatopia_net_bytes_out_total").increment((frame.len() as u64 + 4) * sent);
     }
 
     /// The connected peers by index, each with how it was reached ("quic" or "tcp").

@@ -104,6 +104,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
                 observer: false,
             }],
             join: None,
+            sims: Vec::new(),
         };
         metatopia_node::store::write_atomic(&path, cfg.commented().as_bytes())?;
         println!("wrote {}: add the sim's other validators (at least 4 in all) before `metatopia run`", path.display());
@@ -152,7 +153,8 @@ pub fn demo_of(cfg: &NodeConfig) -> anyhow::Result<(DemoWorld, String)> {
             let scripts_dir =
                 cfg.world.scripts.clone().unwrap_or_else(|| path.parent().unwrap_or(Path::new(".")).join("../scripts"));
             let opts = metatopia_node::scenario::Options { seed: cfg.world.seed, scripts_dir };
-            let g = metatopia_node::scenario::genesis(&spec, cfg.world.seed, &opts, &validators)?;
+            let place = if spec.world.sims > 1 { Some(place_in_world(cfg, &spec, &validators)?) } else { None };
+            let g = metatopia_node::scenario::genesis_in(&spec, cfg.world.seed, &opts, &validators, place.as_ref())?;
             (DemoWorld { world: g.world, admin: g.demo.admin, players: g.demo.players }, spec.world.physics)
         }
         None => {
@@ -174,6 +176,39 @@ pub fn demo_of(cfg: &NodeConfig) -> anyhow::Result<(DemoWorld, String)> {
     let settings = metatopia_sim::Settings { tick_rate_hz: cfg.tick_rate_hz, ..demo.world.settings().clone() };
     demo.world.set_genesis_settings(settings);
     Ok((demo, physics))
+}
+
+/// Where this node's sim is in a scenario's world of several sims, with its neighbours'
+/// validators from `[[sims]]`.
+fn place_in_world(
+    cfg: &NodeConfig,
+    spec: &metatopia_scenarios::spec::Scenario,
+    own: &[metatopia_sim::AccountId],
+) -> anyhow::Result<metatopia_node::scenario::Place> {
+    let sims = spec.world.sims;
+    let k = cfg.world.sim_id;
+    anyhow::ensure!(
+        (1..=sims).contains(&k),
+        "world.sim_id is {k}, but the scenario's world has sims 1..={sims}: set world.sim_id to this node's sim"
+    );
+    let mut accounts = Vec::new();
+    for j in 1..=sims {
+        let keys = if j == k {
+            Some(own.to_vec())
+        } else {
+            cfg.sim_validators(j)?.map(|ks| ks.iter().map(|v| metatopia_sim::AccountId(v.to_bytes())).collect())
+        };
+        accounts.push(keys.unwrap_or_default());
+    }
+    let place = metatopia_node::scenario::place_of(&spec.world, k - 1, &accounts);
+    if let Some((sim, _)) = place.neighbours.iter().find(|(_, n)| n.validators.is_empty()) {
+        anyhow::bail!(
+            "sim {} is a neighbour of this node's sim {k}: list its validators under [[sims]] (sim_id = {})",
+            sim.0,
+            sim.0
+        );
+    }
+    Ok(place)
 }
 
 /// `metatopia run`.
@@ -258,6 +293,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         chain_id: u64::from(cfg.world.sim_id),
         // Execution may trail agreement by at most this many ticks; then ticks slow down.
         max_exec_lag: Some(4),
+        max_event_bytes: metatopia_node::core::MAX_BLOCK_EVENT_BYTES as usize,
         ..Config::default()
     };
 
@@ -312,7 +348,8 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let mut core: Core = NodeCore::new(validator, sim, 2)
         .with_time_scale(cfg.world.time_scale, anchor_ms)
         .defer_execution()
-        .verify_ahead();
+        .verify_ahead()
+        .with_mail_key(key.clone());
     let from = core.sim().world().tick().0;
     // A node that joined and has no state of its own yet starts from a certified snapshot.
     let fresh = from == 0 && recovery.records.is_empty() && dir.read_consensus_state()?.is_none();
@@ -359,6 +396,26 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let (mesh, mut inbox) = Mesh::start(&key, cfg.listen, cfg.quic, peers)
         .await
         .with_context(|| format!("listening for peers on tcp {} and quic {:?}", cfg.listen, cfg.quic))?;
+    // The neighbour sims' validators: this node's sim's mail goes to them (and theirs comes from
+    // them); they are peers of the mesh, but not of this sim's agreement.
+    let mut neighbour_nodes: std::collections::BTreeMap<SimId, Vec<u16>> = Default::default();
+    for sim in core.sim().world().links().neighbours.keys() {
+        let Some(entry) = cfg.sims.iter().find(|s| s.sim_id == sim.0) else { continue };
+        let peers = entry
+            .validators
+            .iter()
+            .filter(|v| !v.observer)
+            .map(|v| {
+                let key = metatopia_node::config::parse_public(&v.key)?;
+                Ok(PeerAddr { key, tcp: Some(v.address), quic: v.quic })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        neighbour_nodes.insert(*sim, mesh.add_outsiders(peers));
+    }
+    if !neighbour_nodes.is_empty() {
+        let names: Vec<String> = neighbour_nodes.keys().map(ToString::to_string).collect();
+        println!("neighbour sims: {} (their mail counts with f+1 of their validators' signatures)", names.join(", "));
+    }
     println!(
         "peer id {}; listening on {}",
         mesh.local_peer_id(),
@@ -445,6 +502,12 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             }
             m = inbox.recv() => {
                 match m {
+                    // A neighbour sim's node: only its mail is for this sim.
+                    Some(MeshEvent::Message(from, msg)) if mesh.is_outsider(from.0) => {
+                        if let NodeMsg::Mail(_) = msg {
+                            core.handle_message(now_us(), from, msg);
+                        }
+                    }
                     Some(MeshEvent::Message(from, NodeMsg::SimInfoRequest)) => mesh.send(from.0, &sim_info),
                     Some(MeshEvent::Message(from, msg)) => core.handle_message(now_us(), from, msg),
                     Some(MeshEvent::Joined { index, key }) => {
@@ -624,6 +687,13 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             match o {
                 CoreOutput::Broadcast(m) => mesh.broadcast(&m),
                 CoreOutput::Send(to, m) => mesh.send(to.0, &m),
+                // Each validator sends its copy to a different node of the neighbour (by index),
+                // so one node down there costs one copy, not the mail.
+                CoreOutput::Mail { to, event, .. } => {
+                    if let Some(nodes) = neighbour_nodes.get(&to).filter(|n| !n.is_empty()) {
+                        mesh.send(nodes[me % nodes.len()], &NodeMsg::Mail(event));
+                    }
+                }
                 _ => {}
             }
         }
@@ -676,6 +746,12 @@ fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash
     st.voting = core.agreement().index().is_some();
     st.tick_rate_hz = (1_000_000 / core.agreement().period_us().max(1)) as u32;
     st.last_executed_unix_ms = metatopia_node::unix_ms();
+    st.neighbours = w.links().neighbours.keys().map(|s| s.0).collect();
+    st.mail_sent = s.mail_sent;
+    st.mail_received = s.mail_received;
+    st.departures = s.departures;
+    st.arrivals = s.arrivals;
+    st.in_transit = w.links().departed().values().map(|d| d.record.object.name.clone()).collect();
     metrics::gauge!("metatopia_tick").set(tick as f64);
     metrics::gauge!("metatopia_objects").set(st.objects as f64);
     metrics::gauge!("metatopia_scripts").set(st.scripts as f64);
@@ -864,6 +940,7 @@ mod tests {
                 })
                 .collect(),
             join: None,
+            sims: Vec::new(),
         };
         let (demo, _) = demo_of(&cfg).unwrap();
         let set = &demo.world.governance().validators;

@@ -80,11 +80,29 @@ impl PhysicsStage for AnyPhysics {
             AnyPhysics::Rapier(p) => p.root(),
         }
     }
+    fn deliver(&mut self, from: SimId, mail: &[u8]) {
+        match self {
+            AnyPhysics::Kinematic(p) => p.deliver(from, mail),
+            AnyPhysics::Rapier(p) => p.deliver(from, mail),
+        }
+    }
+    fn rename(&mut self, from: ObjectId, to: ObjectId) {
+        match self {
+            AnyPhysics::Kinematic(p) => p.rename(from, to),
+            AnyPhysics::Rapier(p) => p.rename(from, to),
+        }
+    }
+    fn despawn(&mut self, object: ObjectId) {
+        match self {
+            AnyPhysics::Kinematic(p) => p.despawn(object),
+            AnyPhysics::Rapier(p) => p.despawn(object),
+        }
+    }
 }
 
-type Node = CoreProcess<Actor, RhaiHost, AnyPhysics>;
+pub(crate) type Node = CoreProcess<Actor, RhaiHost, AnyPhysics>;
 
-const MS: Time = 1_000;
+pub(crate) const MS: Time = 1_000;
 
 /// How to run a scenario.
 #[derive(Clone, Debug)]
@@ -197,6 +215,52 @@ pub struct Genesis {
 /// Build a scenario's genesis world for these validators (a pure function of its arguments: every
 /// node of a sim builds the same one).
 pub fn genesis(spec: &Scenario, seed: u64, opts: &Options, validators: &[AccountId]) -> anyhow::Result<Genesis> {
+    genesis_in(spec, seed, opts, validators, None)
+}
+
+/// Where one sim of a world of several sims is, and who its neighbours are.
+#[derive(Clone, Debug)]
+pub struct Place {
+    pub sim: SimId,
+    pub region: metatopia_sim::state::Region,
+    pub neighbours: Vec<(SimId, metatopia_sim::links::Neighbour)>,
+    /// The whole world's corners.
+    pub bounds: (Vec2, Vec2),
+}
+
+/// Sim `k` (0-based; its id is k + 1) of a scenario's grid of sims, with the validator keys of
+/// every sim (`validators[j]`: sim j's).
+pub fn place_of(w: &metatopia_scenarios::spec::WorldSpec, k: u32, validators: &[Vec<AccountId>]) -> Place {
+    let (cols, rows) = w.layout();
+    let size = w.region_size;
+    let square = |j: u32| metatopia_sim::state::Region {
+        origin: Vec2::from_ints(i64::from(j % cols) * size, i64::from(j / cols) * size),
+        size: Fx::from_int(size),
+    };
+    let (col, row) = (k % cols, k / cols);
+    let mut neighbours = Vec::new();
+    for r in row.saturating_sub(1)..=(row + 1).min(rows - 1) {
+        for c in col.saturating_sub(1)..=(col + 1).min(cols - 1) {
+            let j = r * cols + c;
+            if j != k && j < w.sims {
+                let validators = validators.get(j as usize).into_iter().flatten().copied().collect();
+                neighbours.push((SimId(j + 1), metatopia_sim::links::Neighbour { region: square(j), validators }));
+            }
+        }
+    }
+    let hi = Vec2::from_ints(i64::from(cols) * size, i64::from(rows) * size);
+    Place { sim: SimId(k + 1), region: square(k), neighbours, bounds: (Vec2::ZERO, hi) }
+}
+
+/// [`genesis`] for one sim of several (`place`), or the lone sim (`None`). A sim of several
+/// starts with the scenario's objects whose `at` is in its region, and no demo accounts.
+pub fn genesis_in(
+    spec: &Scenario,
+    seed: u64,
+    opts: &Options,
+    validators: &[AccountId],
+    place: Option<&Place>,
+) -> anyhow::Result<Genesis> {
     let w = &spec.world;
     let demo = demo_world(DemoSpec {
         seed,
@@ -207,7 +271,21 @@ pub fn genesis(spec: &Scenario, seed: u64, opts: &Options, validators: &[Account
         moving_per_mille: w.moving_per_mille,
         region_size: w.region_size,
     });
-    let mut world = demo.world.clone();
+    let mut world = match place {
+        None => demo.world.clone(),
+        Some(p) => {
+            let mut world = World::new(metatopia_sim::state::Genesis {
+                sim: p.sim,
+                region: p.region,
+                admin: account_of(&demo.admin),
+                validators: Default::default(),
+                settings: demo.world.settings().clone(),
+                time_ms: 0,
+            });
+            world.set_genesis_neighbours(p.neighbours.clone(), p.bounds).map_err(|e| anyhow::anyhow!("{e}"))?;
+            world
+        }
+    };
     let admin = match spec.accounts.iter().find(|a| a.get_ref().admin) {
         Some(a) => account_key(&a.get_ref().name),
         None => demo.admin.clone(),
@@ -226,6 +304,9 @@ pub fn genesis(spec: &Scenario, seed: u64, opts: &Options, validators: &[Account
     let mut objects = BTreeMap::new();
     for o in &spec.objects {
         let v = o.get_ref();
+        if place.is_some_and(|p| !p.region.contains(v2(v.at))) {
+            continue; // another sim's
+        }
         let owner = v.owner.as_deref().map_or(account_of(&admin), |n| account_of(&account_key(n)));
         let shape = if v.shape == "circle" {
             Shape::Circle { radius: fx(v.size[0]) }
@@ -271,6 +352,9 @@ pub fn run(
     opts: &Options,
     progress: &mut dyn FnMut(Time, Time),
 ) -> anyhow::Result<(Report, Recording)> {
+    if spec.world.sims > 1 {
+        return crate::scenario_world::run(spec, text, opts, progress);
+    }
     let seed = opts.seed;
     let n = spec.validators.count;
     let w = &spec.world;
@@ -294,15 +378,7 @@ pub fn run(
     let joiners: std::collections::BTreeSet<u16> = fault_of("join").into_keys().collect();
 
     let period_us = 1_000_000 / u64::from(w.tick_rate_hz);
-    let cfg = Config {
-        period_us,
-        leader_timeout_us: 250 * MS,
-        notarize_timeout_us: 500 * MS,
-        retry_us: 250 * MS,
-        sig_cache: Arc::new(SigCache::default()),
-        max_exec_lag: Some(4),
-        ..Config::default()
-    };
+    let cfg = consensus_config(period_us);
     let epoch_ticks = g.world.settings().epoch_ticks;
     // Cluster nodes: the validators, the observers, then a twin per `twin` fault.
     let mut nodes_of: BTreeMap<u16, Vec<NodeId>> = (0..total).map(|i| (i, vec![u32::from(i)])).collect();
@@ -351,13 +427,7 @@ pub fn run(
         let world = if diverging.contains_key(&k) { other_world()? } else { g.world.clone() };
         procs.push(make(node, world, actor)?);
     }
-    let net = NetConfig {
-        delay_min_us: (spec.network.delay_min_ms * 1000.0) as Time,
-        delay_max_us: (spec.network.delay_max_ms * 1000.0) as Time,
-        loss_ppm: (spec.network.loss_percent * 10_000.0) as u32,
-        duplicate_ppm: (spec.network.duplicate_percent * 10_000.0) as u32,
-    };
-    let mut c = Cluster::new(seed, net, procs);
+    let mut c = Cluster::new(seed, net_config(spec), procs);
     // A crashed node comes back from its "disk": consensus state and commit log.
     {
         let (cfg, keys, public, genesis_world) = (cfg.clone(), keys.clone(), public.clone(), g.world.clone());
@@ -399,29 +469,11 @@ pub fn run(
         }));
     }
     for f in &faults {
-        let at = (f.at_secs * 1e6) as Time;
-        let until = f.until_secs.map(|u| (u * 1e6) as Time);
-        match f.kind.as_str() {
-            "crash" => {
-                let node = NodeId::from(f.node.unwrap_or_default());
-                c.schedule_fault(at, Fault::Crash(node));
-                if let Some(u) = until {
-                    c.schedule_fault(u, Fault::Restart(node));
-                }
-            }
-            "partition" => c.add_partition(Partition {
-                from: at,
-                until: until.unwrap_or(Time::MAX),
-                groups: f.groups.iter().flatten().map(|g| g.iter().map(|x| NodeId::from(*x)).collect()).collect(),
-            }),
-            "skew" => c.set_skew(NodeId::from(f.node.unwrap_or_default()), f.skew_ms.unwrap_or_default() * 1000),
-            "join" => {
-                // Down from the start (before it has done anything), up at `at_secs`.
-                let node = NodeId::from(f.node.unwrap_or_default());
-                c.schedule_fault(0, Fault::Crash(node));
-                c.schedule_fault(at.max(1), Fault::Restart(node));
-            }
-            _ => {}
+        if !schedule_network_fault(&mut c, f) && f.kind == "join" {
+            // Down from the start (before it has done anything), up at `at_secs`.
+            let node = NodeId::from(f.node.unwrap_or_default());
+            c.schedule_fault(0, Fault::Crash(node));
+            c.schedule_fault(((f.at_secs * 1e6) as Time).max(1), Fault::Restart(node));
         }
     }
     let honest: Vec<NodeId> = (0..total)
@@ -539,22 +591,76 @@ pub fn run(
     };
     // The recording: the first honest node that is up.
     let rec_node = honest.iter().find_map(|h| c.node(*h)).context("no honest node is up at the end")?;
-    let roots = rec_node.executed_roots();
+    Ok((report, recording(rec_node, &g.world, w)?))
+}
+
+/// Agreement timing for the deterministic cluster at a tick period.
+pub(crate) fn consensus_config(period_us: u64) -> Config {
+    Config {
+        period_us,
+        leader_timeout_us: 250 * MS,
+        notarize_timeout_us: 500 * MS,
+        retry_us: 250 * MS,
+        sig_cache: Arc::new(SigCache::default()),
+        max_exec_lag: Some(4),
+        max_event_bytes: crate::core::MAX_BLOCK_EVENT_BYTES as usize,
+        ..Config::default()
+    }
+}
+
+/// Every link of the simulated network, as the scenario's `[network]` says.
+pub(crate) fn net_config(spec: &Scenario) -> NetConfig {
+    NetConfig {
+        delay_min_us: (spec.network.delay_min_ms * 1000.0) as Time,
+        delay_max_us: (spec.network.delay_max_ms * 1000.0) as Time,
+        loss_ppm: (spec.network.loss_percent * 10_000.0) as u32,
+        duplicate_ppm: (spec.network.duplicate_percent * 10_000.0) as u32,
+    }
+}
+
+/// Schedule a crash (and restart), partition or clock skew; false for other kinds.
+pub(crate) fn schedule_network_fault(c: &mut Cluster<Node>, f: &metatopia_scenarios::spec::FaultSpec) -> bool {
+    let at = (f.at_secs * 1e6) as Time;
+    let until = f.until_secs.map(|u| (u * 1e6) as Time);
+    let node = NodeId::from(f.node.unwrap_or_default());
+    match f.kind.as_str() {
+        "crash" => {
+            c.schedule_fault(at, Fault::Crash(node));
+            if let Some(u) = until {
+                c.schedule_fault(u, Fault::Restart(node));
+            }
+        }
+        "partition" => c.add_partition(Partition {
+            from: at,
+            until: until.unwrap_or(Time::MAX),
+            groups: f.groups.iter().flatten().map(|g| g.iter().map(|x| NodeId::from(*x)).collect()).collect(),
+        }),
+        "skew" => c.set_skew(node, f.skew_ms.unwrap_or_default() * 1000),
+        _ => return false,
+    }
+    true
+}
+
+/// What a node committed and executed, from genesis, for `replay verify` and `synctest`.
+pub(crate) fn recording(
+    node: &Node,
+    genesis: &World,
+    w: &metatopia_scenarios::spec::WorldSpec,
+) -> anyhow::Result<Recording> {
+    let roots = node.executed_roots();
     let mut ticks = Vec::new();
-    for o in &rec_node.log {
+    for o in &node.log {
         if let CoreOutput::Committed(r) = o
             && let Some(root) = roots.get(&Tick(r.tick))
         {
             ticks.push(((**r).clone(), *root));
         }
     }
-    let genesis_snapshot = Sim::new(g.world.clone(), RhaiHost::default(), AnyPhysics::of(&w.physics), 1)
+    let genesis = Sim::new(genesis.clone(), RhaiHost::default(), AnyPhysics::of(&w.physics), 1)
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .snapshot()
         .encode();
-    let recording =
-        Recording { physics: w.physics.clone(), time_scale: w.time_scale, genesis: genesis_snapshot, ticks };
-    Ok((report, recording))
+    Ok(Recording { physics: w.physics.clone(), time_scale: w.time_scale, genesis, ticks })
 }
 
 /// The payload of a step (`avatar`: the signer's avatar, for `move`).

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use metatopia_node::config::{BotsConfig, NodeConfig, ValidatorEntry, WorldConfig};
+use metatopia_node::config::{BotsConfig, NodeConfig, SimEntry, ValidatorEntry, WorldConfig};
 use metatopia_node::core::Outcome;
 use metatopia_node::http::{AccountView, ChatView, Client, ObjectView, RootView, Status};
 use metatopia_node::scenario::{self, Options, Report, Verdict, account_key};
@@ -22,7 +22,7 @@ use metatopia_node::store::{DataDir, write_atomic};
 use metatopia_scenarios::Scenario;
 use metatopia_scenarios::spec::Action;
 use metatopia_sim::event::account_of;
-use metatopia_sim::{EventId, ObjectId, SignedEvent, SimId};
+use metatopia_sim::{EventId, ObjectId, SignedEvent};
 
 struct Proc {
     child: Option<Child>,
@@ -102,7 +102,11 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     check_supported(spec, text)?;
     // Validators 0..count, then the observers (nodes that follow until admitted).
     let validators_n = usize::from(spec.validators.count);
-    let n = validators_n + usize::from(spec.validators.observers);
+    // Nodes per sim; with several sims, sim k's nodes are (k-1)·per … k·per-1.
+    let per = validators_n + usize::from(spec.validators.observers);
+    let sims = spec.world.sims.max(1) as usize;
+    let n = per * sims;
+    let sim_of = |i: usize| i / per;
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
     }
@@ -127,9 +131,17 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
             address: ([127, 0, 0, 1], ports[i]).into(),
             quic: Some(([127, 0, 0, 1], quic[i]).into()),
-            observer: i >= validators_n,
+            observer: i % per >= validators_n,
         });
     }
+    // Each sim's own entries (joiners are in none).
+    let hex_keys: Vec<String> = dirs
+        .iter()
+        .map(|d| d.key().map(|k| metatopia_sim::ids::hex(k.verifying_key().as_bytes())))
+        .collect::<Result<_, _>>()?;
+    let entries_of = |k: usize| -> Vec<ValidatorEntry> {
+        validators.iter().filter(|v| hex_keys[k * per..(k + 1) * per].contains(&v.key)).cloned().collect()
+    };
     let file = std::fs::canonicalize(file)?;
     let scripts = std::fs::canonicalize(&opts.scripts_dir)
         .with_context(|| format!("the scripts directory {}", opts.scripts_dir.display()))?;
@@ -147,6 +159,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             tick_rate_hz: spec.world.tick_rate_hz,
             snapshot_every: 640,
             world: WorldConfig {
+                sim_id: sim_of(i) as u32 + 1,
                 seed: if diverging.contains(&i) { opts.seed ^ 0xd1fe } else { opts.seed },
                 time_scale: spec.world.time_scale,
                 scenario: Some(file.clone()),
@@ -156,15 +169,29 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             bots: BotsConfig {
                 events_per_tick: if usize::from(spec.bots.node) == i { spec.bots.events_per_tick } else { 0 },
             },
-            validators: validators.clone(),
+            validators: entries_of(sim_of(i)),
             join: None,
+            sims: (0..sims)
+                .filter(|k| *k != sim_of(i))
+                .map(|k| SimEntry { sim_id: k as u32 + 1, validators: entries_of(k) })
+                .collect(),
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }
-    let node_cfg = NodeConfig::load(&dirs[0].config_path())?;
-    let accounts: Vec<_> =
-        node_cfg.genesis_validators()?.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect();
-    let g = scenario::genesis(spec, opts.seed, opts, &accounts)?;
+    // Each sim's genesis (its named objects' ids, for the steps).
+    let mut accounts = Vec::new();
+    for k in 0..sims {
+        let node_cfg = NodeConfig::load(&dirs[k * per].config_path())?;
+        accounts.push(
+            node_cfg.genesis_validators()?.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect::<Vec<_>>(),
+        );
+    }
+    let gs = (0..sims)
+        .map(|k| {
+            let place = (sims > 1).then(|| scenario::place_of(&spec.world, k as u32, &accounts));
+            scenario::genesis_in(spec, opts.seed, opts, &accounts[k], place.as_ref())
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let honest: Vec<usize> = (0..n).filter(|i| !diverging.contains(i)).collect();
 
     let mut procs: Vec<Proc> = Vec::new();
@@ -270,11 +297,12 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
                 let me = account_of(&key);
                 let view = clients[via].get::<AccountView>(&format!("/v1/accounts/{me}"))?;
                 let avatar = view.and_then(|a| a.avatar).and_then(|a| metatopia_client::conn::parse_object(&a));
-                let payload =
-                    scenario::payload(s, &g.objects, avatar, opts, &public).with_context(|| format!("line {line}"))?;
+                let k = sim_of(via);
+                let payload = scenario::payload(s, &gs[k].objects, avatar, opts, &public[k * per..(k + 1) * per])
+                    .with_context(|| format!("line {line}"))?;
                 let nonce = nonces.entry(s.by.clone()).or_default();
                 *nonce += 1;
-                SignedEvent::new(&key, SimId(1), *nonce, payload)
+                SignedEvent::new(&key, gs[k].world.sim(), *nonce, payload)
             };
             if let Some(l) = &s.label {
                 labelled.insert(l.clone(), event.id());
@@ -315,7 +343,11 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     // Let in-flight acts execute everywhere.
     std::thread::sleep(Duration::from_millis(1_000));
     let up: Vec<usize> = honest.iter().copied().filter(|i| procs[*i].child.is_some()).collect();
-    let verdicts = judge(spec, text, &clients, &up, &procs, &g.objects, &labelled, roles)?;
+    let verdicts = if sims > 1 {
+        judge_world(spec, text, &clients, &up, per, &gs)?
+    } else {
+        judge(spec, text, &clients, &up, &procs, &gs[0].objects, &labelled, roles)?
+    };
     let ticks = (0..n).map(|i| status(i).map(|s| s.tick + 1)).collect();
     for p in &mut procs {
         if let Some(c) = p.child.as_mut() {
@@ -481,6 +513,138 @@ fn judge(
             other => anyhow::bail!("line {line}: unknown expectation {other:?}"),
         };
         out.push(vd);
+    }
+    Ok(out)
+}
+
+/// The roots of the last 200 ticks that all of `nodes` remember: (ticks compared, first
+/// tick that differs).
+fn compare_roots(clients: &[Client], nodes: &[usize], low: u64) -> (u64, Option<u64>) {
+    let mut compared = 0;
+    for t in low.saturating_sub(200)..=low {
+        let roots: Vec<Option<RootView>> =
+            nodes.iter().map(|i| clients[*i].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten()).collect();
+        let known: Vec<&RootView> = roots.iter().flatten().collect();
+        if known.len() == nodes.len() {
+            compared += 1;
+            if known.iter().any(|r| r.root != known[0].root) {
+                return (compared, Some(t));
+            }
+        }
+    }
+    (compared, None)
+}
+
+/// The expectations of a world of several sims, from the nodes' HTTP services.
+fn judge_world(
+    spec: &Scenario,
+    text: &str,
+    clients: &[Client],
+    up: &[usize],
+    per: usize,
+    gs: &[scenario::Genesis],
+) -> anyhow::Result<Vec<Verdict>> {
+    let status: BTreeMap<usize, Status> =
+        up.iter().filter_map(|i| clients[*i].get::<Status>("/v1/status").ok().flatten().map(|s| (*i, s))).collect();
+    let mut agree = (true, String::new());
+    let mut compared = 0;
+    // Per sim: its nodes that are up, the objects its first one holds, and its crossings.
+    let mut objects: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    let mut in_transit: BTreeMap<String, u32> = BTreeMap::new();
+    let (mut left, mut arrived) = (0, 0);
+    for k in 0..gs.len() {
+        let nodes: Vec<usize> = up.iter().copied().filter(|i| i / per == k && status.contains_key(i)).collect();
+        let first = *nodes.first().with_context(|| format!("no node of sim {} is up at the end", k + 1))?;
+        let low = nodes.iter().map(|i| status[i].tick).min().unwrap_or(0);
+        let (n, bad) = compare_roots(clients, &nodes, low);
+        compared += n;
+        if let Some(t) = bad.filter(|_| agree.0) {
+            agree = (false, format!("sim {}: roots differ at tick {t}", k + 1));
+        }
+        let list: Vec<ObjectView> = clients[first].get("/v1/objects")?.unwrap_or_default();
+        for o in list {
+            objects.entry(o.name).or_default().push(k as u32 + 1);
+        }
+        for name in &status[&first].in_transit {
+            *in_transit.entry(name.clone()).or_default() += 1;
+        }
+        left += nodes.iter().map(|i| status[i].departures).max().unwrap_or(0);
+        arrived += nodes.iter().map(|i| status[i].arrivals).max().unwrap_or(0);
+    }
+    if agree.0 {
+        agree.1 = format!("{compared} tick roots compared within {} sims", gs.len());
+    }
+    let mut out = vec![Verdict {
+        line: 0,
+        what: "each sim's nodes agree (always checked)".into(),
+        ok: agree.0 && compared > 0,
+        detail: agree.1.clone(),
+    }];
+    for e in &spec.expect {
+        let v = e.get_ref();
+        let line = Scenario::line_of(text, e.span());
+        let verdict = |what: String, ok: bool, detail: String| Verdict { line, what, ok, detail };
+        out.push(match v.kind.as_str() {
+            "roots_equal" => verdict("roots equal within every sim".into(), out[0].ok, agree.1.clone()),
+            "min_ticks" => {
+                let want = v.ticks.unwrap_or_default();
+                let got: Vec<u64> = status.values().map(|s| s.tick + 1).collect();
+                verdict(format!("every node executed {want} ticks"), got.iter().all(|t| *t >= want), format!("{got:?}"))
+            }
+            "no_desync" => {
+                let bad: Vec<_> = status.values().filter_map(|s| s.desynced).collect();
+                verdict("no node diverged".into(), bad.is_empty(), format!("{bad:?}"))
+            }
+            "objects" => {
+                let want = v.count.unwrap_or_default();
+                let names: std::collections::BTreeSet<&String> = objects.keys().chain(in_transit.keys()).collect();
+                verdict(
+                    format!("{want} objects in the world at the end"),
+                    names.len() as u64 == want,
+                    names.len().to_string(),
+                )
+            }
+            "object_text" => {
+                let name = v.object.as_deref().unwrap_or_default();
+                let want = v.text.as_deref().unwrap_or_default();
+                let mut got = None;
+                for k in objects.get(name).into_iter().flatten() {
+                    let first = up.iter().copied().find(|i| i / per == *k as usize - 1 && status.contains_key(i));
+                    let list: Vec<ObjectView> =
+                        first.and_then(|f| clients[f].get("/v1/objects").ok().flatten()).unwrap_or_default();
+                    got = list.into_iter().find(|o| o.name == name).map(|o| o.text);
+                }
+                verdict(format!("{name} shows {want:?}"), got.as_deref() == Some(want), format!("{got:?}"))
+            }
+            "in_sim" => {
+                let name = v.object.as_deref().unwrap_or_default();
+                let want = v.sim.unwrap_or_default();
+                let got = objects.get(name).cloned().unwrap_or_default();
+                verdict(format!("{name} ends in sim {want}"), got == [want], format!("in sims {got:?}"))
+            }
+            "handoffs" => {
+                let want = v.count.unwrap_or_default();
+                let transit = in_transit.keys().filter(|n| !objects.contains_key(*n)).count() as u64;
+                let doubled: Vec<&String> = objects
+                    .iter()
+                    .filter(|(_, s)| s.len() > 1)
+                    .map(|(n, _)| n)
+                    .chain(in_transit.iter().filter(|(_, c)| **c > 1).map(|(n, _)| n))
+                    .collect();
+                let lost: Vec<&String> = gs
+                    .iter()
+                    .flat_map(|g| g.objects.keys())
+                    .filter(|n| !objects.contains_key(*n) && !in_transit.contains_key(*n))
+                    .collect();
+                let ok = arrived >= want && left == arrived + transit && doubled.is_empty() && lost.is_empty();
+                verdict(
+                    format!("at least {want} bodies crossed between sims, each exactly once"),
+                    ok,
+                    format!("{left} left, {arrived} arrived, {transit} in transit; doubled {doubled:?}, lost {lost:?}"),
+                )
+            }
+            other => anyhow::bail!("line {line}: expectation {other:?} is not supported with several sims"),
+        });
     }
     Ok(out)
 }

@@ -150,6 +150,18 @@ pub struct Saved {
     pub log: Vec<LogRecord>,
 }
 
+/// Where the other sims of a world of several sims are, for one node.
+#[derive(Clone, Debug)]
+pub struct WorldPlace {
+    /// This node's cluster id.
+    pub me: NodeId,
+    /// Every cluster node of this node's sim (broadcasts stay inside the sim).
+    pub sim_nodes: Arc<Vec<NodeId>>,
+    /// The validators' cluster nodes of each neighbour sim: this node sends its signed copy of
+    /// the mail for a neighbour to one of them (chosen by `me`, so copies spread).
+    pub neighbours: Arc<BTreeMap<metatopia_sim::SimId, Vec<NodeId>>>,
+}
+
 /// One node of a simulated sim.
 pub struct CoreProcess<A, H, P> {
     pub core: NodeCore<A, H, P>,
@@ -157,6 +169,8 @@ pub struct CoreProcess<A, H, P> {
     pub nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>>,
     /// What the core handed out besides messages, in order (executed ticks, divergences).
     pub log: Vec<CoreOutput>,
+    /// Set in a world of several sims.
+    pub place: Option<WorldPlace>,
 }
 
 impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for CoreProcess<A, H, P> {
@@ -167,14 +181,36 @@ impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for CoreProcess<A, H, P>
 
 impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
     pub fn new(core: NodeCore<A, H, P>, nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>>) -> Self {
-        CoreProcess { core, nodes_of, log: Vec::new() }
+        CoreProcess { core, nodes_of, log: Vec::new(), place: None }
+    }
+
+    /// A node of one sim of several in the same cluster.
+    pub fn in_world(mut self, place: WorldPlace) -> Self {
+        self.place = Some(place);
+        self
     }
 
     /// Forward the core's outputs: messages to the network, the rest to the log.
     pub fn drain(&mut self, out: &mut Outbox<NodeMsg>) {
         while let Some(o) = self.core.poll_output() {
             match o {
-                CoreOutput::Broadcast(m) => out.broadcast(m),
+                CoreOutput::Broadcast(m) => match &self.place {
+                    Some(p) => {
+                        for n in p.sim_nodes.iter().filter(|n| **n != p.me) {
+                            out.send(*n, m.clone());
+                        }
+                    }
+                    None => out.broadcast(m),
+                },
+                CoreOutput::Mail { to, tick, event } => {
+                    if let Some(p) = &self.place
+                        && let Some(nodes) = p.neighbours.get(&to).filter(|n| !n.is_empty())
+                    {
+                        out.send(nodes[p.me as usize % nodes.len()], NodeMsg::Mail(event));
+                    }
+                    // The log keeps where and when (the bytes left).
+                    self.log.push(CoreOutput::Mail { to, tick, event: Vec::new() });
+                }
                 CoreOutput::Send(to, m) => {
                     for n in self.nodes_of.get(&to.0).into_iter().flatten() {
                         out.send(*n, m.clone());
@@ -212,6 +248,12 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H,
     type Msg = NodeMsg;
 
     fn on_message(&mut self, now: Time, from: NodeId, msg: NodeMsg, out: &mut Outbox<NodeMsg>) {
+        if let NodeMsg::Mail(_) = msg {
+            // From a neighbour sim's validator: not a peer of this sim.
+            self.core.handle_message(now, ValidatorIndex(u16::MAX), msg);
+            self.drain(out);
+            return;
+        }
         let Some(from) = self.index_of(from) else { return };
         self.core.handle_message(now, from, msg);
         self.drain(out);

@@ -96,6 +96,18 @@ impl<P: PhysicsStage> PhysicsStage for TimedPhysics<P> {
     fn root(&self) -> Hash32 {
         self.inner.root()
     }
+
+    fn deliver(&mut self, from: metatopia_sim::SimId, mail: &[u8]) {
+        self.inner.deliver(from, mail)
+    }
+
+    fn rename(&mut self, from: metatopia_sim::ObjectId, to: metatopia_sim::ObjectId) {
+        self.inner.rename(from, to)
+    }
+
+    fn despawn(&mut self, object: metatopia_sim::ObjectId) {
+        self.inner.despawn(object)
+    }
 }
 
 #[cfg(test)]

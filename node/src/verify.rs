@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use metatopia_sim::SignedEvent;
 
-use crate::core::MAX_EVENT_BYTES;
+use crate::core::MAX_BLOCK_EVENT_BYTES;
 
 /// Verdicts remembered (the oldest are forgotten first).
 const KEEP: usize = 1 << 17;
@@ -70,7 +70,7 @@ impl Verifier {
                         continue;
                     }
                     // Undecodable bytes have no verdict: execution skips them the same way.
-                    if let Ok(e) = SignedEvent::decode(&bytes, MAX_EVENT_BYTES) {
+                    if let Ok(e) = SignedEvent::decode(&bytes, MAX_BLOCK_EVENT_BYTES) {
                         let ok = e.verify();
                         shared.lock().unwrap_or_else(|e| e.into_inner()).insert(key, ok);
                     }

@@ -27,6 +27,9 @@ pub enum NodeMsg {
     /// view) to follow from. The joiner trusts the snapshot only when its root is the one f+1
     /// validators of that epoch reported.
     JoinSnapshot { tick: u64, bytes: Vec<u8>, agreement: Vec<u8> },
+    /// A neighbour sim's mail for this sim: a signed event (`Payload::Mail`) from one of its
+    /// validators, for this sim's pool (DESIGN §7).
+    Mail(Vec<u8>),
 }
 
 /// Why bytes are not a node message.
@@ -68,6 +71,7 @@ impl NodeMsg {
             NodeMsg::SimInfo { .. } => "sim-info",
             NodeMsg::JoinRequest => "join-request",
             NodeMsg::JoinSnapshot { .. } => "join-snapshot",
+            NodeMsg::Mail(_) => "mail",
         }
     }
 }

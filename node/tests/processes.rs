@@ -71,6 +71,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
             bots: BotsConfig { events_per_tick: if i == 0 { 8 } else { 0 } },
             validators: validators.clone(),
             join: None,
+            sims: Vec::new(),
         };
         write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
     }

@@ -115,6 +115,18 @@ fn a_bad_scenario_file_is_an_error_naming_the_line() {
     assert!(!ok && err.contains("line 3") && err.contains("wordl"), "{err}");
 }
 
+/// Two sims of four real nodes each (eight processes over libp2p): a scripted object and a
+/// ball cross the border between them, each exactly once, the counter's state intact.
+#[test]
+fn two_sims_side_by_side_hand_bodies_over_as_real_processes() {
+    let dir = std::env::temp_dir().join(format!("metatopia-scenario-sims-{}", std::process::id()));
+    let file = root().join("catalogue").join("border-crossing.toml");
+    let (ok, out, err) = cli(&["scenario", "run", file.to_str().unwrap(), "--real", "--dir", dir.to_str().unwrap()]);
+    assert!(ok && out.contains("passed") && !out.contains("FAIL"), "{out}\n{err}");
+    assert!(out.contains("2 left, 2 arrived, 0 in transit"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_subset_of_the_catalogue_passes_as_real_processes_on_loopback() {
     let base = std::env::temp_dir().join(format!("metatopia-scenario-real-{}", std::process::id()));

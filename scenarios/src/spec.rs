@@ -47,8 +47,11 @@ fn one() -> u64 {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorldSpec {
-    /// Sims side by side (only 1 for now).
+    /// Sims side by side, on a grid of `columns` columns (default: as square as it gets),
+    /// numbered 1, 2, … row by row from the south-west; sim k's validators are nodes
+    /// (k-1)·n … k·n-1. Each sim runs one `region_size` square; bodies cross between them.
     pub sims: u32,
+    pub columns: Option<u32>,
     /// Side of the square region, metres.
     pub region_size: i64,
     pub tick_rate_hz: u32,
@@ -74,6 +77,7 @@ impl Default for WorldSpec {
     fn default() -> WorldSpec {
         WorldSpec {
             sims: 1,
+            columns: None,
             region_size: 64,
             tick_rate_hz: 20,
             random_objects: 0,
@@ -87,6 +91,15 @@ impl Default for WorldSpec {
             kick_cooldown_secs: None,
             aoi_radius_m: None,
         }
+    }
+}
+
+impl WorldSpec {
+    /// Columns and rows of the grid of sims.
+    pub fn layout(&self) -> (u32, u32) {
+        let sims = self.sims.max(1);
+        let cols = self.columns.unwrap_or_else(|| (1..=sims).find(|c| c * c >= sims).unwrap_or(1)).clamp(1, sims);
+        (cols, sims.div_ceil(cols))
     }
 }
 
@@ -251,7 +264,8 @@ pub struct FaultSpec {
 #[serde(deny_unknown_fields)]
 pub struct Expect {
     /// `roots_equal`, `min_ticks`, `objects`, `chat_seen`, `role`, `outcome`, `no_desync`,
-    /// `desync`, `resynced`, `object_text`.
+    /// `desync`, `resynced`, `object_text`; with several sims, `handoffs` (at least `count`
+    /// bodies crossed between sims, each exactly once) and `in_sim` (`object` ends in `sim`).
     pub kind: String,
     pub ticks: Option<u64>,
     pub count: Option<u64>,
@@ -264,6 +278,8 @@ pub struct Expect {
     pub reason: Option<String>,
     pub node: Option<u16>,
     pub object: Option<String>,
+    /// A sim number (`in_sim`).
+    pub sim: Option<u32>,
 }
 
 /// A scenario file error, with the line it is about.
@@ -289,7 +305,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 const BEHAVIOURS: [&str; 4] = ["equivocate", "double_vote", "invalid_signatures", "withhold"];
-const EXPECT_KINDS: [&str; 13] = [
+const EXPECT_KINDS: [&str; 15] = [
     "validator",
     "observer",
     "roots_equal",
@@ -303,6 +319,8 @@ const EXPECT_KINDS: [&str; 13] = [
     "resynced",
     "joined",
     "object_text",
+    "handoffs",
+    "in_sim",
 ];
 
 impl Scenario {
@@ -326,10 +344,23 @@ impl Scenario {
         if !(self.duration_secs > 0.0 && self.duration_secs <= 3_600.0) {
             return Err(top(format!("duration_secs must be in (0, 3600], not {}", self.duration_secs)));
         }
-        if w.sims != 1 {
-            return Err(top(
-                "world.sims: several sims side by side are not built yet (cross-sim handoff); use 1".into()
-            ));
+        if !(1..=16).contains(&w.sims) {
+            return Err(top(format!("world.sims must be 1..=16, not {}", w.sims)));
+        }
+        if w.columns.is_some_and(|c| c == 0 || c > w.sims) {
+            return Err(top(format!("world.columns must be 1..={}", w.sims)));
+        }
+        let several = w.sims > 1;
+        if several {
+            let unsupported = [
+                (w.physics != "rapier", "world.physics = \"rapier\" (only rapier regions hand bodies over)"),
+                (self.validators.observers > 0, "no observers"),
+                (w.random_objects > 0 || w.random_players > 0, "no random objects or players"),
+                (self.bots.events_per_tick > 0, "no bots"),
+            ];
+            if let Some((_, what)) = unsupported.iter().find(|(bad, _)| *bad) {
+                return Err(top(format!("several sims (world.sims = {}) need {what}, for now", w.sims)));
+            }
         }
         if !(1..=240).contains(&w.tick_rate_hz) {
             return Err(top(format!("world.tick_rate_hz must be 1..=240, not {}", w.tick_rate_hz)));
@@ -351,7 +382,7 @@ impl Scenario {
             return Err(top("validators.observers: at most 8".into()));
         }
         // Validators and observers: the nodes a step, crash or expectation may name.
-        let total = n + self.validators.observers;
+        let total = if several { n * w.sims as u16 } else { n + self.validators.observers };
         let net = &self.network;
         if !(net.delay_min_ms >= 0.0 && net.delay_min_ms <= net.delay_max_ms && net.delay_max_ms <= 10_000.0) {
             return Err(top("network: need 0 <= delay_min_ms <= delay_max_ms <= 10000".into()));
@@ -396,6 +427,11 @@ impl Scenario {
             }
             if let Some(owner) = &v.owner {
                 account(o.span(), owner, "owner")?;
+            }
+            let (cols, rows) = w.layout();
+            let (wx, wy) = ((i64::from(cols) * w.region_size) as f64, (i64::from(rows) * w.region_size) as f64);
+            if !(v.at[0] >= 0.0 && v.at[1] >= 0.0 && v.at[0] < wx && v.at[1] < wy) {
+                return Err(at(o.span(), format!("`at` {:?} is outside the world (0..{wx}, 0..{wy})", v.at)));
             }
         }
         let labels: BTreeSet<&str> = self.steps.iter().filter_map(|s| s.get_ref().label.as_deref()).collect();
@@ -446,6 +482,9 @@ impl Scenario {
             match v.kind.as_str() {
                 "crash" | "skew" | "diverge" if !node_ok => {
                     return Err(at(f.span(), format!("{} needs `node` in 0..{total}", v.kind)));
+                }
+                "byzantine" | "twin" | "diverge" | "join" if several => {
+                    return Err(at(f.span(), format!("{} faults need a single sim, for now", v.kind)));
                 }
                 "byzantine" | "twin" if !validator_ok => {
                     return Err(at(f.span(), format!("{} needs a validator: `node` in 0..{n}", v.kind)));
@@ -502,11 +541,26 @@ impl Scenario {
             let need = |field: &str, present: bool| {
                 if present { Ok(()) } else { Err(at(e.span(), format!("{} needs `{field}`", v.kind))) }
             };
+            let single_only = ["validator", "observer", "joined", "resynced", "desync", "role", "outcome", "chat_seen"];
+            if several && single_only.contains(&v.kind.as_str()) {
+                return Err(at(e.span(), format!("{} expectations need a single sim, for now", v.kind)));
+            }
             match v.kind.as_str() {
                 "min_ticks" => need("ticks", v.ticks.is_some())?,
                 "objects" => need("count", v.count.is_some())?,
                 "chat_seen" => need("text", v.text.is_some())?,
                 "object_text" => need("object and text", v.object.is_some() && v.text.is_some())?,
+                "handoffs" | "in_sim" if !several => {
+                    return Err(at(e.span(), format!("{} needs several sims (world.sims > 1)", v.kind)));
+                }
+                "handoffs" => need("count", v.count.is_some())?,
+                "in_sim" => {
+                    need("object and sim", v.object.is_some() && v.sim.is_some())?;
+                    if v.sim.is_some_and(|s| s == 0 || s > w.sims) {
+                        return Err(at(e.span(), format!("sim must be 1..={}", w.sims)));
+                    }
+                }
+
                 "role" => {
                     need("account, role and at_tick", v.account.is_some() && v.role.is_some() && v.at_tick.is_some())?;
                     account(e.span(), v.account.as_deref().unwrap_or_default(), "account")?;

@@ -229,16 +229,10 @@ pub trait PhysicsStage: Send {
     /// The digest of the carried state.
     fn root(&self) -> Hash32;
     /// Certified mail from the neighbour sim `from` for the next step. A stage without
-    /// neighbours ignores it.
-    fn deliver(&mut self, from: SimId, mail: &[u8]) {
-        let _ = (from, mail);
-    }
+    /// neighbours ignores it. (No default for these three: a wrapper must pass them on.)
+    fn deliver(&mut self, from: SimId, mail: &[u8]);
     /// Give an arrived body (see [`Border::Arrived`]) the world's id for it.
-    fn rename(&mut self, from: ObjectId, to: ObjectId) {
-        let _ = (from, to);
-    }
+    fn rename(&mut self, from: ObjectId, to: ObjectId);
     /// Drop a body at once (an arrival the world cannot take).
-    fn despawn(&mut self, object: ObjectId) {
-        let _ = object;
-    }
+    fn despawn(&mut self, object: ObjectId);
 }

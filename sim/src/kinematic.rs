@@ -133,6 +133,13 @@ impl PhysicsStage for KinematicPhysics {
     fn root(&self) -> Hash32 {
         Hash32(*blake3::keyed_hash(&crate::merkle::keys::SUBSYSTEM, &self.save()).as_bytes())
     }
+
+    // One lone region: it has no neighbours, so nothing crosses.
+    fn deliver(&mut self, _from: crate::ids::SimId, _mail: &[u8]) {}
+
+    fn rename(&mut self, _from: ObjectId, _to: ObjectId) {}
+
+    fn despawn(&mut self, _object: ObjectId) {}
 }
 
 /// Keep a coordinate in `[lo, hi)`, reflecting it and its velocity at the edges.

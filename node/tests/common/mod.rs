@@ -72,6 +72,7 @@ impl Cluster {
                 bots: BotsConfig::default(),
                 validators: validators.clone(),
                 join: None,
+                sims: Vec::new(),
             };
             write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
         }
