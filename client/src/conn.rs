@@ -133,6 +133,9 @@ struct Link {
     rx: tokio::sync::mpsc::Receiver<ServerMsg>,
 }
 
+/// How long a client that followed its avatar into another sim waits for the avatar to arrive.
+const ARRIVAL_WAIT: Duration = Duration::from_secs(5);
+
 /// A client of one account.
 #[derive(Debug)]
 pub struct Client {
@@ -151,6 +154,8 @@ pub struct Client {
     name: Option<String>,
     /// Times this client moved to another node.
     pub failovers: u32,
+    /// Times it followed its avatar into another sim.
+    pub crossings: u32,
     /// Why the node closed this client's session on purpose (kicked, banned, misbehaving): it
     /// does not fail over then.
     closed: Option<String>,
@@ -215,6 +220,7 @@ impl Client {
             pending: VecDeque::new(),
             name: None,
             failovers: 0,
+            crossings: 0,
             closed: None,
         };
         c.link = Some(LinkBox(c.dial(bootstrap).await?));
@@ -228,10 +234,7 @@ impl Client {
         // Clients spread over the sim's nodes by account (all of a sim's nodes serve the same
         // state); a bootstrap that does not serve the sim is always left. The keys come from
         // the pinned bootstrap, so the next connection is pinned too.
-        let pick = {
-            let a = account_of(&c.key).0;
-            u64::from_le_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]) as usize % c.nodes.len()
-        };
+        let pick = c.pick();
         if c.nodes[pick].key != bootstrap.key {
             let node = c.nodes[pick].clone();
             match c.dial(&node).await {
@@ -242,6 +245,42 @@ impl Client {
         }
         c.follow().await?;
         Ok(c)
+    }
+
+    /// This account's node among the sim's (clients spread over a sim's nodes by account).
+    fn pick(&self) -> usize {
+        let a = account_of(&self.key).0;
+        u64::from_le_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]) as usize % self.nodes.len().max(1)
+    }
+
+    /// The avatar crossed into `sim`: leave this node for one of that sim's and follow the avatar
+    /// there (the sim gives the arrived avatar to the same account).
+    async fn move_to(&mut self, sim: u32, nodes: Vec<NodeAddr>) -> anyhow::Result<()> {
+        anyhow::ensure!(!nodes.is_empty(), "told to move to sim {sim}, but given none of its nodes");
+        self.sim = sim;
+        self.nodes = nodes;
+        // The nonce is per sim: ask the new sim for the account's last one.
+        self.nonce = 0;
+        self.link = None;
+        let node = self.nodes[self.pick()].clone();
+        match self.dial(&node).await {
+            Ok(link) => self.link = Some(LinkBox(link)),
+            Err(_) => self.reconnect().await?,
+        }
+        self.view = View::default();
+        self.crossings += 1;
+        self.follow().await?;
+        // The old sim tells us when the avatar leaves; the new one has it a few ticks later,
+        // once the handoff's mail is certified there. Wait for it (briefly) so that acts that
+        // need the avatar work as soon as this returns.
+        let deadline = tokio::time::Instant::now() + ARRIVAL_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            if self.account_view().await?.is_some_and(|a| a.avatar.is_some()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
     }
 
     async fn dial(&self, node: &NodeAddr) -> anyhow::Result<Link> {
@@ -324,7 +363,7 @@ impl Client {
     /// no node of the sim answers any more.
     pub async fn next(&mut self) -> Option<ServerMsg> {
         if let Some(m) = self.pending.pop_front() {
-            return Some(m);
+            return self.handle(m).await;
         }
         loop {
             let got = match self.link.as_mut() {
@@ -339,7 +378,7 @@ impl Client {
                         self.closed = Some(message.clone());
                     }
                     self.view.apply(&m);
-                    return Some(m);
+                    return self.handle(m).await;
                 }
                 None if self.closed.is_some() => {
                     self.link = None;
@@ -353,6 +392,17 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// What a message asks of the client itself: a `Moved` takes it to the avatar's new sim.
+    async fn handle(&mut self, m: ServerMsg) -> Option<ServerMsg> {
+        if let ServerMsg::Moved { sim, nodes } = &m
+            && let Err(e) = self.move_to(*sim, nodes.clone()).await
+        {
+            tracing::warn!("following the avatar into sim {sim}: {e:#}");
+            return None;
+        }
+        Some(m)
     }
 
     /// Messages until `deadline`, or until `until` accepts one (`true`) or the stream ends.

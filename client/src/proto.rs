@@ -419,6 +419,11 @@ pub enum ServerMsg {
         sim: u32,
         nodes: Vec<NodeAddr>,
     },
+    /// The followed avatar crossed into the neighbour sim `sim`: continue on one of its nodes.
+    Moved {
+        sim: u32,
+        nodes: Vec<NodeAddr>,
+    },
     Submitted {
         r#ref: u64,
         id: String,

@@ -134,6 +134,9 @@ pub enum CoreOutput {
         rejected: u32,
         /// What was said this tick (by avatars and scripts).
         chat: Vec<metatopia_sim::ChatLine>,
+        /// Avatars that crossed into a neighbour sim this tick: their accounts and that sim
+        /// (clients following them move to a node of it).
+        avatars_left: Vec<(metatopia_sim::AccountId, metatopia_sim::SimId)>,
     },
     /// A peer reported a different root for a tick, but fewer than f+1 did: the peer is faulty.
     PeerDiverged {
@@ -751,12 +754,21 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     return;
                 }
                 self.sign_mail(&report.mail);
+                let world = self.sim.world();
+                let avatars_left = report
+                    .left
+                    .iter()
+                    .filter_map(|(id, to)| world.links().departed().get(id).map(|d| (&d.record.object, *to)))
+                    .filter(|(o, _)| o.kind == metatopia_sim::state::ObjectKind::Avatar)
+                    .map(|(o, to)| (o.owner, to))
+                    .collect();
                 self.out.push_back(CoreOutput::Executed {
                     tick,
                     root: report.root,
                     accepted: report.accepted,
                     rejected: report.rejected.len() as u32,
                     chat: report.chat,
+                    avatars_left,
                 });
             }
             Err(e) => {

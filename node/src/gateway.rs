@@ -56,7 +56,16 @@ pub enum Feed {
         account: String,
         why: &'static str,
     },
+    /// This account's avatar crossed into the neighbour sim `sim`: sessions following it are
+    /// told to move to a node of that sim.
+    Moved {
+        account: String,
+        sim: u32,
+    },
 }
+
+/// Crossed avatars remembered for `Route`.
+pub const MAX_MOVED: usize = 65_536;
 
 /// What sessions share with the node's loop.
 #[derive(Debug)]
@@ -68,6 +77,11 @@ pub struct Hub {
     pub nodes: Vec<NodeAddr>,
     /// Connected sessions.
     pub clients: AtomicU32,
+    /// The other sims of the world and their nodes (from `[[sims]]`).
+    pub sims: BTreeMap<u32, Vec<NodeAddr>>,
+    /// Accounts whose avatar crossed from this sim into another, and that sim (newest crossing;
+    /// at most [`MAX_MOVED`] remembered): where `Route` sends their clients.
+    pub moved: RwLock<BTreeMap<String, u32>>,
     /// Sessions waiting for the outcome of an event they submitted (resolved by the loop after
     /// every executed tick: pushed, not polled).
     waiters: std::sync::Mutex<BTreeMap<metatopia_sim::EventId, Vec<oneshot::Sender<proto::Outcome>>>>,
@@ -81,8 +95,29 @@ impl Hub {
             sim,
             nodes,
             clients: AtomicU32::new(0),
+            sims: BTreeMap::new(),
+            moved: RwLock::new(BTreeMap::new()),
             waiters: std::sync::Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The other sims of the world, for `Route` and `Moved`.
+    pub fn with_sims(mut self, sims: BTreeMap<u32, Vec<NodeAddr>>) -> Hub {
+        self.sims = sims;
+        self
+    }
+
+    /// An avatar crossed into `sim`: its clients are told to move there, and `Route` sends
+    /// them there from now on.
+    pub fn avatar_moved(&self, account: String, sim: u32) {
+        {
+            let mut moved = self.moved.write().unwrap_or_else(|e| e.into_inner());
+            if moved.len() >= MAX_MOVED && !moved.contains_key(&account) {
+                moved.pop_first();
+            }
+            moved.insert(account.clone(), sim);
+        }
+        self.publish(Feed::Moved { account, sim });
     }
 
     /// Tell the sessions waiting for events that now have an outcome; forget the waiters that
@@ -532,9 +567,22 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                     Some(Ok(msg)) => msg,
                 };
                 let reply = match msg {
-                    ClientMsg::Route { .. } => {
-                        // One sim per node for now: the answer is this sim's nodes.
-                        Some(ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() })
+                    ClientMsg::Route { account } => {
+                        // This sim, unless the account's avatar crossed from here into another
+                        // sim (and has not come back): then that sim's nodes.
+                        let account = account.to_ascii_lowercase();
+                        let moved = hub.moved.read().unwrap_or_else(|e| e.into_inner()).get(&account).copied();
+                        let here = match parse_hash(&account) {
+                            Some(id) => ask(&s, |tx| Query::Account(metatopia_sim::AccountId(id), tx))
+                                .await
+                                .flatten()
+                                .is_some_and(|a| a.avatar.is_some()),
+                            None => false,
+                        };
+                        match moved.filter(|_| !here).and_then(|sim| hub.sims.get(&sim).map(|n| (sim, n))) {
+                            Some((sim, nodes)) => Some(ServerMsg::Route { sim, nodes: nodes.clone() }),
+                            None => Some(ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() }),
+                        }
                     }
                     ClientMsg::Interest { follow, radius_m, max_hz } => {
                         if let Some(f) = follow.as_deref().filter(|f| parse_hash(f).is_none()) {
@@ -616,6 +664,12 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                         ServerMsg::Chat(c)
                     }
                     Ok(Feed::Status(st)) => ServerMsg::Status(st),
+                    Ok(Feed::Moved { account, sim }) => {
+                        if view.follow.as_ref() != Some(&account) {
+                            continue;
+                        }
+                        ServerMsg::Moved { sim, nodes: hub.sims.get(&sim).cloned().unwrap_or_default() }
+                    }
                     Ok(Feed::Removed { account, why }) => {
                         if view.follow.as_ref() == Some(&account) || view.authors.contains(&account) {
                             let message = format!("{why} by the sim's admin: disconnected");

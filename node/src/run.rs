@@ -448,12 +448,13 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let (query_tx, mut queries) = tokio::sync::mpsc::channel::<Query>(1024);
     let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
     // The client service: the nodes of this sim clients may use (QUIC on each one's listen port).
-    let nodes = cfg
-        .validators
-        .iter()
-        .map(|v| metatopia_client::proto::NodeAddr { key: v.key.to_ascii_lowercase(), addr: v.address.to_string() })
-        .collect();
-    let hub = std::sync::Arc::new(Hub::new(cfg.world.sim_id, nodes));
+    let node_addrs = |vs: &[metatopia_node::config::ValidatorEntry]| -> Vec<metatopia_client::proto::NodeAddr> {
+        vs.iter()
+            .map(|v| metatopia_client::proto::NodeAddr { key: v.key.to_ascii_lowercase(), addr: v.address.to_string() })
+            .collect()
+    };
+    let other_sims = cfg.sims.iter().map(|s| (s.sim_id, node_addrs(&s.validators))).collect();
+    let hub = std::sync::Arc::new(Hub::new(cfg.world.sim_id, node_addrs(&cfg.validators)).with_sims(other_sims));
     let g = core.sim().world().governance();
     let mut removed = Removed { kicked: g.kicked_until_ms.clone(), banned: g.banned.clone() };
     let service = Service {
@@ -547,7 +548,10 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     meter.latency(metatopia_node::unix_ms().saturating_sub(rec.time_ms) as f64);
                     committed = true;
                 }
-                CoreOutput::Executed { tick, root, accepted, rejected, chat: lines } => {
+                CoreOutput::Executed { tick, root, accepted, rejected, chat: lines, avatars_left } => {
+                    for (account, sim) in avatars_left {
+                        hub.avatar_moved(account.to_string(), sim.0);
+                    }
                     for l in lines {
                         let line = metatopia_node::http::ChatView {
                             tick: tick.0,

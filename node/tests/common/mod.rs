@@ -39,16 +39,23 @@ pub struct Cluster {
 #[allow(dead_code)]
 impl Cluster {
     pub fn start(name: &str, scenario: &str) -> Cluster {
-        use metatopia_node::config::{BotsConfig, NodeConfig, ValidatorEntry, WorldConfig};
+        Cluster::world(name, scenario, 1)
+    }
+
+    /// `sims` sims of four validators each (sim k's are nodes 4(k-1) … 4k-1), on the world of a
+    /// catalogue scenario with that many sims.
+    pub fn world(name: &str, scenario: &str, sims: usize) -> Cluster {
+        use metatopia_node::config::{BotsConfig, NodeConfig, SimEntry, ValidatorEntry, WorldConfig};
         use metatopia_node::store::{DataDir, write_atomic};
+        let n = 4 * sims;
         let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let root = std::env::temp_dir().join(format!("metatopia-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let ls: Vec<_> = (0..8).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let ls: Vec<_> = (0..2 * n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
         let ports: Vec<u16> = ls.iter().map(|l| l.local_addr().unwrap().port()).collect();
         drop(ls);
-        let quic = metatopia_node::net::free_udp_ports(4).unwrap();
-        let dirs: Vec<std::path::PathBuf> = (0..4).map(|i| root.join(format!("node-{i}"))).collect();
+        let quic = metatopia_node::net::free_udp_ports(n).unwrap();
+        let dirs: Vec<std::path::PathBuf> = (0..n).map(|i| root.join(format!("node-{i}"))).collect();
         let validators: Vec<ValidatorEntry> = dirs
             .iter()
             .zip(&ports)
@@ -60,19 +67,24 @@ impl Cluster {
                 observer: false,
             })
             .collect();
+        let of_sim = |k: usize| validators[4 * k..4 * k + 4].to_vec();
         let world = repo.join("scenarios").join("catalogue").join(scenario).canonicalize().unwrap();
         for (i, d) in dirs.iter().enumerate() {
+            let k = i / 4;
             let cfg = NodeConfig {
                 listen: validators[i].address,
                 quic: validators[i].quic,
-                http: Some(([127, 0, 0, 1], ports[4 + i]).into()),
+                http: Some(([127, 0, 0, 1], ports[n + i]).into()),
                 tick_rate_hz: 20,
                 snapshot_every: 640,
-                world: WorldConfig { scenario: Some(world.clone()), ..WorldConfig::default() },
+                world: WorldConfig { sim_id: k as u32 + 1, scenario: Some(world.clone()), ..WorldConfig::default() },
                 bots: BotsConfig::default(),
-                validators: validators.clone(),
+                validators: of_sim(k),
                 join: None,
-                sims: Vec::new(),
+                sims: (0..sims)
+                    .filter(|j| *j != k)
+                    .map(|j| SimEntry { sim_id: j as u32 + 1, validators: of_sim(j) })
+                    .collect(),
             };
             write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
         }
@@ -94,10 +106,10 @@ impl Cluster {
             root,
             nodes,
             join: validators.iter().map(|v| format!("{}@{}", v.key, v.address)).collect(),
-            http: (0..4).map(|i| format!("127.0.0.1:{}", ports[4 + i])).collect(),
+            http: (0..n).map(|i| format!("127.0.0.1:{}", ports[n + i])).collect(),
         };
         let t0 = std::time::Instant::now();
-        while cluster.status(0).is_none_or(|s| s.tick < 10) {
+        while (0..sims).any(|k| cluster.status(4 * k).is_none_or(|s| s.tick < 10)) {
             assert!(t0.elapsed() < std::time::Duration::from_secs(120), "the nodes did not start ticking");
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
