@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
-use metatopia_node::config::{BotsConfig, NodeConfig, ValidatorEntry, WorldConfig};
+use metatopia_node::config::{BotsConfig, NodeConfig, SimEntry, ValidatorEntry, WorldConfig};
 use metatopia_node::store::{DataDir, write_atomic, write_key};
 
 #[derive(Debug, clap::Args)]
@@ -48,29 +48,9 @@ const DEVNET_SCENARIO: &str = include_str!("../../scenarios/catalogue/devnet.tom
 
 pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     anyhow::ensure!((4..=31).contains(&args.nodes), "--nodes must be 4..=31 (n = 3f + 1 with f >= 1)");
-    // A devnet is disposable: data from an older version of this program starts over.
-    let stale = (0..args.nodes).any(|i| DataDir::incompatible(&args.dir.join(format!("node-{i}"))));
-    if stale && !args.fresh {
-        println!("{} holds devnet data from an older version of metatopia: starting fresh", args.dir.display());
-    }
-    if (args.fresh || stale) && args.dir.exists() {
-        std::fs::remove_dir_all(&args.dir).with_context(|| format!("removing {}", args.dir.display()))?;
-    }
-    let dirs: Vec<DataDir> =
-        (0..args.nodes).map(|i| DataDir::open(&args.dir.join(format!("node-{i}")))).collect::<Result<_, _>>()?;
-    let mut validators = Vec::new();
-    for (i, d) in dirs.iter().enumerate() {
-        let key = d.key()?;
-        let address = std::net::SocketAddr::from(([127, 0, 0, 1], args.port + i as u16));
-        validators.push(ValidatorEntry {
-            key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
-            address,
-            quic: Some(std::net::SocketAddr::from(([127, 0, 0, 1], args.port + 2000 + i as u16))),
-            observer: false,
-        });
-    }
     // The world: the given scenario file, or the built-in one with the example scripts, both
     // written into the devnet's directory so the nodes read them from there.
+    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let (scenario, scripts) = match &args.scenario {
         Some(f) => {
             let f = std::fs::canonicalize(f).with_context(|| format!("the scenario {}", f.display()))?;
@@ -89,57 +69,115 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         }
     };
     let (spec, _) = metatopia_node::scenario::load(&scenario)?;
-    let world = WorldConfig {
-        seed: spec.seed,
-        time_scale: spec.world.time_scale,
-        scenario: Some(scenario.clone()),
-        scripts: Some(scripts),
-        ..WorldConfig::default()
-    };
+    // Sim k's validators are nodes (k-1)·n … k·n-1.
+    let sims = spec.world.sims.max(1) as usize;
+    let per = usize::from(args.nodes);
+    let total = per * sims;
+    anyhow::ensure!(total <= 64, "{sims} sims × {per} nodes is more than the 64 processes a devnet runs");
+    // A devnet is disposable: data from an older version of this program starts over.
+    let stale = (0..total).any(|i| DataDir::incompatible(&args.dir.join(format!("node-{i}"))));
+    if stale && !args.fresh {
+        println!("{} holds devnet data from an older version of metatopia: starting fresh", args.dir.display());
+    }
+    if args.fresh || stale {
+        for i in 0.. {
+            let d = args.dir.join(format!("node-{i}"));
+            if !d.exists() {
+                break;
+            }
+            std::fs::remove_dir_all(&d).with_context(|| format!("removing {}", d.display()))?;
+        }
+    }
+    let dirs: Vec<DataDir> =
+        (0..total).map(|i| DataDir::open(&args.dir.join(format!("node-{i}")))).collect::<Result<_, _>>()?;
+    let mut validators = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
+        let key = d.key()?;
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], args.port + i as u16));
+        validators.push(ValidatorEntry {
+            key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
+            address,
+            quic: Some(std::net::SocketAddr::from(([127, 0, 0, 1], args.port + 2000 + i as u16))),
+            observer: false,
+        });
+    }
+    let of_sim = |k: usize| validators[k * per..(k + 1) * per].to_vec();
+    for (i, d) in dirs.iter().enumerate() {
+        let k = i / per;
+        let world = WorldConfig {
+            sim_id: k as u32 + 1,
+            seed: spec.seed,
+            time_scale: spec.world.time_scale,
+            scenario: Some(scenario.clone()),
+            scripts: Some(scripts.clone()),
+            ..WorldConfig::default()
+        };
         let cfg = NodeConfig {
             listen: validators[i].address,
             quic: validators[i].quic,
             http: None,
             tick_rate_hz: args.rate,
             snapshot_every: 640,
-            world: world.clone(),
-            bots: BotsConfig { events_per_tick: if i == 0 { args.bots } else { 0 } },
-            validators: validators.clone(),
+            world,
+            bots: BotsConfig { events_per_tick: if i == 0 && sims == 1 { args.bots } else { 0 } },
+            validators: of_sim(k),
             join: None,
-            sims: Vec::new(),
+            sims: (0..sims)
+                .filter(|j| *j != k)
+                .map(|j| SimEntry { sim_id: j as u32 + 1, validators: of_sim(j) })
+                .collect(),
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }
-    println!(
-        "devnet: {} validators of one sim ({}) on 127.0.0.1:{}..{}, {} Hz, {} bot events per tick; data in {}",
-        args.nodes,
-        scenario.display(),
-        args.port,
-        args.port + args.nodes - 1,
-        args.rate,
-        args.bots,
-        args.dir.display()
-    );
+    let (cols, rows) = spec.world.layout();
+    if sims == 1 {
+        println!(
+            "devnet: {per} validators of one sim ({}) on 127.0.0.1:{}..{}, {} Hz, {} bot events per tick; data in {}",
+            scenario.display(),
+            args.port,
+            args.port + args.nodes - 1,
+            args.rate,
+            args.bots,
+            args.dir.display()
+        );
+    } else {
+        println!(
+            "devnet: a {cols}×{rows} world of {sims} sims of {} m ({}), {per} validators each on 127.0.0.1:{}..{} (sim k: the k-th {per}), {} Hz; data in {}",
+            spec.world.region_size,
+            scenario.display(),
+            args.port,
+            args.port + total as u16 - 1,
+            args.rate,
+            args.dir.display()
+        );
+    }
     println!("join address: {}@{}", validators[0].key, validators[0].address);
     // The admin's key, so the devnet can be governed with `metatopia admin`.
     let admin = match spec.accounts.iter().find(|a| a.get_ref().admin) {
         Some(a) => metatopia_node::scenario::account_key(&a.get_ref().name),
-        None => metatopia_sim::genesis::demo_key(world.seed, 0),
+        None => metatopia_sim::genesis::demo_key(spec.seed, 0),
     };
     let admin_key = args.dir.join("admin.key");
     write_key(&admin_key, &admin)?;
-    let http0 = std::net::SocketAddr::new(validators[0].address.ip(), validators[0].address.port() + 1000);
+    let http = |i: usize| std::net::SocketAddr::new(validators[i].address.ip(), validators[i].address.port() + 1000);
+    let http0 = http(0);
     println!(
         "node http: http://{http0} .. port {} (/healthz /readyz /metrics); `metatopia stats --node {http0}`",
-        http0.port() + args.nodes - 1
+        http0.port() + total as u16 - 1
     );
     println!("admin: `metatopia admin --node {http0} --key {} status`", admin_key.display());
-    println!("web viewer: http://{http0}/  (any node's http port serves it); Ctrl-C stops the devnet");
+    if sims == 1 {
+        println!("web viewer: http://{http0}/  (any node's http port serves it); Ctrl-C stops the devnet");
+    } else {
+        let urls: Vec<String> = (0..sims).map(|k| format!("sim {}: http://{}/", k + 1, http(k * per))).collect();
+        println!("web viewer, one per sim (a node shows its own sim): {}; Ctrl-C stops the devnet", urls.join("  "));
+    }
     println!("terminal client: `metatopia client --node {}@{} --name you`", validators[0].key, validators[0].address);
     println!(
-        "another node: `metatopia run --data-dir <new dir> --join {}@{} --listen 127.0.0.1:7500`",
-        validators[0].key, validators[0].address
+        "another node: `metatopia run --data-dir <new dir> --join {}@{} --listen 127.0.0.1:{}`",
+        validators[0].key,
+        validators[0].address,
+        args.port + 100
     );
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -283,6 +283,21 @@ pub fn genesis_in(
                 time_ms: 0,
             });
             world.set_genesis_neighbours(p.neighbours.clone(), p.bounds).map_err(|e| anyhow::anyhow!("{e}"))?;
+            // The demo's random prims (seeded per sim), moved into this sim's square.
+            let prims = demo_world(DemoSpec {
+                seed: seed ^ u64::from(p.sim.0).wrapping_mul(0x9e37_79b9),
+                sim: p.sim,
+                objects: w.random_objects,
+                players: 0,
+                scripted_per_mille: 0,
+                moving_per_mille: w.moving_per_mille,
+                region_size: w.region_size,
+            });
+            for o in prims.world.objects().values().filter(|o| o.kind == ObjectKind::Prim) {
+                let at = p.region.origin + o.position;
+                let name = format!("sim{}-{}", p.sim.0, o.name);
+                world.add_genesis_object(o.kind, o.owner, name, o.shape, at, o.velocity, o.color, o.text.clone());
+            }
             world
         }
     };

@@ -355,7 +355,7 @@ impl Scenario {
             let unsupported = [
                 (w.physics != "rapier", "world.physics = \"rapier\" (only rapier regions hand bodies over)"),
                 (self.validators.observers > 0, "no observers"),
-                (w.random_objects > 0 || w.random_players > 0, "no random objects or players"),
+                (w.random_players > 0, "no random players"),
                 (self.bots.events_per_tick > 0, "no bots"),
             ];
             if let Some((_, what)) = unsupported.iter().find(|(bad, _)| *bad) {
