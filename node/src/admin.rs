@@ -42,7 +42,23 @@ pub fn stats(args: StatsArgs) -> anyhow::Result<()> {
 pub fn render_stats(s: &Status) -> String {
     let root = s.root.get(..16).unwrap_or(&s.root);
     let desync = s.desynced.map(|t| format!("\nDIVERGED at tick {t}: this node stopped executing")).unwrap_or_default();
-    format!(
+    let neighbours = if s.neighbours.is_empty() {
+        String::new()
+    } else {
+        let sims: Vec<String> = s.neighbours.iter().map(u32::to_string).collect();
+        format!(
+            "neighbour sims     {} · mail {} signed, {} taken in
+             crossings          {} left, {} arrived, {} in transit
+",
+            sims.join(", "),
+            s.mail_sent,
+            s.mail_received,
+            s.departures,
+            s.arrivals,
+            s.in_transit.len()
+        )
+    };
+    let text = format!(
         "sim {} · node {} of {} · tick {} · root {root}…{desync}\n\
          tick rate          {} Hz\n\
          time dilation      {:.2}\n\
@@ -73,7 +89,8 @@ pub fn render_stats(s: &Status) -> String {
         s.pool_events,
         s.peers,
         s.validators.saturating_sub(1),
-    )
+    );
+    text + neighbours.as_str()
 }
 
 #[derive(Debug, clap::Args)]

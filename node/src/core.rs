@@ -432,8 +432,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 }
                 self.offered(from, tick, &bytes);
             }
-            // Answered by the node's shell (they are about files, not the sim's state).
-            NodeMsg::SimInfoRequest | NodeMsg::SimInfo { .. } => {}
+            // Answered by the node's shell (about files, or between sims' nodes).
+            NodeMsg::SimInfoRequest | NodeMsg::SimInfo { .. } | NodeMsg::Locate { .. } | NodeMsg::Located { .. } => {}
             NodeMsg::Mail(event) => {
                 self.now = now;
                 if self.check_mail(&event).is_ok() {

@@ -579,7 +579,15 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                                 .is_some_and(|a| a.avatar.is_some()),
                             None => false,
                         };
-                        match moved.filter(|_| !here).and_then(|sim| hub.sims.get(&sim).map(|n| (sim, n))) {
+                        // Not here and not known to have left from here: ask the neighbours.
+                        let located = match (here, moved, parse_hash(&account)) {
+                            (false, None, Some(id)) => {
+                                ask(&s, |tx| Query::Locate(metatopia_sim::AccountId(id), tx)).await.flatten()
+                            }
+                            _ => None,
+                        };
+                        let elsewhere = if here { None } else { moved.or(located) };
+                        match elsewhere.and_then(|sim| hub.sims.get(&sim).map(|n| (sim, n))) {
                             Some((sim, nodes)) => Some(ServerMsg::Route { sim, nodes: nodes.clone() }),
                             None => Some(ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() }),
                         }

@@ -77,6 +77,9 @@ pub enum Query {
     Root(u64, oneshot::Sender<Option<RootView>>),
     /// Chat heard since a tick (kept by the loop: the last 1,024 lines).
     Chat(u64, oneshot::Sender<Vec<ChatView>>),
+    /// Which neighbour sim this account's avatar is in (asked of the neighbours' nodes; `None`
+    /// when none says within a second). Answered by the node's loop, which has the mesh.
+    Locate(AccountId, oneshot::Sender<Option<u32>>),
 }
 
 /// Answer a query on the loop that owns the core (`chat`: the lines the loop kept).
@@ -88,6 +91,10 @@ pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(
 ) {
     // A dropped receiver only means the HTTP client went away.
     match q {
+        // Only a loop with a mesh can ask the neighbours.
+        Query::Locate(_, tx) => {
+            let _ = tx.send(None);
+        }
         Query::Submit(bytes, tx) => {
             let _ = tx.send(core.submit_event(now, bytes).map_err(|e| e.to_string()));
         }

@@ -491,24 +491,49 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     tokio::pin!(ctrl_c);
     let mut last_root = core.root();
     let (mut last_report, mut last_report_tick) = (std::time::Instant::now(), core.sim().world().tick().0);
+    // Clients' route questions waiting for a neighbour's answer.
+    let mut locating: Vec<(metatopia_sim::AccountId, tokio::sync::oneshot::Sender<Option<u32>>, std::time::Instant)> =
+        Vec::new();
     let outcome: anyhow::Result<&str> = loop {
         let deadline = core.poll_timeout().unwrap_or(u64::MAX);
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()).min(1_000_000));
         let started = std::time::Instant::now();
         tokio::select! {
-            q = queries.recv() => {
-                if let Some(q) = q {
-                    metatopia_node::http::answer(&mut core, now_us(), &chat, q);
+            q = queries.recv() => match q {
+                // Where is an avatar that is not here? Ask one node of each neighbour sim.
+                Some(metatopia_node::http::Query::Locate(account, tx)) => {
+                    for nodes in neighbour_nodes.values().filter(|n| !n.is_empty()) {
+                        mesh.send(nodes[me % nodes.len()], &NodeMsg::Locate { account: account.0 });
+                    }
+                    if neighbour_nodes.is_empty() {
+                        let _ = tx.send(None);
+                    } else {
+                        locating.push((account, tx, std::time::Instant::now() + Duration::from_secs(1)));
+                    }
                 }
-            }
+                Some(q) => metatopia_node::http::answer(&mut core, now_us(), &chat, q),
+                None => {}
+            },
             m = inbox.recv() => {
                 match m {
-                    // A neighbour sim's node: only its mail is for this sim.
-                    Some(MeshEvent::Message(from, msg)) if mesh.is_outsider(from.0) => {
-                        if let NodeMsg::Mail(_) = msg {
-                            core.handle_message(now_us(), from, msg);
+                    // A neighbour sim's node: its mail, and where avatars are.
+                    Some(MeshEvent::Message(from, msg)) if mesh.is_outsider(from.0) => match msg {
+                        NodeMsg::Mail(_) => core.handle_message(now_us(), from, msg),
+                        NodeMsg::Locate { account } => {
+                            let here = core.sim().world().account(&metatopia_sim::AccountId(account));
+                            if here.is_some_and(|a| a.avatar.is_some()) {
+                                mesh.send(from.0, &NodeMsg::Located { account, sim: cfg.world.sim_id });
+                            }
                         }
-                    }
+                        NodeMsg::Located { account, .. } => {
+                            // The sim is the sender's, whatever it says.
+                            let sim = neighbour_nodes.iter().find(|(_, n)| n.contains(&from.0)).map(|(s, _)| s.0);
+                            for (_, tx, _) in locating.extract_if(.., |(a, _, _)| a.0 == account) {
+                                let _ = tx.send(sim);
+                            }
+                        }
+                        _ => {}
+                    },
                     Some(MeshEvent::Message(from, NodeMsg::SimInfoRequest)) => mesh.send(from.0, &sim_info),
                     Some(MeshEvent::Message(from, msg)) => core.handle_message(now_us(), from, msg),
                     Some(MeshEvent::Joined { index, key }) => {
@@ -533,6 +558,10 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                 }
             }
             _ = &mut ctrl_c => break Ok("by Ctrl-C"),
+        }
+        let now = std::time::Instant::now();
+        for (_, tx, _) in locating.extract_if(.., |(_, _, deadline)| *deadline <= now) {
+            let _ = tx.send(None);
         }
         // Log commits first, then make the votes durable, then send (a restarted node must never
         // vote differently, nor have voted for what it has not logged).
@@ -761,6 +790,13 @@ fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash
     metrics::gauge!("metatopia_scripts").set(st.scripts as f64);
     metrics::gauge!("metatopia_accounts").set(st.accounts as f64);
     metrics::gauge!("metatopia_pool_events").set(st.pool_events as f64);
+    if !st.neighbours.is_empty() {
+        metrics::gauge!("metatopia_mail_signed").set(st.mail_sent as f64);
+        metrics::gauge!("metatopia_mail_received").set(st.mail_received as f64);
+        metrics::gauge!("metatopia_departures").set(st.departures as f64);
+        metrics::gauge!("metatopia_arrivals").set(st.arrivals as f64);
+        metrics::gauge!("metatopia_in_transit").set(st.in_transit.len() as f64);
+    }
 }
 
 /// Once a second: dilation, latency quantiles and the time per tick in execution, scripts and

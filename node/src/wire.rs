@@ -10,26 +10,48 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeMsg {
     /// A consensus message of validator epoch `epoch` (0 until the set first changes).
-    Consensus { epoch: u64, msg: Message },
+    Consensus {
+        epoch: u64,
+        msg: Message,
+    },
     /// "Send me your newest state": from a node that diverged (or joins).
     SnapshotRequest,
     /// The sender's state after executing ticks `0..tick` (an encoded `Snapshot`). Trusted by
     /// the receiver only when its root is the one 2f+1 validators reported for `tick - 1`.
-    Snapshot { tick: u64, bytes: Vec<u8> },
+    Snapshot {
+        tick: u64,
+        bytes: Vec<u8>,
+    },
     /// "Send me what a new node of this sim needs to start": from `run --join`.
     SimInfoRequest,
     /// The sim's description: its config (`config.toml` without this node's own settings) and
     /// the files it names (the scenario and its scripts), by relative path.
-    SimInfo { config: String, files: Vec<(String, String)> },
+    SimInfo {
+        config: String,
+        files: Vec<(String, String)>,
+    },
     /// "Send me your state and where your agreement is": from a node joining the running sim.
     JoinRequest,
     /// The answer: a snapshot as in `Snapshot`, and the sender's agreement state (its epoch and
     /// view) to follow from. The joiner trusts the snapshot only when its root is the one f+1
     /// validators of that epoch reported.
-    JoinSnapshot { tick: u64, bytes: Vec<u8>, agreement: Vec<u8> },
+    JoinSnapshot {
+        tick: u64,
+        bytes: Vec<u8>,
+        agreement: Vec<u8>,
+    },
     /// A neighbour sim's mail for this sim: a signed event (`Payload::Mail`) from one of its
     /// validators, for this sim's pool (DESIGN §7).
     Mail(Vec<u8>),
+    /// From a neighbour sim's node: "is this account's avatar in your sim?" (a client asked it
+    /// for a route). Answered with `Located` only when it is.
+    Locate {
+        account: [u8; 32],
+    },
+    Located {
+        account: [u8; 32],
+        sim: u32,
+    },
 }
 
 /// Why bytes are not a node message.
@@ -72,6 +94,8 @@ impl NodeMsg {
             NodeMsg::JoinRequest => "join-request",
             NodeMsg::JoinSnapshot { .. } => "join-snapshot",
             NodeMsg::Mail(_) => "mail",
+            NodeMsg::Locate { .. } => "locate",
+            NodeMsg::Located { .. } => "located",
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Two sims side by side as real processes (four `metatopia run` nodes each, over libp2p), and a
 //! native client whose avatar walks across the border: the client is handed to a node of the
 //! next sim with its avatar intact, acts there, and a client of the same account bootstrapped at
-//! the first sim is routed to the second.
+//! the first sim is routed to the second; so is one whose avatar was never in the first (its
+//! node asks the neighbours).
 
 mod common;
 
@@ -45,4 +46,12 @@ async fn a_client_walking_across_a_border_is_handed_to_the_next_sims_node_with_i
     assert_eq!(again.sim(), 2, "a client bootstrapped at sim 1 is routed to the avatar's sim");
     let st = cluster.status(0).unwrap();
     assert!(st.departures >= 1 && st.neighbours == [2], "{st:?}");
+    // An avatar that was never in sim 1: sim 1's node asks its neighbours where it is.
+    let other = SigningKey::from_bytes(&[43; 32]);
+    let mut local = Client::connect(&sim2[2], other.clone()).await.unwrap();
+    assert_eq!(local.sim(), 2, "no avatar anywhere yet: the bootstrap's own sim");
+    local.login("stay-at-home").await.unwrap();
+    let far = Client::connect(&sim1[3], other).await.unwrap();
+    assert_eq!(far.sim(), 2, "a far bootstrap routes the client to the sim its avatar is in");
+    assert!(sim2.iter().any(|n| Some(&n.key) == far.node().map(|x| &x.key)));
 }
