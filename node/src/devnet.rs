@@ -41,10 +41,16 @@ pub struct DevnetArgs {
     /// steps are ignored). Default: the built-in devnet scenario (scenarios/catalogue/devnet.toml).
     #[arg(long)]
     scenario: Option<PathBuf>,
+    /// The built-in 2×2 world of four sims instead (scenarios/catalogue/devnet-world.toml):
+    /// `--nodes` validators per sim, 16 processes by default (about all of a 2-core machine).
+    #[arg(long, conflicts_with = "scenario")]
+    grid: bool,
 }
 
 /// The built-in default world.
 const DEVNET_SCENARIO: &str = include_str!("../../scenarios/catalogue/devnet.toml");
+/// The built-in world of several sims (`--grid`).
+const GRID_SCENARIO: &str = include_str!("../../scenarios/catalogue/devnet-world.toml");
 
 pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     anyhow::ensure!((4..=31).contains(&args.nodes), "--nodes must be 4..=31 (n = 3f + 1 with f >= 1)");
@@ -59,7 +65,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         }
         None => {
             let f = args.dir.join("scenario.toml");
-            write_atomic(&f, DEVNET_SCENARIO.as_bytes())?;
+            write_atomic(&f, if args.grid { GRID_SCENARIO } else { DEVNET_SCENARIO }.as_bytes())?;
             let scripts = args.dir.join("scripts");
             std::fs::create_dir_all(&scripts)?;
             for (name, src) in metatopia_node::scenario::EXAMPLE_SCRIPTS {
@@ -68,7 +74,15 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             (std::fs::canonicalize(f)?, std::fs::canonicalize(scripts)?)
         }
     };
-    let (spec, _) = metatopia_node::scenario::load(&scenario)?;
+    let (spec, text) = metatopia_node::scenario::load(&scenario)?;
+    // Another world than the last devnet in this directory ran: its nodes' data is of no use.
+    let stamp = args.dir.join("world.stamp");
+    let this_world =
+        format!("{}\n{}\n", scenario.display(), metatopia_sim::ids::hex(blake3::hash(text.as_bytes()).as_bytes()));
+    let other_world = std::fs::read_to_string(&stamp).is_ok_and(|w| w != this_world);
+    if other_world && !args.fresh {
+        println!("{} held a devnet of another world: starting fresh", args.dir.display());
+    }
     // Sim k's validators are nodes (k-1)·n … k·n-1.
     let sims = spec.world.sims.max(1) as usize;
     let per = usize::from(args.nodes);
@@ -79,7 +93,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     if stale && !args.fresh {
         println!("{} holds devnet data from an older version of metatopia: starting fresh", args.dir.display());
     }
-    if args.fresh || stale {
+    if args.fresh || stale || other_world {
         for i in 0.. {
             let d = args.dir.join(format!("node-{i}"));
             if !d.exists() {
@@ -88,6 +102,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             std::fs::remove_dir_all(&d).with_context(|| format!("removing {}", d.display()))?;
         }
     }
+    write_atomic(&stamp, this_world.as_bytes())?;
     let dirs: Vec<DataDir> =
         (0..total).map(|i| DataDir::open(&args.dir.join(format!("node-{i}")))).collect::<Result<_, _>>()?;
     let mut validators = Vec::new();
