@@ -77,8 +77,8 @@ pub enum Query {
     Root(u64, oneshot::Sender<Option<RootView>>),
     /// Chat heard since a tick (kept by the loop: the last 1,024 lines).
     Chat(u64, oneshot::Sender<Vec<ChatView>>),
-    /// Which neighbour sim this account's avatar is in (asked of the neighbours' nodes; `None`
-    /// when none says within a second). Answered by the node's loop, which has the mesh.
+    /// Which other sim this account's avatar is in (asked of a node of every sim in `[[sims]]`;
+    /// `None` when none says within a second). Answered by the node's loop, which has the mesh.
     Locate(AccountId, oneshot::Sender<Option<u32>>),
 }
 

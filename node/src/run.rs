@@ -396,11 +396,11 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let (mesh, mut inbox) = Mesh::start(&key, cfg.listen, cfg.quic, peers)
         .await
         .with_context(|| format!("listening for peers on tcp {} and quic {:?}", cfg.listen, cfg.quic))?;
-    // The neighbour sims' validators: this node's sim's mail goes to them (and theirs comes from
-    // them); they are peers of the mesh, but not of this sim's agreement.
-    let mut neighbour_nodes: std::collections::BTreeMap<SimId, Vec<u16>> = Default::default();
-    for sim in core.sim().world().links().neighbours.keys() {
-        let Some(entry) = cfg.sims.iter().find(|s| s.sim_id == sim.0) else { continue };
+    // The other sims' validators (`[[sims]]`): peers of the mesh, never of this sim's agreement.
+    // This sim's mail goes to its neighbours' (and theirs comes from them); any of them may be
+    // asked where an avatar is.
+    let mut sim_nodes: std::collections::BTreeMap<SimId, Vec<u16>> = Default::default();
+    for entry in &cfg.sims {
         let peers = entry
             .validators
             .iter()
@@ -410,8 +410,11 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                 Ok(PeerAddr { key, tcp: Some(v.address), quic: v.quic })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        neighbour_nodes.insert(*sim, mesh.add_outsiders(peers));
+        sim_nodes.insert(SimId(entry.sim_id), mesh.add_outsiders(peers));
     }
+    let neighbours = &core.sim().world().links().neighbours;
+    let neighbour_nodes: std::collections::BTreeMap<SimId, Vec<u16>> =
+        sim_nodes.iter().filter(|(s, _)| neighbours.contains_key(s)).map(|(s, n)| (*s, n.clone())).collect();
     if !neighbour_nodes.is_empty() {
         let names: Vec<String> = neighbour_nodes.keys().map(ToString::to_string).collect();
         println!("neighbour sims: {} (their mail counts with f+1 of their validators' signatures)", names.join(", "));
@@ -500,12 +503,12 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         tokio::select! {
             q = queries.recv() => match q {
-                // Where is an avatar that is not here? Ask one node of each neighbour sim.
+                // Where is an avatar that is not here? Ask one node of each other sim.
                 Some(metatopia_node::http::Query::Locate(account, tx)) => {
-                    for nodes in neighbour_nodes.values().filter(|n| !n.is_empty()) {
+                    for nodes in sim_nodes.values().filter(|n| !n.is_empty()) {
                         mesh.send(nodes[me % nodes.len()], &NodeMsg::Locate { account: account.0 });
                     }
-                    if neighbour_nodes.is_empty() {
+                    if sim_nodes.is_empty() {
                         let _ = tx.send(None);
                     } else {
                         locating.push((account, tx, std::time::Instant::now() + Duration::from_secs(1)));
@@ -516,7 +519,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             },
             m = inbox.recv() => {
                 match m {
-                    // A neighbour sim's node: its mail, and where avatars are.
+                    // Another sim's node: a neighbour's mail, and where avatars are.
                     Some(MeshEvent::Message(from, msg)) if mesh.is_outsider(from.0) => match msg {
                         NodeMsg::Mail(_) => core.handle_message(now_us(), from, msg),
                         NodeMsg::Locate { account } => {
@@ -527,7 +530,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                         }
                         NodeMsg::Located { account, .. } => {
                             // The sim is the sender's, whatever it says.
-                            let sim = neighbour_nodes.iter().find(|(_, n)| n.contains(&from.0)).map(|(s, _)| s.0);
+                            let sim = sim_nodes.iter().find(|(_, n)| n.contains(&from.0)).map(|(s, _)| s.0);
                             for (_, tx, _) in locating.extract_if(.., |(a, _, _)| a.0 == account) {
                                 let _ = tx.send(sim);
                             }
