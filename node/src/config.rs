@@ -300,4 +300,31 @@ address = "127.0.0.1:7003"
         c.validators.truncate(1);
         assert!(c.check().unwrap_err().to_string().contains("at least 4"));
     }
+
+    #[test]
+    fn other_sims_are_checked_and_read() {
+        let key = "3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29";
+        let sims =
+            format!("{GOOD}[[sims]]\nsim_id = 2\n[[sims.validators]]\nkey = \"{key}\"\naddress = \"127.0.0.1:7010\"\n");
+        let c: NodeConfig = toml::from_str(&sims).unwrap();
+        c.check().unwrap();
+        assert_eq!(c.sim_validators(2).unwrap().map(|v| v.len()), Some(1));
+        assert_eq!(c.sim_validators(3).unwrap(), None);
+        let again: NodeConfig = toml::from_str(&c.commented()).unwrap();
+        assert_eq!(again, c, "what init writes reads back");
+        // This node's own sim, a sim listed twice, a sim without validators, a bad key.
+        let own: NodeConfig = toml::from_str(&sims.replace("sim_id = 2", "sim_id = 1")).unwrap();
+        assert!(own.check().unwrap_err().to_string().contains("listed twice (or is this node's own sim)"));
+        let mut twice = c.clone();
+        twice.sims.push(c.sims[0].clone());
+        assert!(twice.check().unwrap_err().to_string().contains("sim 2 is listed twice"));
+        let mut empty = c.clone();
+        empty.sims[0].validators.clear();
+        assert!(empty.check().unwrap_err().to_string().contains("no validators"));
+        let unknown = toml::from_str::<NodeConfig>(&sims.replace("7010\"", "7010\"\nfoo = 1")).unwrap_err();
+        assert!(unknown.to_string().contains("foo"), "{unknown}");
+        let at = sims.rfind(key).unwrap();
+        let bad_key: NodeConfig = toml::from_str(&format!("{}zz{}", &sims[..at], &sims[at + 2..])).unwrap();
+        assert!(format!("{:#}", bad_key.check().unwrap_err()).contains("sims[0].validators[0].key"));
+    }
 }

@@ -990,4 +990,51 @@ mod tests {
         assert_eq!(set.len(), 4, "{set:?}");
         assert!(!set.contains(&metatopia_sim::AccountId(keys[4].to_bytes())), "the observer votes only once admitted");
     }
+
+    #[test]
+    fn a_sim_of_several_needs_its_neighbours_validators_and_gets_them_into_its_world() {
+        let entries = |from: u8| -> Vec<ValidatorEntry> {
+            (from..from + 4)
+                .map(|i| ValidatorEntry {
+                    key: metatopia_sim::ids::hex(
+                        metatopia_consensus::SigningKey::from_bytes(&[i; 32]).verifying_key().as_bytes(),
+                    ),
+                    address: ([127, 0, 0, 1], 7000 + u16::from(i)).into(),
+                    quic: None,
+                    observer: false,
+                })
+                .collect()
+        };
+        let scenario = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scenarios/catalogue/border-crossing.toml")
+            .canonicalize()
+            .unwrap();
+        let mut cfg = NodeConfig {
+            listen: ([127, 0, 0, 1], 7001).into(),
+            quic: None,
+            http: None,
+            tick_rate_hz: 20,
+            snapshot_every: 640,
+            world: metatopia_node::config::WorldConfig { sim_id: 2, scenario: Some(scenario), ..Default::default() },
+            bots: Default::default(),
+            validators: entries(11),
+            join: None,
+            sims: Vec::new(),
+        };
+        let e = format!("{:#}", demo_of(&cfg).unwrap_err());
+        assert!(e.contains("sim 1 is a neighbour") && e.contains("[[sims]]"), "{e}");
+        cfg.world.sim_id = 3;
+        let e = format!("{:#}", demo_of(&cfg).unwrap_err());
+        assert!(e.contains("sims 1..=2"), "{e}");
+        cfg.world.sim_id = 2;
+        cfg.sims.push(metatopia_node::config::SimEntry { sim_id: 1, validators: entries(1) });
+        let (demo, _) = demo_of(&cfg).unwrap();
+        let w = &demo.world;
+        assert_eq!((w.sim(), w.region().origin.x), (SimId(2), metatopia_sim::Fx::from_int(32)));
+        let n = &w.links().neighbours[&SimId(1)];
+        assert_eq!(n.validators.len(), 4);
+        // Sim 2 starts with the scenario's objects in its square only: the ball, not the counter.
+        let names: Vec<&str> = w.objects().values().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["ball"]);
+    }
 }
