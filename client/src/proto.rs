@@ -78,6 +78,9 @@ pub struct Status {
     pub mail_sent: u64,
     #[serde(default)]
     pub mail_received: u64,
+    /// Copies of neighbours' mail dropped because the sim already had it.
+    #[serde(default)]
+    pub mail_late: u64,
     #[serde(default)]
     pub departures: u64,
     #[serde(default)]

@@ -53,6 +53,7 @@ pub fn render_stats(s: &Status) -> String {
             sims.join(", "),
             s.mail_sent,
             s.mail_received,
+            s.mail_late,
             s.departures,
             s.arrivals,
             s.in_transit.len()

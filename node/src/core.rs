@@ -189,6 +189,8 @@ pub enum SubmitError {
     BadSignature,
     /// Not mail from a validator of a neighbour sim (on the neighbours' path).
     NotMail,
+    /// A copy of neighbour mail the sim has already delivered.
+    Late,
 }
 
 impl std::fmt::Display for SubmitError {
@@ -200,6 +202,7 @@ impl std::fmt::Display for SubmitError {
             }
             SubmitError::BadSignature => f.write_str("the signature does not verify"),
             SubmitError::NotMail => f.write_str("not mail signed by a validator of a neighbour sim"),
+            SubmitError::Late => f.write_str("the sim already has this mail"),
         }
     }
 }
@@ -218,6 +221,8 @@ pub struct CoreStats {
     /// Mail this node signed for neighbour sims, and neighbours' mail it took into its pool.
     pub mail_sent: u64,
     pub mail_received: u64,
+    /// Copies of neighbours' mail dropped at the door because the sim already had it.
+    pub mail_late: u64,
     /// Objects that left this sim for a neighbour, and that arrived from one.
     pub departures: u64,
     pub arrivals: u64,
@@ -436,9 +441,15 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             NodeMsg::SimInfoRequest | NodeMsg::SimInfo { .. } | NodeMsg::Locate { .. } | NodeMsg::Located { .. } => {}
             NodeMsg::Mail(event) => {
                 self.now = now;
-                if self.check_mail(&event).is_ok() {
-                    self.stats.mail_received += 1;
-                    self.agreement.submit_events(now, vec![event]);
+                match self.check_mail(&event) {
+                    Ok(_) => {
+                        self.stats.mail_received += 1;
+                        self.agreement.submit_events(now, vec![event]);
+                    }
+                    // A copy of mail the sim already has: it would cost a place in a batch and
+                    // do nothing there.
+                    Err(SubmitError::Late) => self.stats.mail_late += 1,
+                    Err(_) => {}
                 }
             }
         }
@@ -456,6 +467,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 Err(SubmitError::OtherSim { event: e.body.sim.0, here: world.sim().0 })
             }
             Ok(e) => match &e.body.payload {
+                metatopia_sim::Payload::Mail { from, tick, .. } if world.links().is_delivered(*from, *tick) => {
+                    return Err(SubmitError::Late);
+                }
                 metatopia_sim::Payload::Mail { from, .. }
                     if world.links().neighbours.get(from).is_some_and(|n| n.validators.contains(&e.body.author)) =>
                 {

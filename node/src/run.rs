@@ -785,6 +785,7 @@ fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash
     st.neighbours = w.links().neighbours.keys().map(|s| s.0).collect();
     st.mail_sent = s.mail_sent;
     st.mail_received = s.mail_received;
+    st.mail_late = s.mail_late;
     st.departures = s.departures;
     st.arrivals = s.arrivals;
     st.in_transit = w.links().departed().values().map(|d| d.record.object.name.clone()).collect();

@@ -143,6 +143,14 @@ impl Links {
         self.delivered.get(&from).into_iter().flatten().copied()
     }
 
+    /// Whether `from`'s mail of `tick` was delivered, or is too old to be (a copy of it would
+    /// do nothing).
+    pub fn is_delivered(&self, from: SimId, tick: Tick) -> bool {
+        self.delivered.get(&from).is_some_and(|d| {
+            d.contains(&tick) || d.last().is_some_and(|newest| tick.0.saturating_add(MAIL_WINDOW) < newest.0)
+        })
+    }
+
     /// Entries waiting for their quorum.
     pub fn pending_count(&self) -> usize {
         self.pending.len()
@@ -273,7 +281,8 @@ mod tests {
         l.vote(now, from, t, acct(3), &body, &mut out).unwrap();
         assert_eq!(out.delivered.len(), 1);
         assert_eq!(out.delivered[0].2.as_ref().unwrap(), &MailBody::default());
-        // Late copies do nothing.
+        // Late copies do nothing (and a node can tell so before they cost a place in a batch).
+        assert!(l.is_delivered(from, t) && !l.is_delivered(from, Tick(4)));
         l.vote(now, from, t, acct(4), &body, &mut out).unwrap();
         assert_eq!(out.delivered.len(), 1);
         assert_eq!(l.pending_count(), 0);
@@ -300,6 +309,7 @@ mod tests {
             l.vote(Tick(0), SimId(1), Tick(10), acct(1), &body, &mut out),
             Err(RejectReason::MailTooOld { .. })
         ));
+        assert!(l.is_delivered(SimId(1), Tick(10)), "too old counts as done");
         // One signer alone fills its own backlog, and nobody else's.
         for t in 0..MAX_PENDING_PER_SIGNER as u64 {
             l.vote(Tick(0), SimId(1), Tick(6000 + t), acct(4), &body, &mut out).unwrap();
