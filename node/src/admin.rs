@@ -47,9 +47,8 @@ pub fn render_stats(s: &Status) -> String {
     } else {
         let sims: Vec<String> = s.neighbours.iter().map(u32::to_string).collect();
         format!(
-            "neighbour sims     {} · mail {} signed, {} taken in
-             crossings          {} left, {} arrived, {} in transit
-",
+            "neighbour sims     {} · mail {} signed, {} taken in, {} late copies dropped\n\
+             crossings          {} left, {} arrived, {} in transit\n",
             sims.join(", "),
             s.mail_sent,
             s.mail_received,
@@ -309,4 +308,25 @@ pub fn render_governance(g: &GovernanceView) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_show_the_neighbour_sims_only_in_a_world_of_several() {
+        let mut s = Status { sim: 2, tick: 7, root: "ab".repeat(32), tick_rate_hz: 20, ..Status::default() };
+        let one = render_stats(&s);
+        assert!(one.starts_with("sim 2 · node 0 of 0 · tick 7") && !one.contains("neighbour"), "{one}");
+        s.neighbours = vec![1, 3];
+        (s.mail_sent, s.mail_received, s.mail_late) = (40, 80, 20);
+        (s.departures, s.arrivals, s.in_transit) = (2, 1, vec!["ball".into()]);
+        let several = render_stats(&s);
+        assert!(
+            several.contains("neighbour sims     1, 3 · mail 40 signed, 80 taken in, 20 late copies dropped\n"),
+            "{several}"
+        );
+        assert!(several.ends_with("crossings          2 left, 1 arrived, 1 in transit\n"), "{several}");
+    }
 }
