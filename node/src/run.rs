@@ -495,8 +495,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let mut last_root = core.root();
     let (mut last_report, mut last_report_tick) = (std::time::Instant::now(), core.sim().world().tick().0);
     // Clients' route questions waiting for a neighbour's answer.
-    let mut locating: Vec<(metatopia_sim::AccountId, tokio::sync::oneshot::Sender<Option<u32>>, std::time::Instant)> =
-        Vec::new();
+    let mut locating: Vec<Locating> = Vec::new();
     let outcome: anyhow::Result<&str> = loop {
         let deadline = core.poll_timeout().unwrap_or(u64::MAX);
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()).min(1_000_000));
@@ -511,7 +510,8 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     if sim_nodes.is_empty() {
                         let _ = tx.send(None);
                     } else {
-                        locating.push((account, tx, std::time::Instant::now() + Duration::from_secs(1)));
+                        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+                        locating.push(Locating { account, tx: Some(tx), deadline, waiting: sim_nodes.keys().copied().collect() });
                     }
                 }
                 Some(q) => metatopia_node::http::answer(&mut core, now_us(), &chat, q),
@@ -523,16 +523,19 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     Some(MeshEvent::Message(from, msg)) if mesh.is_outsider(from.0) => match msg {
                         NodeMsg::Mail(_) => core.handle_message(now_us(), from, msg),
                         NodeMsg::Locate { account } => {
-                            let here = core.sim().world().account(&metatopia_sim::AccountId(account));
-                            if here.is_some_and(|a| a.avatar.is_some()) {
-                                mesh.send(from.0, &NodeMsg::Located { account, sim: cfg.world.sim_id });
-                            }
+                            let a = core.sim().world().account(&metatopia_sim::AccountId(account));
+                            let here = a.is_some_and(|a| a.avatar.is_some());
+                            mesh.send(from.0, &NodeMsg::Located { account, here });
                         }
-                        NodeMsg::Located { account, .. } => {
+                        NodeMsg::Located { account, here } => {
                             // The sim is the sender's, whatever it says.
-                            let sim = sim_nodes.iter().find(|(_, n)| n.contains(&from.0)).map(|(s, _)| s.0);
-                            for (_, tx, _) in locating.extract_if(.., |(a, _, _)| a.0 == account) {
-                                let _ = tx.send(sim);
+                            if let Some(sim) = sim_nodes.iter().find(|(_, n)| n.contains(&from.0)).map(|(s, _)| *s) {
+                                for l in locating.iter_mut().filter(|l| l.account.0 == account) {
+                                    l.waiting.remove(&sim);
+                                    if here && let Some(tx) = l.tx.take() {
+                                        let _ = tx.send(Some(sim.0));
+                                    }
+                                }
                             }
                         }
                         _ => {}
@@ -563,8 +566,11 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             _ = &mut ctrl_c => break Ok("by Ctrl-C"),
         }
         let now = std::time::Instant::now();
-        for (_, tx, _) in locating.extract_if(.., |(_, _, deadline)| *deadline <= now) {
-            let _ = tx.send(None);
+        // Answered, or every sim said no, or no answer within the second.
+        for l in locating.extract_if(.., |l| l.tx.is_none() || l.waiting.is_empty() || l.deadline <= now) {
+            if let Some(tx) = l.tx {
+                let _ = tx.send(None);
+            }
         }
         // Log commits first, then make the votes durable, then send (a restarted node must never
         // vote differently, nor have voted for what it has not logged).
@@ -754,6 +760,16 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let how = outcome?;
     println!("stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
     Ok(())
+}
+
+/// A client's route question: which other sim holds this account's avatar.
+struct Locating {
+    account: metatopia_sim::AccountId,
+    /// Taken when a sim says "here".
+    tx: Option<tokio::sync::oneshot::Sender<Option<u32>>>,
+    deadline: std::time::Instant,
+    /// The sims that have not answered yet.
+    waiting: std::collections::BTreeSet<SimId>,
 }
 
 /// The kicked and banned accounts as of the last tick (their sessions are closed when they change).

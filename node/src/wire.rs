@@ -43,14 +43,14 @@ pub enum NodeMsg {
     /// A neighbour sim's mail for this sim: a signed event (`Payload::Mail`) from one of its
     /// validators, for this sim's pool (DESIGN §7).
     Mail(Vec<u8>),
-    /// From a neighbour sim's node: "is this account's avatar in your sim?" (a client asked it
-    /// for a route). Answered with `Located` only when it is.
+    /// From another sim's node: "is this account's avatar in your sim?" (a client asked it
+    /// for a route). Always answered, so the asker need not wait for silence.
     Locate {
         account: [u8; 32],
     },
     Located {
         account: [u8; 32],
-        sim: u32,
+        here: bool,
     },
 }
 
@@ -106,6 +106,13 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_garbage_is_refused() {
+        for m in [
+            NodeMsg::Mail(vec![9; 40]),
+            NodeMsg::Locate { account: [3; 32] },
+            NodeMsg::Located { account: [3; 32], here: true },
+        ] {
+            assert_eq!(NodeMsg::decode(&m.encode(), 1 << 20), Ok(m.clone()), "{}", m.kind());
+        }
         let m = NodeMsg::Snapshot { tick: 7, bytes: vec![1, 2, 3] };
         assert_eq!(NodeMsg::decode(&m.encode(), 1 << 20), Ok(m.clone()));
         assert!(NodeMsg::decode(&m.encode(), 4).is_err());
