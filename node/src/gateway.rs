@@ -79,8 +79,9 @@ pub struct Hub {
     pub clients: AtomicU32,
     /// The other sims of the world and their nodes (from `[[sims]]`).
     pub sims: BTreeMap<u32, Vec<NodeAddr>>,
-    /// Accounts whose avatar crossed from this sim into another, and that sim (newest crossing;
-    /// at most [`MAX_MOVED`] remembered): where `Route` sends their clients.
+    /// Accounts whose avatar crossed from this sim into another, and that sim (the newest
+    /// crossing; beyond [`MAX_MOVED`] accounts one is forgotten to make room): where `Route`
+    /// sends their clients.
     pub moved: RwLock<BTreeMap<String, u32>>,
     /// Sessions waiting for the outcome of an event they submitted (resolved by the loop after
     /// every executed tick: pushed, not polled).
@@ -568,25 +569,23 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                 };
                 let reply = match msg {
                     ClientMsg::Route { account } => {
-                        // This sim, unless the account's avatar crossed from here into another
-                        // sim (and has not come back): then that sim's nodes.
+                        // This sim if the avatar is here; else the sim it crossed into from here;
+                        // else whichever other sim says it holds it; else this sim (log in here).
                         let account = account.to_ascii_lowercase();
                         let moved = hub.moved.read().unwrap_or_else(|e| e.into_inner()).get(&account).copied();
-                        let here = match parse_hash(&account) {
-                            Some(id) => ask(&s, |tx| Query::Account(metatopia_sim::AccountId(id), tx))
-                                .await
-                                .flatten()
-                                .is_some_and(|a| a.avatar.is_some()),
-                            None => false,
-                        };
-                        // Not here and not known to have left from here: ask the neighbours.
-                        let located = match (here, moved, parse_hash(&account)) {
-                            (false, None, Some(id)) => {
-                                ask(&s, |tx| Query::Locate(metatopia_sim::AccountId(id), tx)).await.flatten()
+                        let elsewhere = match parse_hash(&account).map(metatopia_sim::AccountId) {
+                            None => None,
+                            Some(id) => {
+                                let view = ask(&s, |tx| Query::Account(id, tx)).await.flatten();
+                                if view.is_some_and(|a| a.avatar.is_some()) {
+                                    None
+                                } else if moved.is_some() {
+                                    moved
+                                } else {
+                                    ask(&s, |tx| Query::Locate(id, tx)).await.flatten()
+                                }
                             }
-                            _ => None,
                         };
-                        let elsewhere = if here { None } else { moved.or(located) };
                         match elsewhere.and_then(|sim| hub.sims.get(&sim).map(|n| (sim, n))) {
                             Some((sim, nodes)) => Some(ServerMsg::Route { sim, nodes: nodes.clone() }),
                             None => Some(ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() }),
