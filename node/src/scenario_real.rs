@@ -384,20 +384,8 @@ fn judge(
         up.iter().map(|i| clients[*i].get::<Status>("/v1/status")?.context("no status")).collect::<Result<_, _>>()?;
     // Agreement: every tick of the last 200 that all of them still remember.
     let low = status.iter().map(|s| s.tick).min().unwrap_or(0);
-    let mut agree = (true, String::new());
-    let mut compared = 0;
-    for t in low.saturating_sub(200)..=low {
-        let roots: Vec<Option<RootView>> =
-            up.iter().map(|i| clients[*i].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten()).collect();
-        let known: Vec<&RootView> = roots.iter().flatten().collect();
-        if known.len() == up.len() {
-            compared += 1;
-            if known.iter().any(|r| r.root != known[0].root) {
-                agree = (false, format!("roots differ at tick {t}"));
-                break;
-            }
-        }
-    }
+    let (compared, bad) = compare_roots(clients, up, low);
+    let mut agree = (bad.is_none(), bad.map(|t| format!("roots differ at tick {t}")).unwrap_or_default());
     if agree.0 {
         agree.1 = format!("{compared} ticks compared across {} honest nodes", up.len());
     }
