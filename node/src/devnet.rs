@@ -1,5 +1,6 @@
 //! `metatopia devnet`: several validators of one sim on loopback, each a real `metatopia run`
-//! process with its own data directory, bots on the first. Ctrl-C stops them all cleanly.
+//! process with its own data directory, bots on the first; or a world of several sims, where
+//! process p runs node p of every sim (`run --also`). Ctrl-C stops them all cleanly.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -42,9 +43,13 @@ pub struct DevnetArgs {
     #[arg(long)]
     scenario: Option<PathBuf>,
     /// The built-in 2×2 world of four sims instead (scenarios/catalogue/devnet-world.toml):
-    /// `--nodes` validators per sim, 16 processes by default (about all of a 2-core machine).
+    /// `--nodes` validators per sim. Process i runs node i of every sim (`run --also`).
     #[arg(long, conflicts_with = "scenario")]
     grid: bool,
+    /// With several sims, one process per node instead of one process per node index hosting
+    /// that node of every sim (more processes, more isolation, more CPU).
+    #[arg(long)]
+    process_per_node: bool,
 }
 
 /// The built-in default world.
@@ -199,22 +204,50 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
     let exe = std::env::current_exe().context("finding this program")?;
-    let mut children: Vec<(u16, Child)> = Vec::new();
+    // Which nodes each process runs: node i alone, or node p of every sim (sim k's node p is
+    // node k·per + p), so a 2×2 world is 4 processes, not 16.
+    let processes: Vec<Vec<usize>> = if sims == 1 || args.process_per_node {
+        (0..total).map(|i| vec![i]).collect()
+    } else {
+        (0..per).map(|p| (0..sims).map(|k| k * per + p).collect()).collect()
+    };
+    if sims > 1 {
+        println!(
+            "{} processes{}",
+            processes.len(),
+            if args.process_per_node { ", one per node" } else { ", process p running node p of every sim" }
+        );
+    }
+    let mut children: Vec<(String, Child)> = Vec::new();
     let mut printers = Vec::new();
-    for (i, d) in dirs.iter().enumerate() {
+    for nodes in processes {
         let mut cmd = Command::new(&exe);
-        cmd.arg("run").arg("--data-dir").arg(d.root());
+        cmd.arg("run").arg("--data-dir").arg(dirs[nodes[0]].root());
+        for &i in &nodes[1..] {
+            cmd.arg("--also").arg(dirs[i].root());
+        }
         if let Some(t) = args.ticks {
             cmd.arg("--ticks").arg(t.to_string());
         }
-        let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("starting node {i}"))?;
+        let name = if nodes.len() == 1 { format!("node {}", nodes[0]) } else { format!("process {}", nodes[0]) };
+        let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("starting {name}"))?;
         let out = child.stdout.take().expect("piped");
         printers.push(std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
-                println!("[node {i}] {line}");
+                // A process of several nodes tags each line with its sim: say which node it is.
+                let node = line
+                    .strip_prefix("[sim ")
+                    .and_then(|r| r.split_once("] "))
+                    .and_then(|(k, rest)| Some((k.parse::<usize>().ok()?.checked_sub(1)?, rest)))
+                    .and_then(|(k, rest)| Some((*nodes.get(k)?, rest)));
+                match node {
+                    Some((i, rest)) => println!("[node {i}] {rest}"),
+                    None if nodes.len() == 1 => println!("[node {}] {line}", nodes[0]),
+                    None => println!("[process {}] {line}", nodes[0]),
+                }
             }
         }));
-        children.push((i as u16, child));
+        children.push((name, child));
     }
     if args.clients > 0 {
         let joins: Vec<metatopia_client::proto::NodeAddr> = validators
@@ -235,7 +268,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         for (i, c) in &mut children {
             match c.try_wait()? {
                 Some(status) if !status.success() && !stop.load(Ordering::SeqCst) => {
-                    eprintln!("node {i} exited with {status}");
+                    eprintln!("{i} exited with {status}");
                 }
                 Some(_) => {}
                 None => running += 1,

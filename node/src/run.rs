@@ -21,7 +21,7 @@ use metatopia_scripting::RhaiHost;
 use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen};
 use metatopia_sim::{SimId, Snapshot};
 
-#[derive(Debug, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct DirArgs {
     /// The node's data directory.
     #[arg(long, env = "METATOPIA_HOME", default_value = "metatopia-data")]
@@ -40,10 +40,16 @@ pub struct InitArgs {
     pub quic: Option<std::net::SocketAddr>,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub dir: DirArgs,
+    /// Also run, in this process, the node of this data directory (repeatable): one process
+    /// replicating several sims, as a validator or an observer of each, with one node (key,
+    /// config, log, ports) per sim. `--listen`, `--quic`, `--http`, `--join` and `--bots` apply
+    /// to the first directory only.
+    #[arg(long, value_name = "DIR")]
+    pub also: Vec<PathBuf>,
     /// Listen here instead of the config's `listen` (with --join and no config yet: default
     /// 127.0.0.1:7100).
     #[arg(long, env = "METATOPIA_LISTEN")]
@@ -212,9 +218,99 @@ fn place_in_world(
 }
 
 /// `metatopia run`.
+///
+/// Each data directory's node runs on its own thread and runtime (two workers, as when it is the
+/// only one); they share the process, its metrics (labelled by sim) and Ctrl-C. When one stops
+/// with an error the others stop cleanly too, and the process says which one failed.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(node(args))
+    let mut dirs = vec![args.dir.data_dir.clone()];
+    dirs.extend(args.also.iter().cloned());
+    for (i, d) in dirs.iter().enumerate() {
+        anyhow::ensure!(
+            !dirs[..i].contains(d),
+            "{} is given twice: each sim this process replicates needs its own data directory",
+            d.display()
+        );
+    }
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<&'static str>);
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let several = dirs.len() > 1;
+    let mut threads = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let mut a = args.clone();
+        a.dir.data_dir = dir.clone();
+        a.also.clear();
+        if i > 0 {
+            (a.listen, a.quic, a.http, a.join, a.bots) = (None, None, None, None, None);
+        }
+        let ctx = Shared { prometheus: prometheus.clone(), stop: stop_rx.clone(), several };
+        let done = done_tx.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("node-{i}"))
+            .spawn(move || {
+                let result = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name(format!("node-{i}-worker"))
+                    .enable_all()
+                    .build()
+                    .map_err(anyhow::Error::from)
+                    .and_then(|rt| rt.block_on(node(a, ctx)));
+                let _ = done.send((i, result));
+            })
+            .context("starting a thread for a node")?;
+        threads.push(thread);
+    }
+    drop(done_tx);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut results: Vec<Option<anyhow::Result<()>>> = dirs.iter().map(|_| None).collect();
+    rt.block_on(async {
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        let mut interrupted = false;
+        loop {
+            tokio::select! {
+                _ = &mut ctrl_c, if !interrupted => {
+                    interrupted = true;
+                    stop_tx.send_replace(Some("by Ctrl-C"));
+                }
+                d = done_rx.recv() => match d {
+                    Some((i, r)) => {
+                        if r.is_err() && stop_tx.borrow().is_none() {
+                            stop_tx.send_replace(Some("because another node of this process stopped with an error"));
+                        }
+                        results[i] = Some(r);
+                    }
+                    None => break,
+                },
+            }
+        }
+    });
+    for t in threads {
+        let _ = t.join();
+    }
+    let mut errors = Vec::new();
+    for (dir, r) in dirs.iter().zip(results) {
+        match r {
+            Some(Ok(())) => {}
+            Some(Err(e)) if !several => return Err(e),
+            Some(Err(e)) => errors.push(format!("the node of {}: {e:#}", dir.display())),
+            None => errors.push(format!("the node of {} stopped without a word (its thread panicked)", dir.display())),
+        }
+    }
+    anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
+    Ok(())
+}
+
+/// What the nodes of one process share.
+struct Shared {
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    /// Set (with the reason) when every node of the process is to stop.
+    stop: tokio::sync::watch::Receiver<Option<&'static str>>,
+    /// Whether the process runs several nodes (each line then says whose it is).
+    several: bool,
 }
 
 type Core = NodeCore<Epochs, TimedHost<RhaiHost>, TimedPhysics<AnyPhysics>>;
@@ -229,11 +325,13 @@ struct Meter {
     /// At the last status line: ticks executed, exec, script and physics ns.
     last: (u64, u64, u64, u64),
     status: Status,
+    /// The `sim` label of this node's metrics (a process may run nodes of several sims).
+    sim: String,
 }
 
 impl Meter {
     fn latency(&mut self, ms: f64) {
-        metrics::histogram!("metatopia_commit_latency_seconds").record(ms / 1000.0);
+        metrics::histogram!("metatopia_commit_latency_seconds", "sim" => self.sim.clone()).record(ms / 1000.0);
         self.latencies.push_back(ms);
         if self.latencies.len() > 512 {
             self.latencies.pop_front();
@@ -247,7 +345,8 @@ impl Meter {
     }
 }
 
-async fn node(args: RunArgs) -> anyhow::Result<()> {
+async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
+    let Shared { prometheus, mut stop, several } = shared;
     let dir = DataDir::open(&args.dir.data_dir)?;
     if !dir.config_path().exists() {
         let Some(join) = &args.join else {
@@ -259,6 +358,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         fetch_config(&dir, &args, join).await?;
     }
     let mut cfg = NodeConfig::load(&dir.config_path())?;
+    let tag = if several { format!("[sim {}] ", cfg.world.sim_id) } else { String::new() };
     if let Some(l) = args.listen {
         cfg.listen = l;
     }
@@ -301,7 +401,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let (mut log, recovery) = CommitLog::open(&dir.log_path())?;
     if recovery.truncated > 0 {
         eprintln!(
-            "warning: cut {} bytes off the commit log's tail ({}); the ticks are fetched again from peers",
+            "{tag}warning: cut {} bytes off the commit log's tail ({}); the ticks are fetched again from peers",
             recovery.truncated,
             recovery.reason.as_deref().unwrap_or("")
         );
@@ -320,7 +420,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                 sim = Some(s);
                 break;
             }
-            Err(e) => eprintln!("warning: snapshot {} (tick {tick}) refused: {e:#}", path.display()),
+            Err(e) => eprintln!("{tag}warning: snapshot {} (tick {tick}) refused: {e:#}", path.display()),
         }
     }
     let sim = match sim {
@@ -363,7 +463,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     }
     let root = core.root();
     println!(
-        "node {me} of {} ({}): {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}",
+        "{tag}node {me} of {} ({}): {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}",
         keys.len(),
         if core.agreement().index().is_some() {
             "a validator"
@@ -390,7 +490,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     if core.is_joining() {
-        println!("joining: asking the sim's nodes for a snapshot that 2f+1 validators certify");
+        println!("{tag}joining: asking the sim's nodes for a snapshot that 2f+1 validators certify");
     }
     let sim_info = sim_info(&cfg)?;
     let (mesh, mut inbox) = Mesh::start(&key, cfg.listen, cfg.quic, peers)
@@ -417,19 +517,20 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
         sim_nodes.iter().filter(|(s, _)| neighbours.contains_key(s)).map(|(s, n)| (*s, n.clone())).collect();
     if !neighbour_nodes.is_empty() {
         let names: Vec<String> = neighbour_nodes.keys().map(ToString::to_string).collect();
-        println!("neighbour sims: {} (their mail counts with f+1 of their validators' signatures)", names.join(", "));
+        println!(
+            "{tag}neighbour sims: {} (their mail counts with f+1 of their validators' signatures)",
+            names.join(", ")
+        );
     }
     println!(
-        "peer id {}; listening on {}",
+        "{tag}peer id {}; listening on {}",
         mesh.local_peer_id(),
         mesh.listening().iter().map(ToString::to_string).collect::<Vec<_>>().join(" ")
     );
 
     // The HTTP service: health, metrics and the API, answered by this loop through `queries`.
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
     let mut meter = Meter {
+        sim: cfg.world.sim_id.to_string(),
         status: Status {
             sim: cfg.world.sim_id,
             node: me as u32,
@@ -473,11 +574,11 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     })
     .await
     .with_context(|| format!("serving HTTP on {http_addr} (set `http` in the config or --http)"))?;
-    println!("http on http://{http_bound} (/healthz /readyz /metrics /v1/status)");
+    println!("{tag}http on http://{http_bound} (/healthz /readyz /metrics /v1/status)");
     let (quic, quic_task) = metatopia_node::gateway::serve_quic(cfg.listen, &key, service.clone())
         .with_context(|| format!("serving clients over QUIC on udp {}", cfg.listen))?;
     println!(
-        "clients: QUIC on udp {} (join address {}@{})",
+        "{tag}clients: QUIC on udp {} (join address {}@{})",
         cfg.listen,
         metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
         cfg.listen
@@ -490,8 +591,6 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
     let mut last_state = [0u8; 32];
     let mut chat = std::collections::VecDeque::new();
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
     let mut last_root = core.root();
     let (mut last_report, mut last_report_tick) = (std::time::Instant::now(), core.sim().world().tick().0);
     // Clients' route questions waiting for a neighbour's answer.
@@ -543,7 +642,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     Some(MeshEvent::Message(from, NodeMsg::SimInfoRequest)) => mesh.send(from.0, &sim_info),
                     Some(MeshEvent::Message(from, msg)) => core.handle_message(now_us(), from, msg),
                     Some(MeshEvent::Joined { index, key }) => {
-                        println!("a node outside the config connected: {} (peer {index})", metatopia_sim::ids::hex(key.as_bytes()));
+                        println!("{tag}a node outside the config connected: {} (peer {index})", metatopia_sim::ids::hex(key.as_bytes()));
                         core.agreement_mut().learn_peer(index, key);
                     }
                     None => break Err(anyhow::anyhow!("the mesh stopped")),
@@ -563,7 +662,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     core.submit_events(now_us(), bytes);
                 }
             }
-            _ = &mut ctrl_c => break Ok("by Ctrl-C"),
+            why = stop.wait_for(Option::is_some) => break Ok(why.map_or(None, |w| *w).unwrap_or("on request")),
         }
         let now = std::time::Instant::now();
         // Answered, or every sim said no, or no answer within the second.
@@ -643,8 +742,10 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                             index.clear();
                         }
                     }
-                    metrics::counter!("metatopia_events_accepted_total").increment(u64::from(accepted));
-                    metrics::counter!("metatopia_events_rejected_total").increment(u64::from(rejected));
+                    metrics::counter!("metatopia_events_accepted_total", "sim" => meter.sim.clone())
+                        .increment(u64::from(accepted));
+                    metrics::counter!("metatopia_events_rejected_total", "sim" => meter.sim.clone())
+                        .increment(u64::from(rejected));
                     if (tick.0 + 1).is_multiple_of(cfg.snapshot_every) {
                         log.sync()?;
                         let snap = core.snapshot();
@@ -665,7 +766,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                             hub.publish(Feed::Status(Box::new(meter.status.clone())));
                         }
                         println!(
-                            "tick {} root {} accepted {} rejected {} (total {} / {}) peers {} dilation {:.2}",
+                            "{tag}tick {} root {} accepted {} rejected {} (total {} / {}) peers {} dilation {:.2}",
                             tick.0,
                             root,
                             accepted,
@@ -687,7 +788,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     meter.status.desynced = Some(report.tick);
                     let path = write_desync_report(dir.root(), &report)?;
                     eprintln!(
-                        "error: this node diverged at tick {}; report in {}; resyncing from a snapshot its peers certify",
+                        "{tag}error: this node diverged at tick {}; report in {}; resyncing from a snapshot its peers certify",
                         report.tick,
                         path.display()
                     );
@@ -700,11 +801,11 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
                     dir.write_snapshot(tick, &snapshot)?;
                     if joined {
                         println!(
-                            "joined: took the state of tick {tick} that {certified_by} validators certify; following"
+                            "{tag}joined: took the state of tick {tick} that {certified_by} validators certify; following"
                         );
                     } else {
                         println!(
-                            "resynced: took the state of tick {tick} that {certified_by} validators certify; executing again"
+                            "{tag}resynced: took the state of tick {tick} that {certified_by} validators certify; executing again"
                         );
                     }
                 }
@@ -746,7 +847,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
             }
             changed
         }) {
-            metrics::gauge!("metatopia_peers").set(f64::from(meter.status.peers));
+            metrics::gauge!("metatopia_peers", "sim" => meter.sim.clone()).set(f64::from(meter.status.peers));
         }
         if let Some(s) = stop {
             break s;
@@ -758,7 +859,7 @@ async fn node(args: RunArgs) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(2), http_task).await;
     log.sync()?;
     let how = outcome?;
-    println!("stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
+    println!("{tag}stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
     Ok(())
 }
 
@@ -805,17 +906,17 @@ fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash
     st.departures = s.departures;
     st.arrivals = s.arrivals;
     st.in_transit = w.links().departed().values().map(|d| d.record.object.name.clone()).collect();
-    metrics::gauge!("metatopia_tick").set(tick as f64);
-    metrics::gauge!("metatopia_objects").set(st.objects as f64);
-    metrics::gauge!("metatopia_scripts").set(st.scripts as f64);
-    metrics::gauge!("metatopia_accounts").set(st.accounts as f64);
-    metrics::gauge!("metatopia_pool_events").set(st.pool_events as f64);
+    metrics::gauge!("metatopia_tick", "sim" => meter.sim.clone()).set(tick as f64);
+    metrics::gauge!("metatopia_objects", "sim" => meter.sim.clone()).set(st.objects as f64);
+    metrics::gauge!("metatopia_scripts", "sim" => meter.sim.clone()).set(st.scripts as f64);
+    metrics::gauge!("metatopia_accounts", "sim" => meter.sim.clone()).set(st.accounts as f64);
+    metrics::gauge!("metatopia_pool_events", "sim" => meter.sim.clone()).set(st.pool_events as f64);
     if !st.neighbours.is_empty() {
-        metrics::gauge!("metatopia_mail_signed").set(st.mail_sent as f64);
-        metrics::gauge!("metatopia_mail_received").set(st.mail_received as f64);
-        metrics::gauge!("metatopia_departures").set(st.departures as f64);
-        metrics::gauge!("metatopia_arrivals").set(st.arrivals as f64);
-        metrics::gauge!("metatopia_in_transit").set(st.in_transit.len() as f64);
+        metrics::gauge!("metatopia_mail_signed", "sim" => meter.sim.clone()).set(st.mail_sent as f64);
+        metrics::gauge!("metatopia_mail_received", "sim" => meter.sim.clone()).set(st.mail_received as f64);
+        metrics::gauge!("metatopia_departures", "sim" => meter.sim.clone()).set(st.departures as f64);
+        metrics::gauge!("metatopia_arrivals", "sim" => meter.sim.clone()).set(st.arrivals as f64);
+        metrics::gauge!("metatopia_in_transit", "sim" => meter.sim.clone()).set(st.in_transit.len() as f64);
     }
 }
 
@@ -836,11 +937,11 @@ fn per_second(meter: &mut Meter, times: &StageTimes, dilation: f64) {
     st.commit_latency_p50_ms = p50;
     st.commit_latency_p99_ms = p99;
     meter.last = (executed, meter.exec_ns, script_ns, physics_ns);
-    metrics::gauge!("metatopia_time_dilation").set(dilation);
-    metrics::gauge!("metatopia_tick_rate_hz").set(f64::from(st.tick_rate_hz) * dilation);
-    metrics::gauge!("metatopia_execute_seconds_per_tick").set(st.execute_ms / 1000.0);
-    metrics::gauge!("metatopia_script_seconds_per_tick").set(st.script_ms / 1000.0);
-    metrics::gauge!("metatopia_physics_seconds_per_tick").set(st.physics_ms / 1000.0);
+    metrics::gauge!("metatopia_time_dilation", "sim" => meter.sim.clone()).set(dilation);
+    metrics::gauge!("metatopia_tick_rate_hz", "sim" => meter.sim.clone()).set(f64::from(st.tick_rate_hz) * dilation);
+    metrics::gauge!("metatopia_execute_seconds_per_tick", "sim" => meter.sim.clone()).set(st.execute_ms / 1000.0);
+    metrics::gauge!("metatopia_script_seconds_per_tick", "sim" => meter.sim.clone()).set(st.script_ms / 1000.0);
+    metrics::gauge!("metatopia_physics_seconds_per_tick", "sim" => meter.sim.clone()).set(st.physics_ms / 1000.0);
 }
 
 fn write_desync_report(root: &Path, r: &DesyncReport) -> anyhow::Result<PathBuf> {

@@ -7,10 +7,14 @@ mod common;
 use std::collections::BTreeMap;
 
 /// A base port P such that P.., P+1000.. (TCP) and P.., P+2000.. (UDP) are free for `n` nodes.
-fn free_base(n: u16) -> u16 {
+/// The tests of this file run at once in one process: each starts from its own place (`name`),
+/// or both would find the same ports free before either binds them.
+fn free_base(name: &str, n: u16) -> u16 {
     let pid = std::process::id() as u16;
+    let salt = name.bytes().fold(0u16, |h, b| h.wrapping_mul(31).wrapping_add(u16::from(b)));
     for attempt in 0..200u16 {
-        let base = 20_000 + (pid.wrapping_mul(7).wrapping_add(attempt * 97)) % 9_000;
+        let base =
+            20_000 + (pid.wrapping_mul(7).wrapping_add(salt.wrapping_mul(331)).wrapping_add(attempt * 97)) % 9_000;
         let free = (0..n).all(|i| {
             std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()
                 && std::net::TcpListener::bind(("127.0.0.1", base + 1000 + i)).is_ok()
@@ -41,7 +45,7 @@ fn roots(out: &str) -> BTreeMap<u32, BTreeMap<u64, String>> {
 
 fn run_devnet(name: &str, nodes: u16, extra: &[&str]) -> (String, String) {
     let dir = std::env::temp_dir().join(format!("metatopia-devnet-{name}-{}", std::process::id()));
-    let port = free_base(nodes).to_string();
+    let port = free_base(name, nodes).to_string();
     let mut args = vec!["devnet", "--dir", dir.to_str().unwrap(), "--port", &port, "--clients", "0", "--fresh"];
     args.extend(extra);
     let (ok, out, err) = common::cli(&args);
@@ -71,6 +75,9 @@ fn devnet_grid_runs_four_sims_side_by_side() {
     let (out, _) = run_devnet("grid", 16, &["--grid", "--ticks", "40", "--rate", "10"]);
     assert!(out.contains("a 2×2 world of 4 sims"), "{out}");
     assert!(out.matches("sim ").count() >= 4 && out.contains("one per sim"), "{out}");
+    // Four processes (`run --also`), each a node of every sim; their lines named by node.
+    assert!(out.contains("4 processes, process p running node p of every sim"), "{out}");
+    assert!(!out.contains("[process "), "every line of a process is its node's: {out}");
     let r = roots(&out);
     assert_eq!(r.len(), 16, "every node reported: {out}");
     // Sim k is nodes 4(k-1)..4k-1: within a sim the same roots, between sims different ones.

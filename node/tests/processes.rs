@@ -362,8 +362,13 @@ fn health_metrics_stats_and_signed_admin_acts_through_the_http_service() {
         wait_for("ready", Duration::from_secs(60), || c.get_text("/readyz").unwrap().0 == 200);
     }
     let metrics = clients[1].get_text("/metrics").unwrap().1;
-    for name in ["metatopia_tick ", "metatopia_time_dilation ", "metatopia_commit_latency_seconds", "metatopia_peers 3"]
-    {
+    // Labelled by sim: a process may run nodes of several sims.
+    for name in [
+        "metatopia_tick{sim=\"1\"} ",
+        "metatopia_time_dilation{sim=\"1\"} ",
+        "metatopia_commit_latency_seconds",
+        "metatopia_peers{sim=\"1\"} 3",
+    ] {
         assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
     }
     let s: Status = clients[2].get("/v1/status").unwrap().unwrap();
@@ -578,4 +583,22 @@ fn a_joined_node_admitted_by_the_admin_votes_from_the_next_epoch_and_its_votes_c
         Client::new(h).get::<metatopia_node::http::RootView>(&format!("/v1/roots/{t}")).unwrap().unwrap().root
     };
     assert_eq!(root(&cluster.http[1]), root(&http), "tick {t}");
+}
+
+#[test]
+fn a_process_of_several_nodes_refuses_a_directory_twice_and_stops_them_all_when_one_fails() {
+    let dirs = setup("also", 4, 20);
+    let d0 = dirs[0].to_str().unwrap();
+    let (ok, _, err) = cli(&["run", "--data-dir", d0, "--also", d0]);
+    assert!(!ok && err.contains("is given twice"), "{err}");
+    // Node 0 starts and waits for its peers; the second directory has no config: its node fails,
+    // and node 0 stops cleanly (its log synced) instead of running on alone.
+    let empty = dirs[0].parent().unwrap().join("empty");
+    let (ok, out, err) = cli(&["run", "--data-dir", d0, "--also", empty.to_str().unwrap()]);
+    assert!(!ok, "{out}\n{err}");
+    assert!(err.contains(&format!("the node of {}", empty.display())) && err.contains("no config.toml"), "{err}");
+    assert!(
+        out.contains("[sim 1] stopped because another node of this process stopped with an error at tick 0"),
+        "{out}\n{err}"
+    );
 }
