@@ -288,6 +288,8 @@ pub struct NodeCore<A, H, P> {
     verifier: crate::verify::Verifier,
     /// This node's key, to sign its sim's mail for neighbour sims while it is a validator.
     mail_key: Option<metatopia_sim::SigningKey>,
+    /// Ticks below this have been handed to the log (or were in the state it started from).
+    logged_to: u64,
 }
 
 impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for NodeCore<A, H, P> {
@@ -323,6 +325,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             deferred: None,
             verifier: crate::verify::Verifier::cache(),
             mail_key: None,
+            logged_to: 0,
         }
     }
 
@@ -660,7 +663,10 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     Output::Send(to, msg) => {
                         self.out.push_back(CoreOutput::Send(to, NodeMsg::Consensus { epoch, msg }))
                     }
-                    Output::Committed(c) => match self.deferred.as_mut() {
+                    // Logged as soon as agreement hands it out, executed or not: the
+                    // agreement's persisted state counts it as output from now on, so a restart
+                    // must find it in the log even if it was never executed here.
+                    Output::Committed(c) => match self.log_commit(&c).deferred.as_mut() {
                         Some(d) => d.push_back(c),
                         None => {
                             self.execute(&c);
@@ -682,6 +688,24 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             }
             self.agreement.handle_timeout(now);
         }
+    }
+
+    /// The log record of a commit agreement just handed out ([`CoreOutput::Committed`]), unless
+    /// it is one this node executed before (a restart) or the sim stopped on a desync.
+    fn log_commit(&mut self, c: &Commit) -> &mut Self {
+        let resyncing = self.resync.is_some();
+        let next = self.logged_to.max(self.sim.world().tick().0);
+        if resyncing || (self.desynced.is_none() && c.block.tick >= next) {
+            self.logged_to = c.block.tick + 1;
+            self.out.push_back(CoreOutput::Committed(Box::new(crate::store::LogRecord {
+                tick: c.block.tick,
+                time_ms: c.block.time_ms,
+                seed: c.seed.0,
+                events: c.block.events.clone(),
+                certificate: postcard::to_allocvec(&c.certificate).unwrap_or_default(),
+            })));
+        }
+        self
     }
 
     fn execute(&mut self, c: &Commit) {
@@ -707,13 +731,6 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 Err(_) => self.stats.undecodable += 1, // the same on every node: skipped
             }
         }
-        self.out.push_back(CoreOutput::Committed(Box::new(crate::store::LogRecord {
-            tick: tick.0,
-            time_ms: c.block.time_ms,
-            seed: c.seed.0,
-            events: c.block.events.clone(),
-            certificate: postcard::to_allocvec(&c.certificate).unwrap_or_default(),
-        })));
         let time_ms = self.sim_time(c.block.time_ms);
         let batch = Batch { tick, time_ms, seed: Hash32(c.seed.0), events };
         match self.resync.as_mut() {

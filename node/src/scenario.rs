@@ -411,7 +411,8 @@ pub fn run(
     let make = |node: usize, world: World, actor: Actor| -> anyhow::Result<Node> {
         let sim = Sim::new(world, RhaiHost::default(), AnyPhysics::of(&w.physics), 1)
             .map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
-        Ok(CoreProcess::new(NodeCore::new(actor, sim, 1).with_time_scale(w.time_scale, 0), nodes_of.clone()))
+        let core = NodeCore::new(actor, sim, 1).with_time_scale(w.time_scale, 0).defer_execution();
+        Ok(CoreProcess::new(core, nodes_of.clone()))
     };
     let mut procs = Vec::new();
     for (node, k) in key_of_node.iter().enumerate() {
@@ -467,7 +468,8 @@ pub fn run(
             };
             let sim = Sim::new(genesis_world.clone(), RhaiHost::default(), AnyPhysics::of(&physics), 1)
                 .expect("the genesis world loaded before");
-            let mut core = NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1).with_time_scale(scale, 0);
+            let mut core =
+                NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1).with_time_scale(scale, 0).defer_execution();
             if join {
                 core = core.joining();
             }

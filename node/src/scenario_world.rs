@@ -93,8 +93,10 @@ pub fn run(
             };
             let sim = Sim::new(g.world.clone(), RhaiHost::default(), AnyPhysics::of(&physics), 1)
                 .map_err(|e| anyhow::anyhow!("node {id}: {e}"))?;
-            let mut core =
-                NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1).with_time_scale(scale, 0).with_mail_key(key);
+            let mut core = NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1)
+                .with_time_scale(scale, 0)
+                .with_mail_key(key)
+                .defer_execution();
             let mut log = Vec::new();
             for rec in saved.iter().flat_map(|s| &s.log) {
                 if core.replay(rec).is_err() {

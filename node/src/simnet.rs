@@ -171,7 +171,15 @@ pub struct CoreProcess<A, H, P> {
     pub log: Vec<CoreOutput>,
     /// Set in a world of several sims.
     pub place: Option<WorldPlace>,
+    /// When the commits waiting for execution run (a core built with
+    /// [`NodeCore::defer_execution`], as real nodes are: their votes leave first).
+    deferred_at: Option<Time>,
 }
+
+/// How long after its commit a deferred tick executes in the simulated cluster (a real node
+/// executes at its loop's next turn, after sending the votes; a crash in between must lose
+/// nothing that was committed).
+pub const EXEC_DELAY_US: Time = 2_000;
 
 impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for CoreProcess<A, H, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -181,7 +189,7 @@ impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for CoreProcess<A, H, P>
 
 impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
     pub fn new(core: NodeCore<A, H, P>, nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>>) -> Self {
-        CoreProcess { core, nodes_of, log: Vec::new(), place: None }
+        CoreProcess { core, nodes_of, log: Vec::new(), place: None, deferred_at: None }
     }
 
     /// A node of one sim of several in the same cluster.
@@ -225,7 +233,15 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
     pub fn submit(&mut self, now: Time, events: Vec<Vec<u8>>, out: &mut Outbox<NodeMsg>) -> usize {
         let n = self.core.submit_events(now, events);
         self.drain(out);
+        self.schedule(now);
         n
+    }
+
+    /// Deferred commits execute [`EXEC_DELAY_US`] after the first of them arrived.
+    fn schedule(&mut self, now: Time) {
+        if self.deferred_at.is_none() && self.core.has_deferred() {
+            self.deferred_at = Some(now + EXEC_DELAY_US);
+        }
     }
 
     /// The root of every tick this node executed, from its log.
@@ -252,20 +268,30 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H,
             // From a neighbour sim's validator: not a peer of this sim.
             self.core.handle_message(now, ValidatorIndex(u16::MAX), msg);
             self.drain(out);
+            self.schedule(now);
             return;
         }
         let Some(from) = self.index_of(from) else { return };
         self.core.handle_message(now, from, msg);
         self.drain(out);
+        self.schedule(now);
     }
 
     fn on_timer(&mut self, now: Time, out: &mut Outbox<NodeMsg>) {
+        if self.deferred_at.is_some_and(|t| t <= now) {
+            self.deferred_at = None;
+            self.core.execute_deferred(now);
+        }
         self.core.handle_timeout(now);
         self.drain(out);
+        self.schedule(now);
     }
 
     fn next_timer(&self) -> Option<Time> {
-        self.core.poll_timeout()
+        match (self.core.poll_timeout(), self.deferred_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn persisted(&self) -> Option<Vec<u8>> {
