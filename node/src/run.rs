@@ -433,7 +433,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     // remove-validator), and so does the tick rate (the `settings` act).
     let validator = match dir.read_consensus_state()? {
         Some(b) => Epochs::restore(consensus.clone(), key.clone(), keys.clone(), now_us(), &b)
-            .context("consensus.state does not load: move it away to start this validator's votes afresh")?,
+            .context("the agreement's state (consensus.journal) does not load: move it away to start this validator's votes afresh")?,
         None => Epochs::new(
             consensus,
             key.clone(),
@@ -450,6 +450,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         .defer_execution()
         .verify_ahead()
         .with_mail_key(key.clone());
+    // Written before every vote leaves (read above, before this opens it).
+    let mut journal = metatopia_node::store::StateJournal::open(&dir)?;
     let from = core.sim().world().tick().0;
     // A node that joined and has no state of its own yet starts from a certified snapshot.
     let fresh = from == 0 && recovery.records.is_empty() && dir.read_consensus_state()?.is_none();
@@ -822,7 +824,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             let state = metatopia_node::core::Agreement::persist(core.agreement()).unwrap_or_default();
             let digest = *blake3::hash(&state).as_bytes();
             if digest != last_state {
-                dir.write_consensus_state(&state)?;
+                journal.write(&state).context("writing the agreement's state")?;
                 last_state = digest;
             }
         }

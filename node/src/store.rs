@@ -196,7 +196,9 @@ impl DataDir {
     /// error that says so.
     pub fn open(root: &Path) -> anyhow::Result<DataDir> {
         let marker = root.join("format");
-        let used = root.join("consensus.state").exists() || root.join("log").join("commits.log").exists();
+        let used = root.join("consensus.state").exists()
+            || root.join(JOURNAL).exists()
+            || root.join("log").join("commits.log").exists();
         match fs::read_to_string(&marker) {
             Ok(text) if text.trim() == DATA_FORMAT.to_string() => {}
             Ok(text) => anyhow::bail!(
@@ -279,17 +281,117 @@ impl DataDir {
         Ok(v)
     }
 
+    /// Replace the agreement's state (one write; for many, [`StateJournal`]).
     pub fn write_consensus_state(&self, bytes: &[u8]) -> anyhow::Result<()> {
-        write_atomic(&self.root.join("consensus.state"), bytes)
+        let mut j = StateJournal::open(self)?;
+        j.write(bytes)
     }
 
+    /// The agreement's state as last written: the journal's newest whole record, or (a data
+    /// directory from before the journal) the whole of `consensus.state`.
     pub fn read_consensus_state(&self) -> anyhow::Result<Option<Vec<u8>>> {
+        let (_, newest) = StateJournal::scan(&self.root.join(JOURNAL))?;
+        if newest.is_some() {
+            return Ok(newest);
+        }
         match fs::read(self.root.join("consensus.state")) {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).context("reading consensus.state"),
         }
     }
+}
+
+/// The agreement's journal in the data directory.
+const JOURNAL: &str = "consensus.journal";
+/// The journal is rewritten with its newest record alone once it is this long.
+pub const JOURNAL_MAX: u64 = 4 << 20;
+
+/// The agreement's state, written before every vote leaves (many times a second): appended to
+/// `consensus.journal` as records (length, blake3 checksum, bytes) instead of a file created and
+/// renamed per write; the newest whole record is the state, and a torn tail (a crash mid-write)
+/// is cut off when the journal is opened. Past [`JOURNAL_MAX`] the journal is replaced
+/// (atomically) by one holding the newest record.
+#[derive(Debug)]
+pub struct StateJournal {
+    path: PathBuf,
+    file: File,
+    len: u64,
+}
+
+impl StateJournal {
+    /// Open the journal (creating it), cutting off a torn tail.
+    pub fn open(dir: &DataDir) -> anyhow::Result<StateJournal> {
+        let path = dir.root.join(JOURNAL);
+        let (good, newest) = StateJournal::scan(&path)?;
+        // A data directory from before the journal: its state becomes the first record.
+        let legacy = dir.root.join("consensus.state");
+        if newest.is_none() && legacy.exists() {
+            let bytes = fs::read(&legacy).with_context(|| format!("reading {}", legacy.display()))?;
+            let mut first = Vec::new();
+            let len = u32::try_from(bytes.len()).context("consensus.state is too big")?;
+            push_record(&mut first, &bytes, len);
+            write_atomic(&path, &first)?;
+            fs::remove_file(&legacy).with_context(|| format!("removing {}", legacy.display()))?;
+            return StateJournal::open(dir);
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        file.set_len(good).with_context(|| format!("cutting the torn tail of {}", path.display()))?;
+        let mut j = StateJournal { path, file, len: good };
+        j.file.seek(SeekFrom::Start(good))?;
+        Ok(j)
+    }
+
+    /// The length of the whole records at the start of the file at `path`, and the newest one.
+    fn scan(path: &Path) -> anyhow::Result<(u64, Option<Vec<u8>>)> {
+        let bytes = match fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, None)),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let (mut at, mut newest) = (0usize, None);
+        while let Some(head) = bytes.get(at..at + HEADER) {
+            let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
+            let Some(body) = bytes.get(at + HEADER..at + HEADER + len) else { break };
+            if blake3::hash(body).as_bytes()[..8] != head[4..] {
+                break;
+            }
+            newest = Some(body.to_vec());
+            at += HEADER + len;
+        }
+        Ok((at as u64, newest))
+    }
+
+    /// Append `bytes` as the newest state (compacting first when the journal is long).
+    pub fn write(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        let len =
+            u32::try_from(bytes.len()).ok().filter(|l| *l <= MAX_RECORD).context("the agreement's state is too big")?;
+        if self.len + (HEADER + bytes.len()) as u64 > JOURNAL_MAX && self.len > 0 {
+            let mut fresh = Vec::with_capacity(HEADER + bytes.len());
+            push_record(&mut fresh, bytes, len);
+            write_atomic(&self.path, &fresh)?;
+            self.file = OpenOptions::new().append(true).open(&self.path)?;
+            self.len = fresh.len() as u64;
+        } else {
+            let mut rec = Vec::with_capacity(HEADER + bytes.len());
+            push_record(&mut rec, bytes, len);
+            self.file.write_all(&rec).with_context(|| format!("writing {}", self.path.display()))?;
+            self.len += rec.len() as u64;
+        }
+        Ok(())
+    }
+}
+
+fn push_record(out: &mut Vec<u8>, bytes: &[u8], len: u32) {
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&blake3::hash(bytes).as_bytes()[..8]);
+    out.extend_from_slice(bytes);
 }
 
 /// Read a key file (64 hex digits of secret key); `None` if there is no file.
@@ -363,6 +465,60 @@ mod tests {
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn the_agreement_journal_keeps_the_newest_whole_state_through_torn_tails_and_compaction() {
+        let d = tmp("journal");
+        let dir = DataDir::open(&d).unwrap();
+        assert_eq!(dir.read_consensus_state().unwrap(), None);
+        let mut j = StateJournal::open(&dir).unwrap();
+        let state = |i: u32| -> Vec<u8> { (0..1_000 + i).map(|b| (b ^ i) as u8).collect() };
+        for i in 0..50 {
+            j.write(&state(i)).unwrap();
+        }
+        assert_eq!(dir.read_consensus_state().unwrap(), Some(state(49)));
+        // A crash in the middle of the next write: the tail is cut off, the state before it stays.
+        drop(j);
+        let path = d.join(JOURNAL);
+        let whole = fs::metadata(&path).unwrap().len();
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        let mut torn = Vec::new();
+        push_record(&mut torn, &state(50), 1_050);
+        f.write_all(&torn[..torn.len() / 2]).unwrap();
+        drop(f);
+        assert_eq!(dir.read_consensus_state().unwrap(), Some(state(49)));
+        let mut j = StateJournal::open(&dir).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), whole, "the torn tail is cut off");
+        j.write(&state(51)).unwrap();
+        assert_eq!(dir.read_consensus_state().unwrap(), Some(state(51)));
+        // A flipped byte in the newest record: the one before it is the state.
+        let mut bytes = fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n - 3] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(dir.read_consensus_state().unwrap(), Some(state(49)));
+        // Long journals are replaced by their newest record.
+        let mut j = StateJournal::open(&dir).unwrap();
+        let big = vec![7u8; 300_000];
+        for _ in 0..40 {
+            j.write(&big).unwrap();
+        }
+        assert!(fs::metadata(&path).unwrap().len() <= JOURNAL_MAX, "compacted");
+        assert_eq!(dir.read_consensus_state().unwrap(), Some(big));
+    }
+
+    #[test]
+    fn a_consensus_state_from_before_the_journal_becomes_its_first_record() {
+        let d = tmp("legacy");
+        let dir = DataDir::open(&d).unwrap();
+        fs::write(d.join("consensus.state"), b"old votes").unwrap();
+        assert_eq!(dir.read_consensus_state().unwrap().as_deref(), Some(&b"old votes"[..]));
+        let mut j = StateJournal::open(&dir).unwrap();
+        assert!(!d.join("consensus.state").exists());
+        assert_eq!(dir.read_consensus_state().unwrap().as_deref(), Some(&b"old votes"[..]));
+        j.write(b"new votes").unwrap();
+        assert_eq!(dir.read_consensus_state().unwrap().as_deref(), Some(&b"new votes"[..]));
     }
 
     #[test]
