@@ -112,7 +112,7 @@ pub fn run(args: NodesArgs) -> anyhow::Result<()> {
         log.display()
     );
     let child = Command::new(exe)
-        .args(["devnet", "--fresh"])
+        .args(["devnet", "--single", "--fresh"])
         .arg("--dir")
         .arg(&args.dir)
         .args(["--nodes", &args.nodes.to_string(), "--rate", &args.rate.to_string()])

@@ -26,7 +26,8 @@ pub struct DevnetArgs {
     /// First port; node i listens on port + i.
     #[arg(long, default_value_t = 7400)]
     port: u16,
-    /// Bots' signed events per tick (submitted through node 0).
+    /// Bots' signed events per tick, submitted through node 0 (with `--single`: its world has
+    /// the bot players).
     #[arg(long, default_value_t = 20)]
     bots: u32,
     /// Client bots: real clients over QUIC, spread over the nodes, that log in, wander and chat.
@@ -39,22 +40,24 @@ pub struct DevnetArgs {
     #[arg(long)]
     ticks: Option<u64>,
     /// The world, as a scenario file (its objects, scripts, accounts and settings; faults and
-    /// steps are ignored). Default: the built-in devnet scenario (scenarios/catalogue/devnet.toml).
+    /// steps are ignored). Default: the built-in 2×2 world of four sims
+    /// (scenarios/catalogue/devnet-world.toml), `--nodes` validators per sim, process i running
+    /// node i of every sim (`run --also`).
     #[arg(long)]
     scenario: Option<PathBuf>,
-    /// The built-in 2×2 world of four sims instead (scenarios/catalogue/devnet-world.toml):
-    /// `--nodes` validators per sim. Process i runs node i of every sim (`run --also`).
+    /// One sim instead of the 2×2 world: the built-in single-sim world
+    /// (scenarios/catalogue/devnet.toml: 300 prims, bot players signing events through node 0).
     #[arg(long, conflicts_with = "scenario")]
-    grid: bool,
+    single: bool,
     /// With several sims, one process per node instead of one process per node index hosting
     /// that node of every sim (more processes, more isolation, more CPU).
     #[arg(long)]
     process_per_node: bool,
 }
 
-/// The built-in default world.
+/// The built-in world of one sim (`--single`).
 const DEVNET_SCENARIO: &str = include_str!("../../scenarios/catalogue/devnet.toml");
-/// The built-in world of several sims (`--grid`).
+/// The built-in default world: four sims side by side.
 const GRID_SCENARIO: &str = include_str!("../../scenarios/catalogue/devnet-world.toml");
 
 pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
@@ -70,7 +73,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         }
         None => {
             let f = args.dir.join("scenario.toml");
-            write_atomic(&f, if args.grid { GRID_SCENARIO } else { DEVNET_SCENARIO }.as_bytes())?;
+            write_atomic(&f, if args.single { DEVNET_SCENARIO } else { GRID_SCENARIO }.as_bytes())?;
             let scripts = args.dir.join("scripts");
             std::fs::create_dir_all(&scripts)?;
             for (name, src) in metatopia_node::scenario::EXAMPLE_SCRIPTS {

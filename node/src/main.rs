@@ -26,7 +26,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Several validators of one sim on loopback, with bots: the quickest way to see it run.
+    /// A 2×2 world of four sims on loopback (four validators each, four processes), with client
+    /// bots: the quickest way to see it run. `--single` for one sim.
     Devnet(devnet::DevnetArgs),
     /// Create a data directory: a node key and a commented config.
     Init(run::InitArgs),

@@ -1,6 +1,6 @@
 //! The main command: `metatopia devnet` starts its nodes as real processes, they tick in
 //! lockstep (the same root at the same tick on every node of a sim) and it stops cleanly after
-//! the requested ticks; with `--grid`, four sims side by side.
+//! the requested ticks; by default four sims side by side, with `--single` one.
 
 mod common;
 
@@ -56,8 +56,8 @@ fn run_devnet(name: &str, nodes: u16, extra: &[&str]) -> (String, String) {
 }
 
 #[test]
-fn devnet_runs_four_nodes_in_lockstep_and_stops_after_the_ticks() {
-    let (out, _) = run_devnet("one", 4, &["--ticks", "60", "--bots", "5"]);
+fn devnet_single_runs_four_nodes_in_lockstep_and_stops_after_the_ticks() {
+    let (out, _) = run_devnet("one", 4, &["--single", "--ticks", "60", "--bots", "5"]);
     assert!(out.contains("web viewer: http://127.0.0.1:"), "{out}");
     let r = roots(&out);
     assert_eq!(r.len(), 4, "every node reported: {out}");
@@ -71,8 +71,9 @@ fn devnet_runs_four_nodes_in_lockstep_and_stops_after_the_ticks() {
 }
 
 #[test]
-fn devnet_grid_runs_four_sims_side_by_side() {
-    let (out, _) = run_devnet("grid", 16, &["--grid", "--ticks", "40", "--rate", "10"]);
+fn devnet_runs_four_sims_side_by_side_in_four_processes() {
+    // The default world.
+    let (out, _) = run_devnet("grid", 16, &["--ticks", "40", "--rate", "10"]);
     assert!(out.contains("a 2×2 world of 4 sims"), "{out}");
     assert!(out.matches("sim ").count() >= 4 && out.contains("one per sim"), "{out}");
     // Four processes (`run --also`), each a node of every sim; their lines named by node.
