@@ -26,6 +26,9 @@ pub struct BotPlan {
     pub connect_per_second: u32,
     /// Keys and choices follow from this seed.
     pub seed: u64,
+    /// One walk in this many heads up to half a sim past the sim's border (into a neighbour
+    /// sim if there is one: the client follows its avatar there); zero: bots stay in their sim.
+    pub roam_one_in: u32,
 }
 
 impl Default for BotPlan {
@@ -37,6 +40,7 @@ impl Default for BotPlan {
             chat_every: Duration::from_secs(10),
             connect_per_second: 100,
             seed: 1,
+            roam_one_in: 0,
         }
     }
 }
@@ -56,6 +60,8 @@ pub struct BotReport {
     pub refused: AtomicU64,
     pub chat_heard: AtomicU64,
     pub failovers: AtomicU64,
+    /// Times a bot's avatar crossed into another sim (and the bot followed it there).
+    pub crossings: AtomicU64,
 }
 
 impl BotReport {
@@ -136,7 +142,8 @@ async fn bot(
     report.connected.fetch_add(1, Ordering::Relaxed);
     c.login(&format!("bot{n}")).await?;
     report.logged_in.fetch_add(1, Ordering::Relaxed);
-    let avatar = c.avatar().await?.ok_or_else(|| anyhow::anyhow!("logged in without an avatar"))?;
+    let mut avatar = c.avatar().await?.ok_or_else(|| anyhow::anyhow!("logged in without an avatar"))?;
+    let mut crossings = c.crossings;
     let jitter = |rng: &mut Rng, d: Duration| d / 2 + Duration::from_millis(rng.below(d.as_millis() as u64 + 1));
     let mut next_walk = Instant::now();
     let mut next_chat = Instant::now() + jitter(&mut rng, plan.chat_every);
@@ -151,15 +158,22 @@ async fn bot(
             next_walk = now + period;
             let me = c.view().avatar_of(c.account()).and_then(|a| c.view().metres_of(&a.id));
             let region = c.view().status.as_ref().map(|s| (s.region_origin, s.region_size.max(1)));
+            let roam = plan.roam_one_in > 0 && rng.below(u64::from(plan.roam_one_in)) == 0;
             let velocity = match (me, region) {
                 (Some(at), Some((origin, size))) => {
+                    // Inside the square, 2 m from its edges; roaming, up to half a sim past them.
+                    let (from, span) = if roam { (-size / 2, 2 * size) } else { (2, size - 4) };
                     let target = [
-                        origin[0] + 2 + rng.below((size - 4).max(1) as u64) as i64,
-                        origin[1] + 2 + rng.below((size - 4).max(1) as u64) as i64,
+                        origin[0] + from + rng.below(span.max(1) as u64) as i64,
+                        origin[1] + from + rng.below(span.max(1) as u64) as i64,
                     ];
                     let (dx, dy) = ((target[0] - at[0]) as f64, (target[1] - at[1]) as f64);
                     let dist = dx.hypot(dy).max(1e-3);
                     let speed = (dist / period.as_secs_f64().max(0.1)).min(3.0);
+                    if roam {
+                        // A roaming walk goes all the way (at most a minute).
+                        next_walk = now + Duration::from_secs_f64((dist / speed).clamp(1.0, 60.0));
+                    }
                     // Client side, so a float is fine here; the event carries exact fixed point.
                     let fx = |v: f64| Fx::from_bits((v * 65_536.0).round() as i64);
                     Vec2::new(fx(dx / dist * speed), fx(dy / dist * speed))
@@ -180,6 +194,15 @@ async fn bot(
         let wait = next_walk.min(next_chat).min(stop_at).saturating_duration_since(Instant::now());
         let Ok(m) = tokio::time::timeout(wait, c.next()).await else { continue };
         let Some(m) = m else { anyhow::bail!("no node of the sim answers any more") };
+        if c.crossings != crossings {
+            report.crossings.fetch_add(u64::from(c.crossings - crossings), Ordering::Relaxed);
+            crossings = c.crossings;
+            // In another sim the avatar has that sim's id, and ticks count from that sim's.
+            if let Ok(Some(a)) = c.avatar().await {
+                avatar = a;
+            }
+            (last_tick, bytes_before) = (None, 0);
+        }
         if c.failovers != failovers {
             failovers = c.failovers;
             report.failovers.fetch_add(1, Ordering::Relaxed);

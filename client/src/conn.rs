@@ -156,6 +156,9 @@ pub struct Client {
     pub failovers: u32,
     /// Times it followed its avatar into another sim.
     pub crossings: u32,
+    /// A move to another sim (`Moved`) not finished yet: [`Client::next`] may be cancelled (a
+    /// timeout around it) while it dials the new sim's node; the next call finishes the move.
+    moving: Option<(u32, Vec<NodeAddr>)>,
     /// Why the node closed this client's session on purpose (kicked, banned, misbehaving): it
     /// does not fail over then.
     closed: Option<String>,
@@ -221,6 +224,7 @@ impl Client {
             name: None,
             failovers: 0,
             crossings: 0,
+            moving: None,
             closed: None,
         };
         c.link = Some(LinkBox(c.dial(bootstrap).await?));
@@ -268,8 +272,10 @@ impl Client {
             Err(_) => self.reconnect().await?,
         }
         self.view = View::default();
-        self.crossings += 1;
         self.follow().await?;
+        // Done (the wait below may be cut short by a cancelled call: the avatar comes anyway).
+        self.moving = None;
+        self.crossings += 1;
         // The old sim tells us when the avatar leaves; the new one has it a few ticks later,
         // once the handoff's mail is certified there. Wait for it (briefly) so that acts that
         // need the avatar work as soon as this returns.
@@ -362,6 +368,9 @@ impl Client {
     /// moves to another node of the sim (the avatar stays in the sim) and goes on; `None` when
     /// no node of the sim answers any more.
     pub async fn next(&mut self) -> Option<ServerMsg> {
+        if self.moving.is_some() && !self.finish_move().await {
+            return None;
+        }
         if let Some(m) = self.pending.pop_front() {
             return self.handle(m).await;
         }
@@ -396,13 +405,27 @@ impl Client {
 
     /// What a message asks of the client itself: a `Moved` takes it to the avatar's new sim.
     async fn handle(&mut self, m: ServerMsg) -> Option<ServerMsg> {
-        if let ServerMsg::Moved { sim, nodes } = &m
-            && let Err(e) = self.move_to(*sim, nodes.clone()).await
-        {
-            tracing::warn!("following the avatar into sim {sim}: {e:#}");
-            return None;
+        if let ServerMsg::Moved { sim, nodes } = &m {
+            self.moving = Some((*sim, nodes.clone()));
+            if !self.finish_move().await {
+                return None;
+            }
         }
         Some(m)
+    }
+
+    /// Finish (or redo from the start, if a cancelled call left it half done) the move to
+    /// another sim; `false` when it failed.
+    async fn finish_move(&mut self) -> bool {
+        let Some((sim, nodes)) = self.moving.clone() else { return true };
+        match self.move_to(sim, nodes).await {
+            Ok(()) => true,
+            Err(e) => {
+                self.moving = None;
+                tracing::warn!("following the avatar into sim {sim}: {e:#}");
+                false
+            }
+        }
     }
 
     /// Messages until `deadline`, or until `until` accepts one (`true`) or the stream ends.

@@ -47,6 +47,10 @@ pub struct BotArgs {
     /// The bots' keys follow from this (the same seed: the same accounts).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// One walk in N heads up to half a sim past the sim's border, into neighbour sims (the
+    /// bots follow their avatars there); 0: bots stay in their sim.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub roam_one_in: u32,
 }
 
 fn key_path(arg: Option<PathBuf>) -> PathBuf {
@@ -85,6 +89,7 @@ pub fn bot(args: BotArgs) -> anyhow::Result<()> {
         chat_every: Duration::from_secs(args.chat_every),
         connect_per_second: args.connect_rate.max(1),
         seed: args.seed,
+        roam_one_in: args.roam_one_in,
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
@@ -100,7 +105,7 @@ pub fn bot(args: BotArgs) -> anyhow::Result<()> {
             let (bytes, ticks) = (g(&report.bytes), g(&report.ticks));
             let online = g(&report.logged_in).max(1);
             println!(
-                "{:>4}s  bots {}/{} in ({} failed)  deltas/s per bot {:.1}  ticks missed {}  KB/s per bot {:.2}  executed {} refused {}  chat heard {}  failovers {}",
+                "{:>4}s  bots {}/{} in ({} failed)  deltas/s per bot {:.1}  ticks missed {}  KB/s per bot {:.2}  executed {} refused {}  chat heard {}  failovers {}  crossings {}",
                 started.elapsed().as_secs(),
                 g(&report.logged_in),
                 args.count,
@@ -112,6 +117,7 @@ pub fn bot(args: BotArgs) -> anyhow::Result<()> {
                 g(&report.refused),
                 g(&report.chat_heard),
                 g(&report.failovers),
+                g(&report.crossings),
             );
             (last_bytes, last_ticks) = (bytes, ticks);
         }

@@ -311,6 +311,9 @@ fn client_bots(nodes: Vec<metatopia_client::proto::NodeAddr>, count: usize) {
                 run_for: std::time::Duration::from_secs(365 * 24 * 3600),
                 chat_every: std::time::Duration::from_secs(20),
                 seed: 1000 + i as u64,
+                // One walk in two heads up to half a sim past the border (into a neighbour sim,
+                // where there is one).
+                roam_one_in: 2,
                 ..BotPlan::default()
             };
             tokio::spawn(metatopia_client::bots::run(node.clone(), plan, report.clone()));
@@ -322,13 +325,14 @@ fn client_bots(nodes: Vec<metatopia_client::proto::NodeAddr>, count: usize) {
             let (ticks, bytes) = (g(&report.ticks), g(&report.bytes));
             let n = g(&report.logged_in).max(1);
             println!(
-                "[bots] {} of {count} in; per bot {:.1} deltas/s, {:.1} KB/s; {} ticks missed; {} acts executed, {} refused",
+                "[bots] {} of {count} in; per bot {:.1} deltas/s, {:.1} KB/s; {} ticks missed; {} acts executed, {} refused; {} border crossings followed",
                 g(&report.logged_in),
                 (ticks - last.0) as f64 / 30.0 / n as f64,
                 (bytes - last.1) as f64 / 1024.0 / 30.0 / n as f64,
                 g(&report.missed_ticks),
                 g(&report.executed),
                 g(&report.refused),
+                g(&report.crossings),
             );
             last = (ticks, bytes);
         }

@@ -54,4 +54,32 @@ async fn clients_follow_their_avatar_across_a_border_and_far_bootstraps_route_to
     assert_eq!(far.sim(), 1, "a far bootstrap routes the client to the sim its avatar is in");
     assert!(on(sim1, &far), "on {:?}, not a node of sim 1", far.node());
     assert_eq!(cluster.status(8).unwrap().neighbours, [2], "sim 3's only neighbour is sim 2");
+    // Roaming bots (the devnet's client load) walk past borders and follow their avatars.
+    use metatopia_client::bots::{BotPlan, BotReport};
+    let report = std::sync::Arc::new(BotReport::default());
+    let plan = BotPlan {
+        count: 3,
+        run_for: Duration::from_secs(60),
+        wander_every: Duration::from_secs(3),
+        chat_every: Duration::ZERO,
+        seed: 7,
+        roam_one_in: 1,
+        ..BotPlan::default()
+    };
+    let bots = tokio::spawn(metatopia_client::bots::run(sim2[0].clone(), plan, report.clone()));
+    let t0 = std::time::Instant::now();
+    while BotReport::get(&report.crossings) == 0 && t0.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bots.abort();
+    let g = |a: &std::sync::atomic::AtomicU64| BotReport::get(a);
+    assert!(
+        g(&report.crossings) >= 1,
+        "no roaming bot crossed a border in 60 s: {} logged in, {} acts submitted, {} executed, {} refused",
+        g(&report.logged_in),
+        g(&report.submitted),
+        g(&report.executed),
+        g(&report.refused)
+    );
+    assert_eq!(BotReport::get(&report.failed), 0);
 }
