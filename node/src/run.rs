@@ -251,13 +251,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         let thread = std::thread::Builder::new()
             .name(format!("node-{i}"))
             .spawn(move || {
-                let result = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .thread_name(format!("node-{i}-worker"))
-                    .enable_all()
-                    .build()
-                    .map_err(anyhow::Error::from)
-                    .and_then(|rt| rt.block_on(node(a, ctx)));
+                // A panic is this node's error too: the others are told to stop.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .thread_name(format!("node-{i}-worker"))
+                        .enable_all()
+                        .build()
+                        .map_err(anyhow::Error::from)
+                        .and_then(|rt| rt.block_on(node(a, ctx)))
+                }))
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("its thread panicked (the message is above)")));
                 let _ = done.send((i, result));
             })
             .context("starting a thread for a node")?;
@@ -297,7 +301,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             Some(Ok(())) => {}
             Some(Err(e)) if !several => return Err(e),
             Some(Err(e)) => errors.push(format!("the node of {}: {e:#}", dir.display())),
-            None => errors.push(format!("the node of {} stopped without a word (its thread panicked)", dir.display())),
+            None => errors.push(format!("the node of {} stopped without a word", dir.display())),
         }
     }
     anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
