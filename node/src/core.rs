@@ -691,11 +691,12 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     }
 
     /// The log record of a commit agreement just handed out ([`CoreOutput::Committed`]), unless
-    /// it is one this node executed before (a restart) or the sim stopped on a desync.
+    /// it is one this node executed before (a restart), the sim stopped on a desync, or it
+    /// leaves a gap (execution stops the sim there; the log never holds a gap).
     fn log_commit(&mut self, c: &Commit) -> &mut Self {
         let resyncing = self.resync.is_some();
         let next = self.logged_to.max(self.sim.world().tick().0);
-        if resyncing || (self.desynced.is_none() && c.block.tick >= next) {
+        if resyncing || (self.desynced.is_none() && c.block.tick == next) {
             self.logged_to = c.block.tick + 1;
             self.out.push_back(CoreOutput::Committed(Box::new(crate::store::LogRecord {
                 tick: c.block.tick,
