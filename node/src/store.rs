@@ -281,12 +281,6 @@ impl DataDir {
         Ok(v)
     }
 
-    /// Replace the agreement's state (one write; for many, [`StateJournal`]).
-    pub fn write_consensus_state(&self, bytes: &[u8]) -> anyhow::Result<()> {
-        let mut j = StateJournal::open(self)?;
-        j.write(bytes)
-    }
-
     /// The agreement's state as last written: the journal's newest whole record, or (a data
     /// directory from before the journal) the whole of `consensus.state`.
     pub fn read_consensus_state(&self) -> anyhow::Result<Option<Vec<u8>>> {
