@@ -191,8 +191,15 @@ impl Client {
     /// one of them (the bootstrap itself when it is one). A client's own QUIC endpoint is bound
     /// on an ephemeral loopback or unspecified port, as the bootstrap's address family asks.
     pub async fn connect(bootstrap: &NodeAddr, key: SigningKey) -> anyhow::Result<Client> {
+        Client::connect_at(bootstrap, key, None).await
+    }
+
+    /// [`Client::connect`]; an account without an avatar anywhere goes to the sim whose square
+    /// holds `at` (world metres), wherever the bootstrap is: its node finds that sim through
+    /// Raynet.
+    pub async fn connect_at(bootstrap: &NodeAddr, key: SigningKey, at: Option<[i64; 2]>) -> anyhow::Result<Client> {
         let endpoint = Client::endpoint_for(bootstrap)?;
-        Client::connect_on(endpoint, bootstrap, key).await
+        Client::connect_on_at(endpoint, bootstrap, key, at).await
     }
 
     /// A QUIC endpoint (one UDP socket) for reaching `node`; many clients may share one.
@@ -208,6 +215,16 @@ impl Client {
         endpoint: quinn::Endpoint,
         bootstrap: &NodeAddr,
         key: SigningKey,
+    ) -> anyhow::Result<Client> {
+        Client::connect_on_at(endpoint, bootstrap, key, None).await
+    }
+
+    /// [`Client::connect_at`] on a given endpoint.
+    pub async fn connect_on_at(
+        endpoint: quinn::Endpoint,
+        bootstrap: &NodeAddr,
+        key: SigningKey,
+        at: Option<[i64; 2]>,
     ) -> anyhow::Result<Client> {
         let account = account_of(&key).to_string();
         let mut c = Client {
@@ -229,7 +246,13 @@ impl Client {
         };
         c.link = Some(LinkBox(c.dial(bootstrap).await?));
         let route = c
-            .request(ClientMsg::Route { account: c.account.clone() }, |m| matches!(m, ServerMsg::Route { .. }))
+            .request(
+                match at {
+                    Some(at) => ClientMsg::Enter { account: c.account.clone(), at },
+                    None => ClientMsg::Route { account: c.account.clone() },
+                },
+                |m| matches!(m, ServerMsg::Route { .. }),
+            )
             .await?;
         let ServerMsg::Route { sim, nodes } = route else { unreachable!("matched above") };
         anyhow::ensure!(!nodes.is_empty(), "{bootstrap} knows no node of this account's sim");

@@ -87,6 +87,15 @@ pub struct Status {
     pub arrivals: u64,
     #[serde(default)]
     pub in_transit: Vec<String>,
+    /// The Raynet overlay: the nodes of the world whose cards this node holds, its Voronoi
+    /// neighbours among them, and for each neighbour sim (as in `neighbours`) how many of the
+    /// validators its genesis names this node has found.
+    #[serde(default)]
+    pub raynet_known: u32,
+    #[serde(default)]
+    pub raynet_neighbours: u32,
+    #[serde(default)]
+    pub neighbour_validators_found: Vec<u32>,
 }
 
 /// An account as nodes show it.
@@ -380,7 +389,8 @@ impl std::str::FromStr for NodeAddr {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ClientMsg {
-    /// Which nodes serve the sim where this account's avatar is (any node answers).
+    /// Which nodes serve the sim where this account's avatar is (any node answers); an account
+    /// without an avatar anywhere is sent to the answering node's own sim.
     Route {
         account: String,
     },
@@ -402,6 +412,13 @@ pub enum ClientMsg {
     },
     Account {
         id: String,
+    },
+    /// `Route`, for an account that enters the world at a point: one without an avatar anywhere
+    /// is sent to the sim whose square holds `at` (world metres; the node finds it through
+    /// Raynet). Answered with `route`.
+    Enter {
+        account: String,
+        at: [i64; 2],
     },
 }
 

@@ -46,13 +46,18 @@ pub fn render_stats(s: &Status) -> String {
         String::new()
     } else {
         let sims: Vec<String> = s.neighbours.iter().map(u32::to_string).collect();
+        let found: Vec<String> = s.neighbour_validators_found.iter().map(u32::to_string).collect();
         format!(
             "neighbour sims     {} · mail {} signed, {} taken in, {} late copies dropped\n\
+             raynet             {} nodes known, {} Voronoi neighbours; neighbours' validators found {}\n\
              crossings          {} left, {} arrived, {} in transit\n",
             sims.join(", "),
             s.mail_sent,
             s.mail_received,
             s.mail_late,
+            s.raynet_known,
+            s.raynet_neighbours,
+            found.join(", "),
             s.departures,
             s.arrivals,
             s.in_transit.len()

@@ -22,6 +22,16 @@ pub struct ClientArgs {
     /// The avatar's name.
     #[arg(long, default_value = "guest")]
     pub name: String,
+    /// Where to enter the world (`X,Y` in world metres) when the account has no avatar yet: the
+    /// node asked finds the sim whose square holds it through Raynet. Default: the node's sim.
+    #[arg(long, value_parser = parse_point, value_name = "X,Y")]
+    pub at: Option<[i64; 2]>,
+}
+
+fn parse_point(s: &str) -> Result<[i64; 2], String> {
+    let (x, y) = s.split_once(',').ok_or_else(|| format!("{s:?} is not X,Y (metres, e.g. 200,40)"))?;
+    let n = |v: &str| v.trim().parse::<i64>().map_err(|e| format!("{v:?} in {s:?}: {e}"));
+    Ok([n(x)?, n(y)?])
 }
 
 #[derive(Debug, Args)]
@@ -66,7 +76,7 @@ pub fn client(args: ClientArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         eprintln!("connecting to {} …", args.node);
-        let mut c = metatopia_client::Client::connect(&args.node, key)
+        let mut c = metatopia_client::Client::connect_at(&args.node, key, args.at)
             .await
             .with_context(|| format!("connecting through {}", args.node))?;
         eprintln!(
@@ -136,4 +146,15 @@ pub fn bot(args: BotArgs) -> anyhow::Result<()> {
         anyhow::ensure!(g(&report.logged_in) > 0, "no bot could log in");
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn points_parse_or_say_what_is_wrong() {
+        assert_eq!(super::parse_point("200,-40"), Ok([200, -40]));
+        assert_eq!(super::parse_point(" 3 , 4"), Ok([3, 4]));
+        assert!(super::parse_point("200").unwrap_err().contains("X,Y"));
+        assert!(super::parse_point("a,1").unwrap_err().contains("\"a\""));
+    }
 }

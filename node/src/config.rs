@@ -50,14 +50,73 @@ pub struct NodeConfig {
     /// validators signed it, and this node sends its own sim's mail to them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sims: Vec<SimEntry>,
+    /// The Raynet overlay: how this node finds the nodes of other sims.
+    #[serde(default, skip_serializing_if = "RaynetConfig::is_default")]
+    pub raynet: RaynetConfig,
 }
 
-/// Another sim of the world, and its validators (as in `[[validators]]`).
+/// Another sim of the world, and its validators' keys (its genesis validator set, which this
+/// sim's genesis names). Their addresses are found through Raynet; one given here is also a
+/// contact.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimEntry {
     pub sim_id: u32,
-    pub validators: Vec<ValidatorEntry>,
+    pub validators: Vec<SimValidator>,
+}
+
+/// A validator of another sim: its key, and optionally where it listens.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimValidator {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<SocketAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<SocketAddr>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub observer: bool,
+}
+
+impl SimValidator {
+    /// Another sim's validator known by its key alone (its address comes through Raynet).
+    pub fn key_of(v: &ValidatorEntry) -> SimValidator {
+        SimValidator { key: v.key.clone(), address: None, quic: None, observer: v.observer }
+    }
+
+    /// With its addresses, as a contact.
+    pub fn with_address(v: &ValidatorEntry) -> SimValidator {
+        SimValidator { key: v.key.clone(), address: Some(v.address), quic: v.quic, observer: v.observer }
+    }
+}
+
+/// `[raynet]`: the overlay every node of a world is a peer of.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RaynetConfig {
+    /// Nodes to start from (join addresses, `KEY@HOST:PORT`), of any sim: this node says hello
+    /// to them, and they bring it into the overlay. A node also starts from its own sim's nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bootstrap: Vec<String>,
+    /// Milliseconds between two gossip rounds.
+    #[serde(default = "default_round_ms")]
+    pub round_ms: u32,
+}
+
+fn default_round_ms() -> u32 {
+    500
+}
+
+impl Default for RaynetConfig {
+    fn default() -> Self {
+        RaynetConfig { bootstrap: Vec::new(), round_ms: default_round_ms() }
+    }
+}
+
+impl RaynetConfig {
+    fn is_default(&self) -> bool {
+        *self == RaynetConfig::default()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,6 +218,14 @@ impl NodeConfig {
         if let Some(j) = &self.join {
             parse_join(j).context("join")?;
         }
+        for (i, b) in self.raynet.bootstrap.iter().enumerate() {
+            parse_join(b).with_context(|| format!("raynet.bootstrap[{i}]"))?;
+        }
+        anyhow::ensure!(
+            (50..=60_000).contains(&self.raynet.round_ms),
+            "raynet.round_ms must be 50..=60000, not {}",
+            self.raynet.round_ms
+        );
         let mut ids = std::collections::BTreeSet::from([self.world.sim_id]);
         for (i, s) in self.sims.iter().enumerate() {
             anyhow::ensure!(
@@ -209,7 +276,8 @@ impl NodeConfig {
              # [world]: the seeded genesis world. [bots]: signed events per tick this node submits.\n\
              # [[validators]]: the sim's nodes, in index order, the same on every node; `observer = true`\n\
              # marks a node that follows (and serves clients) until the admin admits its key.\n\
-             # [[sims]]: in a world of several sims, the other sims (sim_id, validators).\n\n{body}"
+             # [[sims]]: in a world of several sims, the other sims (sim_id, validators' keys; their\n\
+             # addresses are found through Raynet). [raynet]: bootstrap = [\"KEY@HOST:PORT\", ...], round_ms.\n\n{body}"
         )
     }
 }
@@ -323,6 +391,17 @@ address = "127.0.0.1:7003"
         assert!(empty.check().unwrap_err().to_string().contains("no validators"));
         let unknown = toml::from_str::<NodeConfig>(&sims.replace("7010\"", "7010\"\nfoo = 1")).unwrap_err();
         assert!(unknown.to_string().contains("foo"), "{unknown}");
+        // A sim's validators may be listed by key alone (found through Raynet); bootstrap
+        // contacts are join addresses, and a bad one is an error naming it.
+        let keys_only = format!(
+            "{GOOD}[raynet]\nbootstrap = [\"{key}@127.0.0.1:7000\"]\n[[sims]]\nsim_id = 2\n[[sims.validators]]\nkey = \"{key}\"\n"
+        );
+        let c: NodeConfig = toml::from_str(&keys_only).unwrap();
+        c.check().unwrap();
+        assert_eq!((c.sims[0].validators[0].address, c.raynet.round_ms), (None, 500));
+        assert_eq!(toml::from_str::<NodeConfig>(&c.commented()).unwrap(), c, "what init writes reads back");
+        let bad: NodeConfig = toml::from_str(&keys_only.replace("@127.0.0.1:7000", "")).unwrap();
+        assert!(format!("{:#}", bad.check().unwrap_err()).contains("raynet.bootstrap[0]"));
         let at = sims.rfind(key).unwrap();
         let bad_key: NodeConfig = toml::from_str(&format!("{}zz{}", &sims[..at], &sims[at + 2..])).unwrap();
         assert!(format!("{:#}", bad_key.check().unwrap_err()).contains("sims[0].validators[0].key"));

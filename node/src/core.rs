@@ -441,7 +441,13 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 self.offered(from, tick, &bytes);
             }
             // Answered by the node's shell (about files, or between sims' nodes).
-            NodeMsg::SimInfoRequest | NodeMsg::SimInfo { .. } | NodeMsg::Locate { .. } | NodeMsg::Located { .. } => {}
+            NodeMsg::SimInfoRequest
+            | NodeMsg::SimInfo { .. }
+            | NodeMsg::Locate { .. }
+            | NodeMsg::Located { .. }
+            | NodeMsg::Raynet { .. }
+            | NodeMsg::Cards { .. }
+            | NodeMsg::SimCards { .. } => {}
             NodeMsg::Mail(event) => {
                 self.now = now;
                 match self.check_mail(&event) {

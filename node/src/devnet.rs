@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
-use metatopia_node::config::{BotsConfig, NodeConfig, SimEntry, ValidatorEntry, WorldConfig};
+use metatopia_node::config::{
+    BotsConfig, NodeConfig, RaynetConfig, SimEntry, SimValidator, ValidatorEntry, WorldConfig,
+};
 use metatopia_node::store::{DataDir, write_atomic, write_key};
 
 #[derive(Debug, clap::Args)]
@@ -125,6 +127,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         });
     }
     let of_sim = |k: usize| validators[k * per..(k + 1) * per].to_vec();
+    let seed = if sims > 1 { vec![format!("{}@{}", validators[0].key, validators[0].address)] } else { Vec::new() };
     for (i, d) in dirs.iter().enumerate() {
         let k = i / per;
         let world = WorldConfig {
@@ -147,8 +150,13 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             join: None,
             sims: (0..sims)
                 .filter(|j| *j != k)
-                .map(|j| SimEntry { sim_id: j as u32 + 1, validators: of_sim(j) })
+                .map(|j| SimEntry {
+                    sim_id: j as u32 + 1,
+                    validators: of_sim(j).iter().map(SimValidator::key_of).collect(),
+                })
                 .collect(),
+            // The other sims' nodes are found through Raynet, starting from the first node.
+            raynet: RaynetConfig { bootstrap: seed.clone(), ..RaynetConfig::default() },
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }

@@ -38,20 +38,20 @@ struct Instance {
 }
 
 impl Instance {
-    fn local(&self, peers: &[VerifyingKey], from: ValidatorIndex) -> ValidatorIndex {
-        let key = peers.get(usize::from(from.0));
+    fn local(&self, peers: &[Option<VerifyingKey>], from: ValidatorIndex) -> ValidatorIndex {
+        let key = peers.get(usize::from(from.0)).and_then(Option::as_ref);
         match key.and_then(|k| self.keys.iter().position(|x| x == k)) {
             Some(i) => ValidatorIndex(i as u16),
             None => ValidatorIndex(OUTSIDE.saturating_add(from.0)),
         }
     }
 
-    fn peer(&self, peers: &[VerifyingKey], local: ValidatorIndex) -> Option<ValidatorIndex> {
+    fn peer(&self, peers: &[Option<VerifyingKey>], local: ValidatorIndex) -> Option<ValidatorIndex> {
         if local.0 >= OUTSIDE {
             return Some(ValidatorIndex(local.0 - OUTSIDE));
         }
         let key = self.keys.get(usize::from(local.0))?;
-        peers.iter().position(|k| k == key).map(|i| ValidatorIndex(i as u16))
+        peers.iter().position(|k| k.as_ref() == Some(key)).map(|i| ValidatorIndex(i as u16))
     }
 }
 
@@ -111,8 +111,9 @@ struct EpochStart {
 pub struct Epochs {
     cfg: Config,
     key: SigningKey,
-    /// Every node this one talks to, by peer index (the transport's numbering).
-    peers: Vec<VerifyingKey>,
+    /// Every node this one talks to, by peer index (the transport's numbering; the indices it
+    /// gave nodes of other sims are holes).
+    peers: Vec<Option<VerifyingKey>>,
     current: Instance,
     previous: Option<Instance>,
     early: VecDeque<(ValidatorIndex, u64, Message)>,
@@ -159,7 +160,7 @@ impl Epochs {
         Epochs {
             cfg,
             key,
-            peers,
+            peers: peers.into_iter().map(Some).collect(),
             current,
             previous: None,
             early: VecDeque::new(),
@@ -197,7 +198,7 @@ impl Epochs {
         Some(Epochs {
             cfg,
             key,
-            peers,
+            peers: peers.into_iter().map(Some).collect(),
             current,
             previous: None,
             early: VecDeque::new(),
@@ -312,9 +313,14 @@ impl Agreement for Epochs {
         self.handle_epoch_message(now, from, self.current.epoch, msg);
     }
     fn learn_peer(&mut self, index: u16, key: VerifyingKey) {
-        // The transport numbers nodes in order; one it numbered before keeps its key.
-        if usize::from(index) == self.peers.len() {
-            self.peers.push(key);
+        // The transport numbers nodes in order (also nodes of other sims, which the agreement
+        // never hears of: holes); one it numbered before keeps its key.
+        let i = usize::from(index);
+        if i >= self.peers.len() {
+            self.peers.resize(i + 1, None);
+        }
+        if self.peers[i].is_none() {
+            self.peers[i] = Some(key);
         }
     }
     fn handle_epoch_message(&mut self, now: Micros, from: ValidatorIndex, epoch: u64, msg: Message) {
@@ -407,7 +413,24 @@ impl Agreement for Epochs {
 
 #[cfg(test)]
 mod tests {
-    use super::next_end;
+    use super::*;
+
+    #[test]
+    fn a_peer_numbered_after_other_sims_nodes_is_known_by_its_key() {
+        use crate::core::Agreement as _;
+        let keys: Vec<VerifyingKey> = (1..=5u8).map(|i| SigningKey::from_bytes(&[i; 32]).verifying_key()).collect();
+        // Five validators; the mesh listed four, gave indices 4..=8 to nodes of other sims (the
+        // agreement never hears of them) and 9 to the fifth validator when it connected.
+        let mut e =
+            Epochs::new(Config::default(), SigningKey::from_bytes(&[1; 32]), keys[..4].to_vec(), keys.clone(), 40, 0);
+        e.learn_peer(9, keys[4]);
+        e.learn_peer(9, keys[0]);
+        assert_eq!(e.current.local(&e.peers, ValidatorIndex(9)), ValidatorIndex(4));
+        assert_eq!(e.current.peer(&e.peers, ValidatorIndex(4)), Some(ValidatorIndex(9)));
+        assert_eq!(e.current.local(&e.peers, ValidatorIndex(2)), ValidatorIndex(2));
+        // A hole is nobody's.
+        assert_eq!(e.current.local(&e.peers, ValidatorIndex(6)), ValidatorIndex(OUTSIDE + 6));
+    }
 
     #[test]
     fn epochs_end_on_multiples_of_the_length_at_least_two_ticks_on() {

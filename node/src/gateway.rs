@@ -77,8 +77,9 @@ pub struct Hub {
     pub nodes: Vec<NodeAddr>,
     /// Connected sessions.
     pub clients: AtomicU32,
-    /// The other sims of the world and their nodes (from `[[sims]]`).
-    pub sims: BTreeMap<u32, Vec<NodeAddr>>,
+    /// The other sims of the world and the nodes of each this node knows (found through Raynet,
+    /// or listed with addresses under `[[sims]]`).
+    sims: RwLock<BTreeMap<u32, Vec<NodeAddr>>>,
     /// Accounts whose avatar crossed from this sim into another, and that sim (the newest
     /// crossing; beyond [`MAX_MOVED`] accounts one is forgotten to make room): where `Route`
     /// sends their clients.
@@ -96,16 +97,26 @@ impl Hub {
             sim,
             nodes,
             clients: AtomicU32::new(0),
-            sims: BTreeMap::new(),
+            sims: RwLock::new(BTreeMap::new()),
             moved: RwLock::new(BTreeMap::new()),
             waiters: std::sync::Mutex::new(BTreeMap::new()),
         }
     }
 
     /// The other sims of the world, for `Route` and `Moved`.
-    pub fn with_sims(mut self, sims: BTreeMap<u32, Vec<NodeAddr>>) -> Hub {
-        self.sims = sims;
+    pub fn with_sims(self, sims: BTreeMap<u32, Vec<NodeAddr>>) -> Hub {
+        *self.sims.write().unwrap_or_else(|e| e.into_inner()) = sims;
         self
+    }
+
+    /// The nodes of another sim this node knows now.
+    pub fn set_sim_nodes(&self, sim: u32, nodes: Vec<NodeAddr>) {
+        self.sims.write().unwrap_or_else(|e| e.into_inner()).insert(sim, nodes);
+    }
+
+    /// The nodes of another sim clients may be sent to (none known: `None`).
+    pub fn sim_nodes(&self, sim: u32) -> Option<Vec<NodeAddr>> {
+        self.sims.read().unwrap_or_else(|e| e.into_inner()).get(&sim).filter(|n| !n.is_empty()).cloned()
     }
 
     /// An avatar crossed into `sim`: its clients are told to move there, and `Route` sends
@@ -568,16 +579,24 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                     Some(Ok(msg)) => msg,
                 };
                 let reply = match msg {
-                    ClientMsg::Route { account } => {
+                    msg @ (ClientMsg::Route { .. } | ClientMsg::Enter { .. }) => {
+                        let (account, at) = match msg {
+                            ClientMsg::Enter { account, at } => (account, Some(at)),
+                            ClientMsg::Route { account } => (account, None),
+                            _ => unreachable!("matched above"),
+                        };
                         // This sim if the avatar is here; else the sim it crossed into from here;
-                        // else whichever other sim says it holds it; else this sim (log in here).
+                        // else whichever other sim says it holds it; else the sim whose square
+                        // holds `at` (through Raynet); else this sim (log in here).
                         let account = account.to_ascii_lowercase();
                         let moved = hub.moved.read().unwrap_or_else(|e| e.into_inner()).get(&account).copied();
+                        let mut here = false;
                         let elsewhere = match parse_hash(&account).map(metatopia_sim::AccountId) {
                             None => None,
                             Some(id) => {
                                 let view = ask(&s, |tx| Query::Account(id, tx)).await.flatten();
-                                if view.is_some_and(|a| a.avatar.is_some()) {
+                                here = view.is_some_and(|a| a.avatar.is_some());
+                                if here {
                                     None
                                 } else if moved.is_some() {
                                     moved
@@ -586,10 +605,21 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                                 }
                             }
                         };
-                        match elsewhere.and_then(|sim| hub.sims.get(&sim).map(|n| (sim, n))) {
-                            Some((sim, nodes)) => Some(ServerMsg::Route { sim, nodes: nodes.clone() }),
-                            None => Some(ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() }),
-                        }
+                        let own = ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() };
+                        Some(match elsewhere.and_then(|sim| hub.sim_nodes(sim).map(|n| (sim, n))) {
+                            Some((sim, nodes)) => ServerMsg::Route { sim, nodes },
+                            None => match at.filter(|_| !here) {
+                                // No avatar anywhere: the sim whose square holds the point (when
+                                // the lookup fails, this one).
+                                Some(point) => match ask(&s, |tx| Query::Nearest(point, tx)).await.flatten() {
+                                    Some((sim, node)) if sim != hub.sim => {
+                                        ServerMsg::Route { sim, nodes: hub.sim_nodes(sim).unwrap_or_else(|| vec![node]) }
+                                    }
+                                    _ => own,
+                                },
+                                None => own,
+                            },
+                        })
                     }
                     ClientMsg::Interest { follow, radius_m, max_hz } => {
                         if let Some(f) = follow.as_deref().filter(|f| parse_hash(f).is_none()) {
@@ -675,7 +705,7 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                         if view.follow.as_ref() != Some(&account) {
                             continue;
                         }
-                        ServerMsg::Moved { sim, nodes: hub.sims.get(&sim).cloned().unwrap_or_default() }
+                        ServerMsg::Moved { sim, nodes: hub.sim_nodes(sim).unwrap_or_default() }
                     }
                     Ok(Feed::Removed { account, why }) => {
                         if view.follow.as_ref() == Some(&account) || view.authors.contains(&account) {

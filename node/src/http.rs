@@ -80,6 +80,9 @@ pub enum Query {
     /// Which other sim this account's avatar is in (asked of a node of every sim in `[[sims]]`;
     /// `None` when none says within a second). Answered by the node's loop, which has the mesh.
     Locate(AccountId, oneshot::Sender<Option<u32>>),
+    /// The sim whose square holds this point (metres), and a node of it: the node nearest the
+    /// point in the Raynet overlay (`None` when the lookup fails within a second).
+    Nearest([i64; 2], oneshot::Sender<Option<(u32, metatopia_client::proto::NodeAddr)>>),
 }
 
 /// Answer a query on the loop that owns the core (`chat`: the lines the loop kept).
@@ -93,6 +96,9 @@ pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(
     match q {
         // Only a loop with a mesh can ask the neighbours.
         Query::Locate(_, tx) => {
+            let _ = tx.send(None);
+        }
+        Query::Nearest(_, tx) => {
             let _ = tx.send(None);
         }
         Query::Submit(bytes, tx) => {

@@ -5,6 +5,8 @@
 //! - [`simnet`]: the core as a process of `scenarios`' deterministic cluster;
 //! - [`store`]: the data directory (node key, commit log, snapshots, consensus state);
 //! - [`net`]: the validators' mesh;
+//! - [`overlay`]: the node's Raynet peer and signed cards: how sims find each other;
+//! - [`reach`]: the overlay on the mesh, and the nodes of other sims found through it;
 //! - [`scenario`]: scenario files run on whole node cores in the deterministic cluster;
 //!   recordings, `replay verify` and `synctest`;
 //! - [`http`]: health, readiness, Prometheus metrics and the JSON API of `stats` and `admin`;
@@ -22,6 +24,8 @@ pub mod frames;
 pub mod gateway;
 pub mod http;
 pub mod net;
+pub mod overlay;
+pub mod reach;
 pub mod scenario;
 pub mod scenario_world;
 pub mod simnet;

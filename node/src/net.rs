@@ -277,6 +277,37 @@ impl Mesh {
         indices
     }
 
+    /// Keep a connection to this node, whose sim is not known yet (a Raynet contact): numbered,
+    /// and a peer until [`Mesh::mark_outsider`]. Its index, unless the index space is full.
+    pub fn add_contact(&self, peer: PeerAddr) -> Option<u16> {
+        let i = {
+            let mut book = lock(&self.shared.book);
+            let id = peer_id(&peer.key);
+            match book.by_peer.get(&id) {
+                Some(i) => *i,
+                None if book.keys.len() < MAX_INDEX => {
+                    let i = book.keys.len() as u16;
+                    book.keys.push(peer.key);
+                    book.by_peer.insert(id, i);
+                    i
+                }
+                None => return None,
+            }
+        };
+        let _ = self.commands.send(Command::Add(vec![peer]));
+        Some(i)
+    }
+
+    /// This index is a node of another sim: left out of broadcasts from now on.
+    pub fn mark_outsider(&self, index: u16) {
+        lock(&self.shared.book).outsiders.insert(index);
+    }
+
+    /// The index of the node with this key, if it has one.
+    pub fn index_of(&self, key: &VerifyingKey) -> Option<u16> {
+        lock(&self.shared.book).by_peer.get(&peer_id(key)).copied()
+    }
+
     /// Whether this index is a node of another sim.
     pub fn is_outsider(&self, index: u16) -> bool {
         lock(&self.shared.book).outsiders.contains(&index)
@@ -372,7 +403,12 @@ async fn drive(
                             book.keys.push(p.key);
                             book.by_peer.insert(id, i);
                         }
-                        peers.push(p);
+                        // Known already: its addresses may be new (it restarted elsewhere).
+                        match peers.iter_mut().find(|q| q.key == p.key) {
+                            Some(q) if p.tcp.is_some() || p.quic.is_some() => *q = p,
+                            Some(_) => {}
+                            None => peers.push(p),
+                        }
                     }
                 }
                 None => return,

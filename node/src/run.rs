@@ -13,6 +13,7 @@ use metatopia_node::gateway::{Feed, Hub};
 use metatopia_node::http::object_view;
 use metatopia_node::http::{Query, Service, Status};
 use metatopia_node::net::{Mesh, MeshEvent, PeerAddr};
+use metatopia_node::reach::Reach;
 use metatopia_node::scenario::AnyPhysics;
 use metatopia_node::store::{CommitLog, DataDir};
 use metatopia_node::timing::{StageTimes, TimedHost, TimedPhysics};
@@ -111,6 +112,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
             }],
             join: None,
             sims: Vec::new(),
+            raynet: Default::default(),
         };
         metatopia_node::store::write_atomic(&path, cfg.commented().as_bytes())?;
         println!("wrote {}: add the sim's other validators (at least 4 in all) before `metatopia run`", path.display());
@@ -499,35 +501,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         println!("{tag}joining: asking the sim's nodes for a snapshot that 2f+1 validators certify");
     }
     let sim_info = sim_info(&cfg)?;
+    let contacts = peers.clone();
     let (mesh, mut inbox) = Mesh::start(&key, cfg.listen, cfg.quic, peers)
         .await
         .with_context(|| format!("listening for peers on tcp {} and quic {:?}", cfg.listen, cfg.quic))?;
-    // The other sims' validators (`[[sims]]`): peers of the mesh, never of this sim's agreement.
-    // This sim's mail goes to its neighbours' (and theirs comes from them); any of them may be
-    // asked where an avatar is.
-    let mut sim_nodes: std::collections::BTreeMap<SimId, Vec<u16>> = Default::default();
-    for entry in &cfg.sims {
-        let peers = entry
-            .validators
-            .iter()
-            .filter(|v| !v.observer)
-            .map(|v| {
-                let key = metatopia_node::config::parse_public(&v.key)?;
-                Ok(PeerAddr { key, tcp: Some(v.address), quic: v.quic })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        sim_nodes.insert(SimId(entry.sim_id), mesh.add_outsiders(peers));
-    }
-    let neighbours = &core.sim().world().links().neighbours;
-    let neighbour_nodes: std::collections::BTreeMap<SimId, Vec<u16>> =
-        sim_nodes.iter().filter(|(s, _)| neighbours.contains_key(s)).map(|(s, n)| (*s, n.clone())).collect();
-    if !neighbour_nodes.is_empty() {
-        let names: Vec<String> = neighbour_nodes.keys().map(ToString::to_string).collect();
-        println!(
-            "{tag}neighbour sims: {} (their mail counts with f+1 of their validators' signatures)",
-            names.join(", ")
-        );
-    }
     println!(
         "{tag}peer id {}; listening on {}",
         mesh.local_peer_id(),
@@ -563,8 +540,17 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             .map(|v| metatopia_client::proto::NodeAddr { key: v.key.to_ascii_lowercase(), addr: v.address.to_string() })
             .collect()
     };
-    let other_sims = cfg.sims.iter().map(|s| (s.sim_id, node_addrs(&s.validators))).collect();
-    let hub = std::sync::Arc::new(Hub::new(cfg.world.sim_id, node_addrs(&cfg.validators)).with_sims(other_sims));
+    let hub = std::sync::Arc::new(Hub::new(cfg.world.sim_id, node_addrs(&cfg.validators)));
+    let mut reach = reach(&cfg, &key, &mesh, &core, &contacts, hub.clone())?;
+    if let Some(n) = Some(reach.neighbour_counts()).filter(|n| !n.is_empty()) {
+        let names: Vec<String> = n.keys().map(ToString::to_string).collect();
+        println!(
+            "{tag}neighbour sims: {} (their validators are found through Raynet; their mail counts with f+1 of their signatures)",
+            names.join(", ")
+        );
+    }
+    let mut rounds = tokio::time::interval(Duration::from_millis(u64::from(cfg.raynet.round_ms)));
+    rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let g = core.sim().world().governance();
     let mut removed = Removed { kicked: g.kicked_until_ms.clone(), banned: g.banned.clone() };
     let service = Service {
@@ -599,8 +585,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut chat = std::collections::VecDeque::new();
     let mut last_root = core.root();
     let (mut last_report, mut last_report_tick) = (std::time::Instant::now(), core.sim().world().tick().0);
-    // Clients' route questions waiting for a neighbour's answer.
+    // Clients' route questions waiting for a neighbour's answer, or for a Raynet lookup's.
     let mut locating: Vec<Locating> = Vec::new();
+    let mut finding: Vec<Finding> = Vec::new();
     let outcome: anyhow::Result<&str> = loop {
         let deadline = core.poll_timeout().unwrap_or(u64::MAX);
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()).min(1_000_000));
@@ -609,8 +596,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             q = queries.recv() => match q {
                 // Where is an avatar that is not here? Ask one node of each other sim.
                 Some(metatopia_node::http::Query::Locate(account, tx)) => {
-                    for nodes in sim_nodes.values().filter(|n| !n.is_empty()) {
-                        mesh.send(nodes[me % nodes.len()], &NodeMsg::Locate { account: account.0 });
+                    let sim_nodes = reach.one_node_of_each(me, MAX_LOCATE_SIMS);
+                    for node in sim_nodes.values() {
+                        mesh.send(*node, &NodeMsg::Locate { account: account.0 });
                     }
                     if sim_nodes.is_empty() {
                         let _ = tx.send(None);
@@ -619,10 +607,21 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         locating.push(Locating { account, tx: Some(tx), deadline, waiting: sim_nodes.keys().copied().collect() });
                     }
                 }
+                // Which sim holds a point? The Raynet lookup's answer comes below.
+                Some(metatopia_node::http::Query::Nearest(point, tx)) => {
+                    let query = reach.lookup(point);
+                    finding.push((query, tx, std::time::Instant::now() + Duration::from_secs(1)));
+                }
                 Some(q) => metatopia_node::http::answer(&mut core, now_us(), &chat, q),
                 None => {}
             },
             m = inbox.recv() => {
+                // Raynet and cards, from any node of the world.
+                let m = match m {
+                    None => break Err(anyhow::anyhow!("the mesh stopped")),
+                    Some(MeshEvent::Message(from, msg)) => reach.handle(from.0, msg).map(|msg| MeshEvent::Message(from, msg)),
+                    other => other,
+                };
                 match m {
                     // Another sim's node: a neighbour's mail, and where avatars are.
                     Some(MeshEvent::Message(from, msg)) if mesh.is_outsider(from.0) => match msg {
@@ -634,7 +633,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         }
                         NodeMsg::Located { account, here } => {
                             // The sim is the sender's, whatever it says.
-                            if let Some(sim) = sim_nodes.iter().find(|(_, n)| n.contains(&from.0)).map(|(s, _)| *s) {
+                            if let Some(sim) = reach.sim_of(from.0) {
                                 for l in locating.iter_mut().filter(|l| l.account.0 == account) {
                                     l.waiting.remove(&sim);
                                     if here && let Some(tx) = l.tx.take() {
@@ -645,16 +644,24 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         }
                         _ => {}
                     },
-                    Some(MeshEvent::Message(from, NodeMsg::SimInfoRequest)) => mesh.send(from.0, &sim_info),
+                    Some(MeshEvent::Message(from, NodeMsg::SimInfoRequest)) => {
+                        if let Some(k) = mesh.key_of(from.0) {
+                            println!("{tag}a node outside the config asks to join: {} (peer {})", metatopia_sim::ids::hex(k.as_bytes()), from.0);
+                        }
+                        mesh.send(from.0, &sim_info);
+                    }
                     Some(MeshEvent::Message(from, msg)) => core.handle_message(now_us(), from, msg),
                     Some(MeshEvent::Joined { index, key }) => {
-                        println!("{tag}a node outside the config connected: {} (peer {index})", metatopia_sim::ids::hex(key.as_bytes()));
+                        // A joining node of this sim, or another sim's node that found this one
+                        // through Raynet (its card makes it an outsider).
+                        tracing::debug!(index, key = %metatopia_sim::ids::hex(key.as_bytes()), "a node outside the config connected");
                         core.agreement_mut().learn_peer(index, key);
                     }
-                    None => break Err(anyhow::anyhow!("the mesh stopped")),
+                    None => {}
                 }
             }
             _ = tokio::time::sleep(wait) => core.handle_timeout(now_us()),
+            _ = rounds.tick() => reach.round(),
             // Commits execute once the votes that committed them have gone out (below).
             _ = std::future::ready(()), if core.has_deferred() => core.execute_deferred(now_us()),
             _ = bot_timer.tick(), if bots.is_some() => {
@@ -670,7 +677,27 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             }
             why = stop.wait_for(Option::is_some) => break Ok(why.map_or(None, |w| *w).unwrap_or("on request")),
         }
+        while let Some(line) = reach.said.pop_front() {
+            println!("{tag}{line}");
+        }
+        while let Some(found) = reach.poll_found() {
+            let (query, answer) = match found {
+                metatopia_node::overlay::OverlayEvent::Found { query, card } => {
+                    let node = metatopia_client::proto::NodeAddr {
+                        key: metatopia_sim::ids::hex(&card.body.key),
+                        addr: card.body.addr.to_string(),
+                    };
+                    (query, Some((card.body.sim, node)))
+                }
+                metatopia_node::overlay::OverlayEvent::Lost { query } => (query, None),
+                metatopia_node::overlay::OverlayEvent::SimNode { .. } => continue,
+            };
+            for (_, tx, _) in finding.extract_if(.., |(q, _, _)| *q == query) {
+                let _ = tx.send(answer.clone());
+            }
+        }
         let now = std::time::Instant::now();
+        finding.retain(|(_, tx, deadline)| *deadline > now && !tx.is_closed());
         // Answered, or every sim said no, or no answer within the second.
         for l in locating.extract_if(.., |l| l.tx.is_none() || l.waiting.is_empty() || l.deadline <= now) {
             if let Some(tx) = l.tx {
@@ -768,6 +795,14 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         (last_report, last_report_tick) = (std::time::Instant::now(), tick.0 + 1);
                         per_second(&mut meter, &times, dilation);
                         meter.status.clients = hub.clients.load(std::sync::atomic::Ordering::Relaxed);
+                        reach.update_neighbours(neighbour_squares(core.sim().world()));
+                        meter.status.raynet_known = reach.overlay().known() as u32;
+                        meter.status.raynet_neighbours = reach.overlay().neighbours().len() as u32;
+                        let found = reach.neighbour_counts();
+                        meter.status.neighbour_validators_found =
+                            meter.status.neighbours.iter().map(|s| found.get(s).copied().unwrap_or(0) as u32).collect();
+                        metrics::gauge!("metatopia_raynet_known", "sim" => meter.sim.clone())
+                            .set(meter.status.raynet_known as f64);
                         if hub.listened() {
                             hub.publish(Feed::Status(Box::new(meter.status.clone())));
                         }
@@ -839,7 +874,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 // Each validator sends its copy to a different node of the neighbour (by index),
                 // so one node down there costs one copy, not the mail.
                 CoreOutput::Mail { to, event, .. } => {
-                    if let Some(nodes) = neighbour_nodes.get(&to).filter(|n| !n.is_empty()) {
+                    let nodes = reach.neighbour_nodes(to);
+                    if !nodes.is_empty() {
                         mesh.send(nodes[me % nodes.len()], &NodeMsg::Mail(event));
                     }
                 }
@@ -868,6 +904,78 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     println!("{tag}stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
     Ok(())
 }
+
+/// Sims asked at most where an avatar is.
+const MAX_LOCATE_SIMS: usize = 64;
+
+/// The node's Raynet peer on the mesh: its card (a point of its sim's square), its neighbour
+/// sims (their squares and genesis validators, from the world's genesis) and its contacts (its
+/// own sim's nodes, `[raynet] bootstrap`, `[[sims]]` validators listed with an address).
+fn reach(
+    cfg: &NodeConfig,
+    key: &metatopia_consensus::SigningKey,
+    mesh: &Mesh,
+    core: &Core,
+    peers: &[PeerAddr],
+    hub: std::sync::Arc<Hub>,
+) -> anyhow::Result<Reach> {
+    use metatopia_node::overlay::{Card, CardBody, Overlay, node_point};
+    let w = core.sim().world();
+    let square =
+        |r: &metatopia_sim::state::Region| ([r.origin.x.floor_int(), r.origin.y.floor_int()], r.size.floor_int());
+    let (origin, size) = square(w.region());
+    let me = key.verifying_key().to_bytes();
+    let card = Card::sign(
+        key,
+        CardBody {
+            key: me,
+            sim: cfg.world.sim_id,
+            pos: node_point(&me, origin, size),
+            addr: cfg.listen,
+            quic: cfg.quic,
+            since_ms: metatopia_node::unix_ms(),
+        },
+    );
+    let links = w.links();
+    let radius = match links.bounds {
+        Some((a, b)) => (b.x - a.x).floor_int().max((b.y - a.y).floor_int()) as f64,
+        None => size as f64,
+    };
+    let mut r = Reach::new(Overlay::new(card, radius), mesh.clone(), neighbour_squares(w), Some(hub));
+    for p in peers {
+        r.contact(p.clone());
+    }
+    for (i, b) in cfg.raynet.bootstrap.iter().enumerate() {
+        let (key, addr) = metatopia_node::config::parse_join(b).with_context(|| format!("raynet.bootstrap[{i}]"))?;
+        r.contact(PeerAddr { key, tcp: Some(addr), quic: None });
+    }
+    for s in &cfg.sims {
+        for v in s.validators.iter().filter(|v| v.address.is_some() || v.quic.is_some()) {
+            let key = metatopia_node::config::parse_public(&v.key)?;
+            r.contact_outsider(PeerAddr { key, tcp: v.address, quic: v.quic });
+        }
+    }
+    Ok(r)
+}
+
+/// The world's neighbour sims: the centre of each one's square, and its validators (as the
+/// world knows them: from genesis, then from their mail).
+fn neighbour_squares(
+    w: &metatopia_sim::World,
+) -> std::collections::BTreeMap<SimId, ([i64; 2], std::collections::BTreeSet<[u8; 32]>)> {
+    w.links()
+        .neighbours
+        .iter()
+        .map(|(s, n)| {
+            let (o, size) = (n.region.origin, n.region.size.floor_int());
+            (*s, ([o.x.floor_int() + size / 2, o.y.floor_int() + size / 2], n.validators.iter().map(|a| a.0).collect()))
+        })
+        .collect()
+}
+
+/// A Raynet lookup for a client's route: its query, where the answer goes, and until when.
+type Finding =
+    (u64, tokio::sync::oneshot::Sender<Option<(u32, metatopia_client::proto::NodeAddr)>>, std::time::Instant);
 
 /// A client's route question: which other sim holds this account's avatar.
 struct Locating {
@@ -1108,6 +1216,7 @@ mod tests {
                 .collect(),
             join: None,
             sims: Vec::new(),
+            raynet: Default::default(),
         };
         let (demo, _) = demo_of(&cfg).unwrap();
         let set = &demo.world.governance().validators;
@@ -1144,6 +1253,7 @@ mod tests {
             validators: entries(11),
             join: None,
             sims: Vec::new(),
+            raynet: Default::default(),
         };
         let e = format!("{:#}", demo_of(&cfg).unwrap_err());
         assert!(e.contains("sim 1 is a neighbour") && e.contains("[[sims]]"), "{e}");
@@ -1151,7 +1261,10 @@ mod tests {
         let e = format!("{:#}", demo_of(&cfg).unwrap_err());
         assert!(e.contains("sims 1..=2"), "{e}");
         cfg.world.sim_id = 2;
-        cfg.sims.push(metatopia_node::config::SimEntry { sim_id: 1, validators: entries(1) });
+        cfg.sims.push(metatopia_node::config::SimEntry {
+            sim_id: 1,
+            validators: entries(1).iter().map(metatopia_node::config::SimValidator::key_of).collect(),
+        });
         let (demo, _) = demo_of(&cfg).unwrap();
         let w = &demo.world;
         assert_eq!((w.sim(), w.region().origin.x), (SimId(2), metatopia_sim::Fx::from_int(32)));

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use metatopia_node::config::{BotsConfig, NodeConfig, SimEntry, ValidatorEntry, WorldConfig};
+use metatopia_node::config::{
+    BotsConfig, NodeConfig, RaynetConfig, SimEntry, SimValidator, ValidatorEntry, WorldConfig,
+};
 use metatopia_node::core::Outcome;
 use metatopia_node::http::{AccountView, ChatView, Client, ObjectView, RootView, Status};
 use metatopia_node::scenario::{self, Options, Report, Verdict, account_key};
@@ -143,6 +145,10 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         validators.iter().filter(|v| hex_keys[k * per..(k + 1) * per].contains(&v.key)).cloned().collect()
     };
     let file = std::fs::canonicalize(file)?;
+    let seed: Vec<String> = match entries_of(0).first() {
+        Some(v) if sims > 1 => vec![format!("{}@{}", v.key, v.address)],
+        _ => Vec::new(),
+    };
     let scripts = std::fs::canonicalize(&opts.scripts_dir)
         .with_context(|| format!("the scripts directory {}", opts.scripts_dir.display()))?;
     let diverging: Vec<usize> = spec
@@ -173,8 +179,13 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             join: None,
             sims: (0..sims)
                 .filter(|k| *k != sim_of(i))
-                .map(|k| SimEntry { sim_id: k as u32 + 1, validators: entries_of(k) })
+                .map(|k| SimEntry {
+                    sim_id: k as u32 + 1,
+                    validators: entries_of(k).iter().map(SimValidator::key_of).collect(),
+                })
                 .collect(),
+            // The other sims' nodes are found through Raynet, starting from sim 1's first node.
+            raynet: RaynetConfig { bootstrap: seed.clone(), ..RaynetConfig::default() },
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }

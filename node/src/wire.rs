@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// A message between the nodes of a sim.
 // Consensus messages are nearly all the traffic; boxing them would add an allocation to each.
 #[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum NodeMsg {
     /// A consensus message of validator epoch `epoch` (0 until the set first changes).
     Consensus {
@@ -51,6 +51,20 @@ pub enum NodeMsg {
     Located {
         account: [u8; 32],
         here: bool,
+    },
+    /// A Raynet message (any node of the world), with the cards of the nodes it names.
+    Raynet {
+        msg: metatopia_raynet::Msg,
+        cards: Vec<crate::overlay::Card>,
+    },
+    /// Cards (the sender's own first when it sends a hello); `reply`: "send me yours".
+    Cards {
+        cards: Vec<crate::overlay::Card>,
+        reply: bool,
+    },
+    /// "Send me the cards of this sim's nodes that you know."
+    SimCards {
+        sim: u32,
     },
 }
 
@@ -96,6 +110,9 @@ impl NodeMsg {
             NodeMsg::Mail(_) => "mail",
             NodeMsg::Locate { .. } => "locate",
             NodeMsg::Located { .. } => "located",
+            NodeMsg::Raynet { .. } => "raynet",
+            NodeMsg::Cards { .. } => "cards",
+            NodeMsg::SimCards { .. } => "sim-cards",
         }
     }
 }
@@ -110,6 +127,16 @@ mod tests {
             NodeMsg::Mail(vec![9; 40]),
             NodeMsg::Locate { account: [3; 32] },
             NodeMsg::Located { account: [3; 32], here: true },
+            NodeMsg::SimCards { sim: 4 },
+            NodeMsg::Raynet {
+                msg: metatopia_raynet::Msg::Arrived {
+                    target: metatopia_raynet::Point::new(1.0, 2.0),
+                    closest: metatopia_raynet::Entry { id: 7, pos: metatopia_raynet::Point::new(3.0, 4.0), age: 1 },
+                    purpose: metatopia_raynet::Purpose::Lookup(9),
+                    hops: 2,
+                },
+                cards: Vec::new(),
+            },
         ] {
             assert_eq!(NodeMsg::decode(&m.encode(), 1 << 20), Ok(m.clone()), "{}", m.kind());
         }

@@ -72,6 +72,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
             validators: validators.clone(),
             join: None,
             sims: Vec::new(),
+            raynet: Default::default(),
         };
         write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
     }

@@ -2,7 +2,9 @@
 //! native clients. One walks its avatar across the border from sim 1 into sim 2: the client is
 //! handed to a node of sim 2 with its avatar intact and acts there, and sim 1 routes the
 //! account's clients to sim 2 from then on. Another logs in at sim 1 and is then given a node
-//! of sim 3 — not sim 1's neighbour — as its bootstrap: it is routed to sim 1.
+//! of sim 3 — not sim 1's neighbour — as its bootstrap: it is routed to sim 1. The nodes know
+//! the other sims' validators by key only (the world's genesis): they find them through Raynet,
+//! and a new account asking to enter at a point is routed, through Raynet, to that point's sim.
 
 mod common;
 
@@ -18,6 +20,28 @@ async fn clients_follow_their_avatar_across_a_border_and_far_bootstraps_route_to
     let join: Vec<NodeAddr> = cluster.join.iter().map(|j| j.parse().unwrap()).collect();
     let (sim1, sim2, sim3) = (&join[..4], &join[4..8], &join[8..]);
     let on = |nodes: &[NodeAddr], c: &Client| nodes.iter().any(|n| Some(&n.key) == c.node().map(|x| &x.key));
+    // The nodes' configs name the other sims' validators by key only, and bootstrap from node 0:
+    // every node finds all its neighbour sims' validators through Raynet.
+    let t0 = std::time::Instant::now();
+    let found = |i: usize| {
+        cluster.status(i).map(|s| (s.neighbours.clone(), s.neighbour_validators_found.clone(), s.raynet_known))
+    };
+    loop {
+        let all: Vec<_> = (0..12).map(found).collect();
+        let done = all.iter().all(|f| {
+            f.as_ref().is_some_and(|(n, v, _)| !n.is_empty() && v.len() == n.len() && v.iter().all(|c| *c == 4))
+        });
+        if done {
+            // Sim 2 (in the middle) has two neighbours; and each node holds cards of other sims' nodes.
+            assert!(all[4].as_ref().is_some_and(|(n, _, known)| n == &[1, 3] && *known >= 8), "{:?}", all[4]);
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "neighbours' validators not all found through Raynet in 60 s: {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let key = SigningKey::from_bytes(&[42; 32]);
     let mut c = Client::connect(&sim1[1], key.clone()).await.unwrap();
     assert_eq!(c.sim(), 1);
@@ -54,6 +78,16 @@ async fn clients_follow_their_avatar_across_a_border_and_far_bootstraps_route_to
     assert_eq!(far.sim(), 1, "a far bootstrap routes the client to the sim its avatar is in");
     assert!(on(sim1, &far), "on {:?}, not a node of sim 1", far.node());
     assert_eq!(cluster.status(8).unwrap().neighbours, [2], "sim 3's only neighbour is sim 2");
+    // A new account that asks to enter at a point of sim 3's square (x 48..72), through a node
+    // of sim 1: that node looks the point up through Raynet and routes the client to sim 3.
+    let newcomer = Client::connect_at(&sim1[0], SigningKey::from_bytes(&[44; 32]), Some([60, 12])).await.unwrap();
+    assert_eq!(newcomer.sim(), 3, "routed to the sim whose square holds (60, 12)");
+    assert!(on(sim3, &newcomer), "on {:?}, not a node of sim 3", newcomer.node());
+    let local = Client::connect_at(&sim1[0], SigningKey::from_bytes(&[45; 32]), Some([5, 5])).await.unwrap();
+    assert_eq!(local.sim(), 1, "a point of the bootstrap's own sim");
+    // An account with an avatar goes to its avatar, wherever it asks to enter.
+    let home_again = Client::connect_at(&sim3[0], SigningKey::from_bytes(&[43; 32]), Some([60, 12])).await.unwrap();
+    assert_eq!(home_again.sim(), 1, "the avatar is in sim 1");
     // Roaming bots (the devnet's client load) walk past borders and follow their avatars.
     use metatopia_client::bots::{BotPlan, BotReport};
     let report = std::sync::Arc::new(BotReport::default());

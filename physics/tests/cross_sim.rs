@@ -15,11 +15,14 @@ use metatopia_sim::rules::RuleHost;
 use metatopia_sim::snapshot::MAX_SNAPSHOT_BYTES;
 use metatopia_sim::state::{Genesis, ObjectKind, Region, RejectReason, Settings, Shape};
 use metatopia_sim::{
-    AccountId, Batch, Fx, Hash32, ObjectId, Payload, SignedEvent, SigningKey, Sim, SimId, Snapshot, Vec2, VerifiedBatch,
+    AccountId, AdminAct, Batch, Fx, Hash32, ObjectId, Payload, SignedEvent, SigningKey, Sim, SimId, Snapshot, Vec2,
+    VerifiedBatch,
 };
 
 const SIZE: i64 = 32;
 const VALIDATORS: u8 = 4;
+/// Keys a sim's validators may have (genesis: the first four; others admitted later).
+const MAX_KEYS: u8 = 12;
 
 type Node = Sim<RuleHost, RegionStage>;
 
@@ -51,7 +54,8 @@ fn worlds(cols: u32, rows: u32, bodies: &[(String, Vec2, Vec2)]) -> Vec<Node> {
                 region: region(col, row),
                 admin: owner,
                 validators,
-                settings: Settings { tick_rate_hz: 60, ..Settings::default() },
+                // Short epochs: validator changes take effect within a test's run.
+                settings: Settings { tick_rate_hz: 60, epoch_ticks: 20, ..Settings::default() },
                 time_ms: 0,
             });
             let mut neighbours = Vec::new();
@@ -97,11 +101,12 @@ struct Net {
 }
 
 impl Net {
-    /// Every validator of the sender signs its tick's mail: validator 3 corrupts the body,
-    /// validator 2 drops half of its copies; copies take 1 to 6 ticks, a tenth twice.
-    fn post(&mut self, now: u64, from: SimId, report: &metatopia_sim::TickReport) {
+    /// Every validator of the sender (`signers`, by key index) signs its tick's mail:
+    /// validator 3 corrupts the body, validator 2 drops half of its copies; copies take 1 to 6
+    /// ticks, a tenth twice.
+    fn post(&mut self, now: u64, from: SimId, report: &metatopia_sim::TickReport, signers: &[u8]) {
         for m in &report.mail {
-            for i in 0..VALIDATORS {
+            for &i in signers {
                 if i == 2 && self.rng.chance(1, 2) {
                     continue;
                 }
@@ -167,9 +172,20 @@ struct Run {
 }
 
 /// Run `ticks` ticks; at `restart_at`, every sim is rebuilt from an encoded snapshot.
-fn run(mut sims: Vec<Node>, ticks: u64, net_seed: u64, restart_at: Option<u64>) -> Run {
-    let mut net = Net { rng: DetRng::from_u64(net_seed), inflight: Vec::new() };
-    let names: Vec<String> = whereabouts(&sims).into_keys().collect();
+fn run(sims: Vec<Node>, ticks: u64, net_seed: u64, restart_at: Option<u64>) -> Run {
+    run_with(sims, ticks, net_seed, restart_at, Vec::new())
+}
+
+/// [`run`], with events for the sims (at our tick, to sim).
+fn run_with(
+    mut sims: Vec<Node>,
+    ticks: u64,
+    net_seed: u64,
+    restart_at: Option<u64>,
+    events: Vec<(u64, u32, SignedEvent)>,
+) -> Run {
+    let mut net = Net { rng: DetRng::from_u64(net_seed), inflight: events };
+    let mut names: Vec<String> = whereabouts(&sims).into_keys().collect();
     let mut r = Run { roots: Vec::new(), arrivals: BTreeMap::new(), departures: BTreeMap::new(), sims: Vec::new() };
     for t in 0..ticks {
         if restart_at == Some(t) {
@@ -204,12 +220,18 @@ fn run(mut sims: Vec<Node>, ticks: u64, net_seed: u64, restart_at: Option<u64>) 
             reports.push((id, report));
         }
         for (id, report) in &reports {
-            net.post(t, *id, report);
+            // The sender's validators of now sign its mail.
+            let set = &sims[id.0 as usize].world().governance().validators;
+            let signers: Vec<u8> = (0..MAX_KEYS).filter(|i| set.contains(&account(&key(id.0, *i)))).collect();
+            net.post(t, *id, report, &signers);
         }
         // Never lost, never doubled: each body is in exactly one world, or (in transit) in
         // none and departed from exactly one.
         let at = whereabouts(&sims);
-        assert_eq!(at.keys().collect::<Vec<_>>(), names.iter().collect::<Vec<_>>(), "tick {t}: a body vanished");
+        // (Bodies may appear: an avatar logging in.)
+        let vanished: Vec<&String> = names.iter().filter(|n| !at.contains_key(*n)).collect();
+        assert!(vanished.is_empty(), "tick {t}: {vanished:?} vanished");
+        names = at.keys().cloned().collect();
         for (name, (worlds, departed)) in &at {
             assert!(worlds.len() <= 1, "tick {t}: {name} is in the worlds of sims {worlds:?}");
             assert!(departed.len() <= 1, "tick {t}: {name} departed from {departed:?}");
@@ -325,4 +347,39 @@ fn mail_naming_the_wrong_bodies_or_sender_is_refused() {
     ];
     stage.deliver(SimId(1), &metatopia_sim::codec::encode(&mail));
     assert_eq!(stage.refused(), 2);
+}
+
+/// Sim 0 replaces its validators one at a time — each epoch admits a new one and removes one of
+/// the genesis set — until none of its genesis validators is left. Sim 1 follows the set through
+/// sim 0's mail (each set vouched for by f + 1 of the one before), so sim 0's mail still counts
+/// after the rotation: a ball that crosses then arrives exactly once, and sim 1 knows sim 0's
+/// validators as sim 0 does.
+#[test]
+fn a_neighbour_that_replaces_all_its_validators_is_still_heard() {
+    // (Clear of the admin's avatar, which logs in at the centre.)
+    let ball = ("ball".to_string(), Vec2::from_ints(8, 4), Vec2::from_ints(4, 0));
+    let sims = worlds(2, 1, &[ball]);
+    let admin = key(99, 0);
+    let sign = |nonce: u64, payload: Payload| SignedEvent::new(&admin, SimId(0), nonce, payload);
+    let mut events = vec![(1, 0, sign(1, Payload::Login { name: "admin".into() }))];
+    let mut nonce = 1;
+    for step in 0..u64::from(VALIDATORS) {
+        let at = 5 + 20 * step;
+        for act in [
+            AdminAct::AdmitValidator { key: account(&key(0, VALIDATORS + step as u8)) },
+            AdminAct::RemoveValidator { key: account(&key(0, step as u8)) },
+        ] {
+            nonce += 1;
+            events.push((at, 0, sign(nonce, Payload::Admin(act))));
+        }
+    }
+    let r = run_with(sims, 450, 11, None, events);
+    let set0 = r.sims[0].world().governance().validators.clone();
+    let rotated: std::collections::BTreeSet<AccountId> =
+        (VALIDATORS..2 * VALIDATORS).map(|i| account(&key(0, i))).collect();
+    assert_eq!(set0, rotated, "sim 0 replaced every genesis validator");
+    assert_eq!(r.sims[1].world().links().neighbours[&SimId(0)].validators, rotated, "sim 1 follows sim 0's set");
+    assert_eq!((r.departures.get("ball"), r.arrivals.get("ball")), (Some(&1), Some(&1)));
+    assert_eq!(owner_of(&r.sims, "ball").0, 1, "the ball crossed after the rotation (at about tick 360)");
+    assert!(r.sims[0].world().links().departed().is_empty(), "sim 1's confirmation reached sim 0 too");
 }

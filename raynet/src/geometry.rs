@@ -11,7 +11,7 @@ use crate::rng::SplitMix;
 
 /// A position in the world plane, in metres. Floats are fine here: the overlay's choices never
 /// enter a sim's state.
-#[derive(Clone, Copy, PartialEq, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Point {
     pub x: f64,
     pub y: f64,

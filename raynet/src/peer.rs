@@ -10,7 +10,7 @@ use crate::rng::SplitMix;
 pub type PeerId = u64;
 
 /// What peers know of each other: id, position, and how many rounds ago it was fresh.
-#[derive(Clone, Copy, PartialEq, Debug)]
+#[derive(Clone, Copy, PartialEq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Entry {
     pub id: PeerId,
     pub pos: Point,
@@ -18,7 +18,7 @@ pub struct Entry {
 }
 
 /// Why a route is travelling.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Purpose {
     /// A new peer looks for the peer whose cell holds its position.
     Join,
@@ -30,7 +30,7 @@ pub enum Purpose {
 }
 
 /// Messages between peers (values: the node carries them over the network).
-#[derive(Clone, PartialEq, Debug)]
+#[derive(Clone, PartialEq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Msg {
     /// Cyclon shuffle: a sample of the sender's view, with itself.
     Shuffle {
@@ -71,7 +71,8 @@ pub enum Msg {
 pub enum Event {
     /// A lookup reached the peer closest to its target.
     Found { query: u64, closest: Entry, hops: u32 },
-    /// A route gave up (hop limit).
+    /// A route gave up at its origin (hop limit); one that gives up elsewhere comes back as
+    /// `Found` with the best peer it met.
     Lost { query: u64 },
 }
 
@@ -437,9 +438,14 @@ impl Peer {
             visited.remove(0);
         }
         if hops >= self.cfg.max_hops {
+            // The origin hears of it: the best peer met, as an answer (or, at the origin
+            // itself, that the route was lost).
             if let Purpose::Lookup(query) = purpose {
-                self.send(origin.id, Msg::Arrived { target, closest: best, purpose, hops });
-                self.events.push_back(Event::Lost { query });
+                if origin.id == self.me.id {
+                    self.events.push_back(Event::Lost { query });
+                } else {
+                    self.send(origin.id, Msg::Arrived { target, closest: best, purpose, hops });
+                }
             }
             return;
         }

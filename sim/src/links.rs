@@ -37,6 +37,8 @@ pub const MAX_PENDING_PER_SIGNER: usize = 256;
 /// Neighbour sim ids must be below this (the physics stage names a neighbour's objects with
 /// ids derived from the sim id; see `metatopia_physics::stage`).
 pub const MAX_NEIGHBOUR_SIM: u32 = 512;
+/// Validators a neighbour's mail may name (a larger set is ignored).
+pub const MAX_NEIGHBOUR_VALIDATORS: usize = 1024;
 
 /// A neighbour sim: where it is, and whose signatures vouch for its mail.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -66,6 +68,12 @@ pub struct MailBody {
     pub physics: Vec<u8>,
     /// Records of the objects handed to the receiver and not yet settled.
     pub records: Vec<ObjectRecord>,
+    /// The sender's validators after the tick that produced it (the ones that sign it). The
+    /// receiver counts copies signed by the validators it knows for the sender; once this mail
+    /// is delivered — f + 1 of those vouched for it — and is the newest delivered from the
+    /// sender, these are the ones it knows: a neighbour's set may change at its epoch
+    /// boundaries (one admitted or removed validator at a time keeps f + 1 of the old signing).
+    pub validators: Vec<AccountId>,
 }
 
 impl MailBody {
@@ -149,6 +157,24 @@ impl Links {
         self.delivered.get(&from).is_some_and(|d| {
             d.contains(&tick) || d.last().is_some_and(|newest| tick.0.saturating_add(MAIL_WINDOW) < newest.0)
         })
+    }
+
+    /// Delivered mail of `from`'s `tick` named the sender's validators: from now on they are
+    /// the ones counted, if this is the newest mail delivered from it (an older one comes late
+    /// and says less). A set that is empty, too large or not in order is ignored. Whether the
+    /// set changed.
+    pub(crate) fn update_validators(&mut self, from: SimId, tick: Tick, validators: &[AccountId]) -> bool {
+        let newest = self.delivered.get(&from).and_then(|d| d.last()).copied();
+        let Some(n) = self.neighbours.get_mut(&from) else { return false };
+        let ordered = validators.windows(2).all(|w| w[0] < w[1]);
+        if newest != Some(tick) || validators.is_empty() || validators.len() > MAX_NEIGHBOUR_VALIDATORS || !ordered {
+            return false;
+        }
+        if n.validators.iter().eq(validators.iter()) {
+            return false;
+        }
+        n.validators = validators.iter().copied().collect();
+        true
     }
 
     /// Entries waiting for their quorum.
@@ -322,5 +348,47 @@ mod tests {
         // Undelivered entries expire.
         l.prune(Tick(MAIL_WINDOW + 1));
         assert_eq!(l.pending_count(), 0);
+    }
+
+    #[test]
+    fn the_newest_delivered_mail_sets_the_neighbours_validators() {
+        let mut l = links(4);
+        let mut out = Received::default();
+        let from = SimId(1);
+        // Validator 5 admitted, then 1 removed: each set is vouched for by f + 1 of the last.
+        let admitted: Vec<AccountId> = (1..=5).map(acct).collect();
+        let rotated: Vec<AccountId> = (2..=5).map(acct).collect();
+        let mail = |v: &[AccountId]| MailBody { validators: v.to_vec(), ..MailBody::default() }.encode();
+        for s in [1, 2] {
+            l.vote(Tick(0), from, Tick(10), acct(s), &mail(&admitted), &mut out).unwrap();
+        }
+        assert!(l.update_validators(from, Tick(10), &admitted));
+        assert_eq!(l.neighbours[&from].validators.len(), 5);
+        assert_eq!(l.neighbours[&from].quorum(), 2);
+        // The new validator's copy counts now.
+        for s in [5, 2] {
+            l.vote(Tick(0), from, Tick(20), acct(s), &mail(&rotated), &mut out).unwrap();
+        }
+        // A set from mail older than the newest delivered is not taken, nor one out of order,
+        // empty or too large; the newest is.
+        assert!(!l.update_validators(from, Tick(10), &rotated));
+        let mut unordered = rotated.clone();
+        unordered.reverse();
+        assert!(!l.update_validators(from, Tick(20), &unordered));
+        assert!(!l.update_validators(from, Tick(20), &[]));
+        let huge: Vec<AccountId> = (0..=MAX_NEIGHBOUR_VALIDATORS as u32)
+            .map(|i| AccountId(*blake3::hash(&i.to_le_bytes()).as_bytes()))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert!(!l.update_validators(from, Tick(20), &huge));
+        assert!(l.update_validators(from, Tick(20), &rotated));
+        assert!(!l.update_validators(from, Tick(20), &rotated), "the same set again changes nothing");
+        assert_eq!(
+            l.vote(Tick(0), from, Tick(30), acct(1), &mail(&rotated), &mut out),
+            Err(RejectReason::NotNeighbourValidator { sim: from })
+        );
+        // Not a neighbour: nothing.
+        assert!(!l.update_validators(SimId(7), Tick(20), &rotated));
     }
 }

@@ -45,7 +45,9 @@ impl Cluster {
     /// `sims` sims of four validators each (sim k's are nodes 4(k-1) … 4k-1), on the world of a
     /// catalogue scenario with that many sims.
     pub fn world(name: &str, scenario: &str, sims: usize) -> Cluster {
-        use metatopia_node::config::{BotsConfig, NodeConfig, SimEntry, ValidatorEntry, WorldConfig};
+        use metatopia_node::config::{
+            BotsConfig, NodeConfig, RaynetConfig, SimEntry, SimValidator, ValidatorEntry, WorldConfig,
+        };
         use metatopia_node::store::{DataDir, write_atomic};
         let n = 4 * sims;
         let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -83,8 +85,16 @@ impl Cluster {
                 join: None,
                 sims: (0..sims)
                     .filter(|j| *j != k)
-                    .map(|j| SimEntry { sim_id: j as u32 + 1, validators: of_sim(j) })
+                    .map(|j| SimEntry {
+                        sim_id: j as u32 + 1,
+                        validators: of_sim(j).iter().map(SimValidator::key_of).collect(),
+                    })
                     .collect(),
+                // Only their keys: their addresses are found through Raynet, from node 0.
+                raynet: RaynetConfig {
+                    bootstrap: vec![format!("{}@{}", validators[0].key, validators[0].address)],
+                    ..RaynetConfig::default()
+                },
             };
             write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
         }

@@ -291,14 +291,6 @@ fn step_here(
         let PhysicsEvent::Collision { object, other } = e;
         queue.push(Queued::Collision { object: local(object), other: local(other) });
     }
-    let mail = out
-        .mail
-        .into_iter()
-        .map(|(to, physics)| {
-            let records = world.links.departed.values().filter(|d| d.to == to).map(|d| d.record.clone()).collect();
-            OutMail { to, tick: ctx.tick, body: MailBody { physics, records }.encode() }
-        })
-        .collect();
     world.queue = queue;
     world.pending_init.clear();
     world.receipts = rejected.clone();
@@ -306,6 +298,17 @@ fn step_here(
     world.time_ms = ctx.time_ms;
     world.links.prune(world.tick);
     governance::end_of_tick(world);
+    // The mail names the validators that sign it: this sim's after the tick.
+    let validators: Vec<AccountId> = world.governance.validators.iter().copied().collect();
+    let mail = out
+        .mail
+        .into_iter()
+        .map(|(to, physics)| {
+            let records = world.links.departed.values().filter(|d| d.to == to).map(|d| d.record.clone()).collect();
+            let body = MailBody { physics, records, validators: validators.clone() };
+            OutMail { to, tick: ctx.tick, body: body.encode() }
+        })
+        .collect();
 
     // 7. hash
     let roots = world.subsystem_roots(physics.root(), workers);
@@ -348,8 +351,9 @@ fn receive_mail(
         }
     }
     received.delivered.sort_by_key(|(from, tick, _)| (*from, *tick));
-    for (from, _, body) in received.delivered {
+    for (from, tick, body) in received.delivered {
         if let Ok(body) = body {
+            world.links.update_validators(from, tick, &body.validators);
             physics.deliver(from, &body.physics);
             for r in body.records {
                 arrivals.insert((from, r.object.id), r);
