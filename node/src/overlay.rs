@@ -683,6 +683,67 @@ mod tests {
         assert!(w.nodes[0].1.vet(&honest, route).is_none());
     }
 
+    /// Whatever a peer sends (points that are not finite or far away, huge counters, lists
+    /// past the bounds, entries of strangers and of itself), a node neither panics nor keeps
+    /// what it cannot reach, and still routes its own lookups.
+    #[test]
+    fn hostile_raynet_messages_never_panic_and_leave_nothing_unreachable_behind() {
+        let mut w = World::new(2, 4);
+        let honest = w.nodes[1].1.card().clone();
+        let from = w.nodes[1].0.verifying_key();
+        w.nodes[0].1.handle(&from, NodeMsg::Cards { cards: vec![honest.clone()], reply: false });
+        let mut r = metatopia_raynet::rng::SplitMix::new(7);
+        let weird = [f64::NAN, f64::INFINITY, -f64::INFINITY, f64::MAX, -1e300, 0.0, 64.0, 1e12];
+        let ids = [honest.id(), w.nodes[0].1.card().id(), 42, u64::MAX];
+        let point = |r: &mut metatopia_raynet::rng::SplitMix| {
+            Point::new(weird[r.below(8) as usize], weird[r.below(8) as usize])
+        };
+        let entry = |r: &mut metatopia_raynet::rng::SplitMix| Entry {
+            id: ids[r.below(4) as usize],
+            pos: point(r),
+            age: r.next_u64() as u32,
+        };
+        for _ in 0..3_000 {
+            let list: Vec<Entry> = (0..r.below(300)).map(|_| entry(&mut r)).collect();
+            let purpose = match r.below(3) {
+                0 => Purpose::Join,
+                1 => Purpose::LongLink(r.next_u64() as u8),
+                _ => Purpose::Lookup(r.next_u64()),
+            };
+            let msg = match r.below(5) {
+                0 => Msg::Shuffle { from: entry(&mut r), sample: list },
+                1 => Msg::ShuffleReply { from: entry(&mut r), sample: list },
+                2 => Msg::Neighbours { from: entry(&mut r), neighbours: list },
+                3 => Msg::Route {
+                    target: point(&mut r),
+                    origin: entry(&mut r),
+                    purpose,
+                    hops: r.next_u64() as u32,
+                    escapes: r.next_u64() as u32,
+                    visited: list.iter().map(|e| e.id).collect(),
+                    best: entry(&mut r),
+                },
+                _ => Msg::Arrived { target: point(&mut r), closest: entry(&mut r), purpose, hops: r.next_u64() as u32 },
+            };
+            w.nodes[0].1.handle(&from, NodeMsg::Raynet { msg, cards: Vec::new() });
+            if r.below(50) == 0 {
+                w.nodes[0].1.round();
+            }
+            while let Some((to, _)) = w.nodes[0].1.poll_send() {
+                assert!(to.id() == honest.id(), "a message to a node without a card: {:?}", to.body);
+            }
+            while w.nodes[0].1.poll_event().is_some() {}
+        }
+        // It still answers its own lookups (here: only itself and the honest node are known).
+        let q = w.nodes[0].1.lookup([10, 10]);
+        let mut answered = false;
+        while let Some(e) = w.nodes[0].1.poll_event() {
+            answered |= matches!(e, OverlayEvent::Found { query, .. } | OverlayEvent::Lost { query } if query == q);
+        }
+        let sent = std::iter::from_fn(|| w.nodes[0].1.poll_send()).count();
+        assert!(answered || sent > 0, "the lookup neither ended nor went on");
+    }
+
     #[test]
     fn a_node_point_is_inside_its_sim_and_nearer_its_centre_than_any_other_sims_node() {
         for i in 0..500 {
