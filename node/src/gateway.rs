@@ -78,7 +78,7 @@ pub struct Hub {
     /// Connected sessions.
     pub clients: AtomicU32,
     /// The other sims of the world and the nodes of each this node knows (found through Raynet,
-    /// or listed with addresses under `[[sims]]`).
+    /// or listed with addresses under `[[sims]]`): where `Route` and `Moved` send clients.
     sims: RwLock<BTreeMap<u32, Vec<NodeAddr>>>,
     /// Accounts whose avatar crossed from this sim into another, and that sim (the newest
     /// crossing; beyond [`MAX_MOVED`] accounts one is forgotten to make room): where `Route`

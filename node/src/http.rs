@@ -77,7 +77,7 @@ pub enum Query {
     Root(u64, oneshot::Sender<Option<RootView>>),
     /// Chat heard since a tick (kept by the loop: the last 1,024 lines).
     Chat(u64, oneshot::Sender<Vec<ChatView>>),
-    /// Which other sim this account's avatar is in (asked of a node of every sim in `[[sims]]`;
+    /// Which other sim this account's avatar is in (asked of a node of every sim known through Raynet;
     /// `None` when none says within a second). Answered by the node's loop, which has the mesh.
     Locate(AccountId, oneshot::Sender<Option<u32>>),
     /// The sim whose square holds this point (metres), and a node of it: the node nearest the

@@ -187,7 +187,7 @@ pub fn demo_of(cfg: &NodeConfig) -> anyhow::Result<(DemoWorld, String)> {
 }
 
 /// Where this node's sim is in a scenario's world of several sims, with its neighbours'
-/// validators from `[[sims]]`.
+/// validators' keys from `[[sims]]`.
 fn place_in_world(
     cfg: &NodeConfig,
     spec: &metatopia_scenarios::spec::Scenario,
@@ -211,7 +211,7 @@ fn place_in_world(
     let place = metatopia_node::scenario::place_of(&spec.world, k - 1, &accounts);
     if let Some((sim, _)) = place.neighbours.iter().find(|(_, n)| n.validators.is_empty()) {
         anyhow::bail!(
-            "sim {} is a neighbour of this node's sim {k}: list its validators under [[sims]] (sim_id = {})",
+            "sim {} is a neighbour of this node's sim {k}: list its validators' keys under [[sims]] (sim_id = {})",
             sim.0,
             sim.0
         );
