@@ -103,12 +103,6 @@ impl Hub {
         }
     }
 
-    /// The other sims of the world, for `Route` and `Moved`.
-    pub fn with_sims(self, sims: BTreeMap<u32, Vec<NodeAddr>>) -> Hub {
-        *self.sims.write().unwrap_or_else(|e| e.into_inner()) = sims;
-        self
-    }
-
     /// The nodes of another sim this node knows now.
     pub fn set_sim_nodes(&self, sim: u32, nodes: Vec<NodeAddr>) {
         self.sims.write().unwrap_or_else(|e| e.into_inner()).insert(sim, nodes);
