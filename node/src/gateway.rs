@@ -388,6 +388,44 @@ async fn ask<T>(s: &Service, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> 
     tokio::time::timeout(Duration::from_secs(5), rx).await.ok()?.ok()
 }
 
+/// The answer to `route` / `enter`: this sim if the avatar is here; else the sim it crossed into
+/// from here; else whichever other sim says it holds it; else (`enter`) the sim whose square
+/// holds `at`, found through Raynet; else this sim (log in here).
+async fn route(s: &Service, hub: &Hub, account: String, at: Option<[i64; 2]>) -> ServerMsg {
+    let account = account.to_ascii_lowercase();
+    let moved = hub.moved.read().unwrap_or_else(|e| e.into_inner()).get(&account).copied();
+    let mut here = false;
+    let elsewhere = match parse_hash(&account).map(metatopia_sim::AccountId) {
+        None => None,
+        Some(id) => {
+            let view = ask(s, |tx| Query::Account(id, tx)).await.flatten();
+            here = view.is_some_and(|a| a.avatar.is_some());
+            if here {
+                None
+            } else if moved.is_some() {
+                moved
+            } else {
+                ask(s, |tx| Query::Locate(id, tx)).await.flatten()
+            }
+        }
+    };
+    let own = ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() };
+    match elsewhere.and_then(|sim| hub.sim_nodes(sim).map(|n| (sim, n))) {
+        Some((sim, nodes)) => ServerMsg::Route { sim, nodes },
+        None => match at.filter(|_| !here) {
+            // No avatar anywhere: the sim whose square holds the point (when
+            // the lookup fails, this one).
+            Some(point) => match ask(s, |tx| Query::Nearest(point, tx)).await.flatten() {
+                Some((sim, node)) if sim != hub.sim => {
+                    ServerMsg::Route { sim, nodes: hub.sim_nodes(sim).unwrap_or_else(|| vec![node]) }
+                }
+                _ => own,
+            },
+            None => own,
+        },
+    }
+}
+
 /// What a client was last told of an object's motion (its dead-reckoning base).
 #[derive(Debug, Clone, Copy)]
 struct Sent {
@@ -573,48 +611,8 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                     Some(Ok(msg)) => msg,
                 };
                 let reply = match msg {
-                    msg @ (ClientMsg::Route { .. } | ClientMsg::Enter { .. }) => {
-                        let (account, at) = match msg {
-                            ClientMsg::Enter { account, at } => (account, Some(at)),
-                            ClientMsg::Route { account } => (account, None),
-                            _ => unreachable!("matched above"),
-                        };
-                        // This sim if the avatar is here; else the sim it crossed into from here;
-                        // else whichever other sim says it holds it; else the sim whose square
-                        // holds `at` (through Raynet); else this sim (log in here).
-                        let account = account.to_ascii_lowercase();
-                        let moved = hub.moved.read().unwrap_or_else(|e| e.into_inner()).get(&account).copied();
-                        let mut here = false;
-                        let elsewhere = match parse_hash(&account).map(metatopia_sim::AccountId) {
-                            None => None,
-                            Some(id) => {
-                                let view = ask(&s, |tx| Query::Account(id, tx)).await.flatten();
-                                here = view.is_some_and(|a| a.avatar.is_some());
-                                if here {
-                                    None
-                                } else if moved.is_some() {
-                                    moved
-                                } else {
-                                    ask(&s, |tx| Query::Locate(id, tx)).await.flatten()
-                                }
-                            }
-                        };
-                        let own = ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() };
-                        Some(match elsewhere.and_then(|sim| hub.sim_nodes(sim).map(|n| (sim, n))) {
-                            Some((sim, nodes)) => ServerMsg::Route { sim, nodes },
-                            None => match at.filter(|_| !here) {
-                                // No avatar anywhere: the sim whose square holds the point (when
-                                // the lookup fails, this one).
-                                Some(point) => match ask(&s, |tx| Query::Nearest(point, tx)).await.flatten() {
-                                    Some((sim, node)) if sim != hub.sim => {
-                                        ServerMsg::Route { sim, nodes: hub.sim_nodes(sim).unwrap_or_else(|| vec![node]) }
-                                    }
-                                    _ => own,
-                                },
-                                None => own,
-                            },
-                        })
-                    }
+                    ClientMsg::Route { account } => Some(route(&s, &hub, account, None).await),
+                    ClientMsg::Enter { account, at } => Some(route(&s, &hub, account, Some(at)).await),
                     ClientMsg::Interest { follow, radius_m, max_hz } => {
                         if let Some(f) = follow.as_deref().filter(|f| parse_hash(f).is_none()) {
                             Some(ServerMsg::Error { r#ref: None, message: format!("{f:?} is not an account id") })

@@ -117,6 +117,21 @@ struct Book {
 }
 
 impl Book {
+    /// The index of the node with this key, numbering it next if it is new and there is room.
+    fn number_key(&mut self, key: VerifyingKey) -> Option<u16> {
+        let id = peer_id(&key);
+        if let Some(&i) = self.by_peer.get(&id) {
+            return Some(i);
+        }
+        if self.keys.len() >= MAX_INDEX {
+            return None;
+        }
+        let i = self.keys.len() as u16;
+        self.keys.push(key);
+        self.by_peer.insert(id, i);
+        Some(i)
+    }
+
     /// The index of `peer`, numbering an unlisted one if there is room (`Some((index, new))`).
     fn index(&mut self, peer: &PeerId) -> Option<(u16, bool)> {
         if let Some(&i) = self.by_peer.get(peer) {
@@ -258,17 +273,7 @@ impl Mesh {
         {
             let mut book = lock(&self.shared.book);
             for p in &peers {
-                let id = peer_id(&p.key);
-                let i = match book.by_peer.get(&id) {
-                    Some(i) => *i,
-                    None if book.keys.len() < MAX_INDEX => {
-                        let i = book.keys.len() as u16;
-                        book.keys.push(p.key);
-                        book.by_peer.insert(id, i);
-                        i
-                    }
-                    None => continue,
-                };
+                let Some(i) = book.number_key(p.key) else { continue };
                 book.outsiders.insert(i);
                 indices.push(i);
             }
@@ -280,20 +285,7 @@ impl Mesh {
     /// Keep a connection to this node, whose sim is not known yet (a Raynet contact): numbered,
     /// and a peer until [`Mesh::mark_outsider`]. Its index, unless the index space is full.
     pub fn add_contact(&self, peer: PeerAddr) -> Option<u16> {
-        let i = {
-            let mut book = lock(&self.shared.book);
-            let id = peer_id(&peer.key);
-            match book.by_peer.get(&id) {
-                Some(i) => *i,
-                None if book.keys.len() < MAX_INDEX => {
-                    let i = book.keys.len() as u16;
-                    book.keys.push(peer.key);
-                    book.by_peer.insert(id, i);
-                    i
-                }
-                None => return None,
-            }
-        };
+        let i = lock(&self.shared.book).number_key(peer.key)?;
         let _ = self.commands.send(Command::Add(vec![peer]));
         Some(i)
     }
@@ -397,12 +389,7 @@ async fn drive(
                 Some(Command::Add(more)) => {
                     let mut book = lock(&shared.book);
                     for p in more {
-                        let id = peer_id(&p.key);
-                        if !book.by_peer.contains_key(&id) && book.keys.len() < MAX_INDEX {
-                            let i = book.keys.len() as u16;
-                            book.keys.push(p.key);
-                            book.by_peer.insert(id, i);
-                        }
+                        let _ = book.number_key(p.key);
                         // Known already: its addresses may be new (it restarted elsewhere).
                         match peers.iter_mut().find(|q| q.key == p.key) {
                             Some(q) if p.tcp.is_some() || p.quic.is_some() => *q = p,
