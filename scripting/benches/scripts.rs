@@ -5,6 +5,10 @@
 //! - `raw/10k_call_fn`: the baseline: the same rhai function called 10,000 times from Rust with
 //!   `Engine::call_fn`, on one engine and AST, nothing around it.
 
+/// The node binary's allocator, so the figures are the node's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use metatopia_scripting::RhaiHost;
 use metatopia_sim::genesis::{DemoSpec, attach_script, demo_world, tick_seed};

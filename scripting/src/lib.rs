@@ -41,11 +41,16 @@ pub mod numbers;
 pub mod persist;
 
 use std::cell::RefCell;
+#[allow(clippy::disallowed_types)] // a cache, looked up by key and never iterated
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
 
 use metatopia_sim::ScriptId;
 use metatopia_sim::host::{Compiled, ScriptCtx, ScriptError, ScriptErrorKind, ScriptHost, ScriptInput, ScriptOutput};
+use metatopia_sim::ids::DigestHasher;
 use metatopia_sim::state::{Limits, ScriptSource};
 use rhai::packages::{
     ArithmeticPackage, BasicArrayPackage, BasicIteratorPackage, BasicMapPackage, BasicStringPackage, LogicPackage,
@@ -232,6 +237,22 @@ impl RhaiHost {
     }
 }
 
+/// What each worker thread keeps between handler calls: only to save allocations and locks.
+/// The scope is empty before and after every call; the compiled script is content-addressed
+/// (by the host's cache and the script's hash), so neither can change a result.
+#[derive(Default)]
+struct Local {
+    scope: Scope<'static>,
+    /// Which host's cache `compiled` copies (hosts with different limits compile differently).
+    cache: usize,
+    #[allow(clippy::disallowed_types)] // looked up by key, never iterated
+    compiled: HashMap<ScriptId, Arc<CompiledScript>, BuildHasherDefault<DigestHasher>>,
+}
+
+thread_local! {
+    static LOCAL: RefCell<Local> = RefCell::new(Local::default());
+}
+
 /// The handler an input calls (an index into `HANDLERS`).
 fn handler_index(input: &ScriptInput) -> usize {
     match input {
@@ -286,9 +307,39 @@ impl ScriptHost for RhaiHost {
             actions: Vec::new(),
             error: Some(ScriptError { kind, message }),
         };
-        let compiled = match self.compile_with_id(ctx.instance.script, ctx.source, ctx.limits) {
-            Ok(c) => c,
-            Err(m) => return fail(ScriptErrorKind::Runtime, m),
+        LOCAL.with_borrow_mut(|local| {
+            // The compiled script: from this thread's copy of the cache if it is there, else
+            // from the shared cache (a lock).
+            let cache = Arc::as_ptr(&self.cache) as usize;
+            if local.cache != cache || local.compiled.len() >= 1_024 {
+                local.cache = cache;
+                local.compiled.clear();
+            }
+            let Local { scope, compiled, .. } = local;
+            let compiled = match compiled.entry(ctx.instance.script) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => match self.compile_with_id(ctx.instance.script, ctx.source, ctx.limits) {
+                    Ok(c) => e.insert(c),
+                    Err(m) => return fail(ScriptErrorKind::Runtime, m),
+                },
+            };
+            self.run_compiled(ctx, inputs, compiled, scope)
+        })
+    }
+}
+
+impl RhaiHost {
+    fn run_compiled(
+        &self,
+        ctx: &ScriptCtx<'_>,
+        inputs: &[ScriptInput],
+        compiled: &CompiledScript,
+        scope: &mut Scope<'static>,
+    ) -> ScriptOutput {
+        let fail = |kind, message: String| ScriptOutput {
+            state: ctx.instance.state.clone(),
+            actions: Vec::new(),
+            error: Some(ScriptError { kind, message }),
         };
         let max_state = ctx.limits.max_script_state_bytes as usize;
         let state = match persist::decode(&ctx.instance.state, max_state) {
@@ -304,7 +355,6 @@ impl ScriptHost for RhaiHost {
             max_nearby: self.limits.nearby_max,
         });
         let mut error = None;
-        let mut scope = Scope::new();
         api::WORLD.set(ctx.world, || {
             api::OBJECT.set(ctx.object, || {
                 api::CALL.set(&call, || {
@@ -317,7 +367,7 @@ impl ScriptHost for RhaiHost {
                         let name = HANDLERS[h].0;
                         if let Err(e) = self.engine.call_fn_with_options::<Dynamic>(
                             opts,
-                            &mut scope,
+                            scope,
                             &compiled.ast,
                             name,
                             handler_args(input),
@@ -329,6 +379,8 @@ impl ScriptHost for RhaiHost {
                 })
             })
         });
+        // Rewound after each call; cleared in case a failed call left something behind.
+        scope.clear();
         let actions = call.into_inner().actions;
         let state = match this.try_cast::<rhai::Map>().map(|m| persist::encode(&m)) {
             Some(Ok(bytes)) => bytes,

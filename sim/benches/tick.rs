@@ -11,6 +11,10 @@
 // Benchmarks measure wall time; the no-clock rule is for the simulation itself.
 #![allow(clippy::disallowed_methods)]
 
+/// The node binary's allocator, so the figures are the node's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};

@@ -114,6 +114,23 @@ hash_id!(
     Hash32
 );
 
+/// A `Hasher` for maps keyed by a digest id (`ScriptId`, `EventId`, ...): the first eight bytes
+/// of a blake3 digest are already a good hash. For caches only: such maps are never iterated
+/// in sim state (DESIGN §5).
+#[derive(Clone, Copy, Default, Debug)]
+pub struct DigestHasher(u64);
+
+impl std::hash::Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for (i, b) in bytes.iter().take(8).enumerate() {
+            self.0 ^= u64::from(*b) << (8 * i);
+        }
+    }
+}
+
 /// Lower-case hex of some bytes.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
