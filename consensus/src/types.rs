@@ -88,10 +88,41 @@ pub struct Block {
 }
 
 impl Block {
+    /// The block's digest: its header and its events' ids (which commit to the events).
     pub fn digest(&self) -> Digest {
-        let bytes = postcard::to_allocvec(self).expect("encoding into a Vec cannot fail");
-        let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/block/v1____");
+        let ids: Vec<Digest> = self.events.iter().map(|e| event_id(e)).collect();
+        self.digest_with_ids(&ids)
+    }
+
+    /// [`Block::digest`] given the events' ids (`ids[i]` must be `event_id(&events[i])`): a
+    /// validator usually knows them already (its pool), so the events are not hashed again.
+    pub fn digest_with_ids(&self, ids: &[Digest]) -> Digest {
+        debug_assert_eq!(ids.len(), self.events.len());
+        #[derive(Serialize)]
+        struct Header<'a> {
+            view: View,
+            leader: ValidatorIndex,
+            parent: Parent,
+            tick: u64,
+            time_ms: u64,
+            events: u64,
+            parent_certificate: &'a Option<Certificate>,
+        }
+        let header = Header {
+            view: self.view,
+            leader: self.leader,
+            parent: self.parent,
+            tick: self.tick,
+            time_ms: self.time_ms,
+            events: self.events.len() as u64,
+            parent_certificate: &self.parent_certificate,
+        };
+        let bytes = postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail");
+        let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/block/v2____");
         h.update(&bytes);
+        for id in ids {
+            h.update(&id.0);
+        }
         Digest(*h.finalize().as_bytes())
     }
 }

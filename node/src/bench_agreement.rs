@@ -316,24 +316,35 @@ async fn validator_loop(
     loop {
         let deadline = v.poll_timeout().unwrap_or(u64::MAX);
         let wait = Duration::from_micros(deadline.saturating_sub(micros(&shared)));
-        let t0 = Instant::now();
-        let kind = tokio::select! {
+        enum Input {
+            Message(ValidatorIndex, Box<Message>),
+            Events(Vec<Vec<u8>>),
+            Timeout,
+        }
+        let input = tokio::select! {
             m = inbox.recv() => match m {
-                Some((from, msg)) => {
-                    let kind = msg.kind();
-                    v.handle_message(micros(&shared), from, msg);
-                    kind
-                }
+                Some((from, msg)) => Input::Message(from, Box::new(msg)),
                 None => return,
             },
             e = events.recv() => match e {
-                Some(batch) => {
-                    v.submit_events(micros(&shared), batch);
-                    "submit"
-                }
+                Some(batch) => Input::Events(batch),
                 None => return,
             },
-            _ = tokio::time::sleep(wait) => {
+            _ = tokio::time::sleep(wait) => Input::Timeout,
+        };
+        // Only the handling is timed (not the wait for the input).
+        let t0 = Instant::now();
+        let kind = match input {
+            Input::Message(from, msg) => {
+                let kind = msg.kind();
+                v.handle_message(micros(&shared), from, *msg);
+                kind
+            }
+            Input::Events(batch) => {
+                v.submit_events(micros(&shared), batch);
+                "submit"
+            }
+            Input::Timeout => {
                 v.handle_timeout(micros(&shared));
                 "timeout"
             }
@@ -350,8 +361,9 @@ async fn validator_loop(
             let at = shared.start.elapsed();
             match o {
                 Output::Broadcast(m) => {
-                    if let Message::Propose { block, .. } = &m {
-                        shared.proposed.lock().expect("not poisoned").insert(block.digest(), at);
+                    if let Message::Propose { vote, .. } = &m {
+                        // The leader's own notarize vote names the block's digest.
+                        shared.proposed.lock().expect("not poisoned").insert(vote.digest, at);
                     }
                     let frame = encode(m);
                     for tx in peers.values() {

@@ -594,17 +594,21 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         tokio::select! {
             q = queries.recv() => match q {
-                // Where is an avatar that is not here? Ask one node of each other sim.
+                // Where is an avatar that is not here? Ask two nodes of each other sim (one may
+                // be a tick behind the login, or unreachable); the first "here" answers.
                 Some(metatopia_node::http::Query::Locate(account, tx)) => {
-                    let sim_nodes = reach.one_node_of_each(me, MAX_LOCATE_SIMS);
-                    for node in sim_nodes.values() {
+                    let mut waiting = std::collections::BTreeSet::new();
+                    for pick in [me, me + 1] {
+                        waiting.extend(reach.one_node_of_each(pick, MAX_LOCATE_SIMS));
+                    }
+                    for (_, node) in &waiting {
                         mesh.send(*node, &NodeMsg::Locate { account: account.0 });
                     }
-                    if sim_nodes.is_empty() {
+                    if waiting.is_empty() {
                         let _ = tx.send(None);
                     } else {
                         let deadline = std::time::Instant::now() + Duration::from_secs(1);
-                        locating.push(Locating { account, tx: Some(tx), deadline, waiting: sim_nodes.keys().copied().collect() });
+                        locating.push(Locating { account, tx: Some(tx), deadline, waiting });
                     }
                 }
                 // Which sim holds a point? The Raynet lookup's answer comes below.
@@ -635,7 +639,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             // The sim is the sender's, whatever it says.
                             if let Some(sim) = reach.sim_of(from.0) {
                                 for l in locating.iter_mut().filter(|l| l.account.0 == account) {
-                                    l.waiting.remove(&sim);
+                                    l.waiting.remove(&(sim, from.0));
                                     if here && let Some(tx) = l.tx.take() {
                                         let _ = tx.send(Some(sim.0));
                                     }
@@ -983,8 +987,8 @@ struct Locating {
     /// Taken when a sim says "here".
     tx: Option<tokio::sync::oneshot::Sender<Option<u32>>>,
     deadline: std::time::Instant,
-    /// The sims that have not answered yet.
-    waiting: std::collections::BTreeSet<SimId>,
+    /// The nodes (with their sim) that have not answered yet.
+    waiting: std::collections::BTreeSet<(SimId, u16)>,
 }
 
 /// The kicked and banned accounts as of the last tick (their sessions are closed when they change).
