@@ -145,6 +145,9 @@ pub struct RhaiHost {
     limits: SandboxLimits,
     /// Compiled ASTs by content hash; clones of a host share it (it is only a cache).
     cache: Arc<Mutex<BTreeMap<ScriptId, Arc<CompiledScript>>>>,
+    /// Names `cache` for the worker threads' copies (unique in the process; an address could
+    /// be reused by a later host with other limits).
+    cache_id: u64,
 }
 
 impl Default for RhaiHost {
@@ -157,6 +160,7 @@ impl Clone for RhaiHost {
     fn clone(&self) -> RhaiHost {
         let mut host = RhaiHost::new(self.limits.clone()).expect("the seed was set by the first host");
         host.cache = self.cache.clone();
+        host.cache_id = self.cache_id;
         host
     }
 }
@@ -192,7 +196,9 @@ impl RhaiHost {
         engine.on_print(|_| {});
         engine.on_debug(|_, _, _| {});
         api::register(&mut engine);
-        Ok(RhaiHost { engine, limits, cache: Arc::default() })
+        static NEXT_CACHE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let cache_id = NEXT_CACHE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(RhaiHost { engine, limits, cache: Arc::default(), cache_id })
     }
 
     fn compile_source(&self, source: &ScriptSource, limits: &Limits) -> Result<Arc<CompiledScript>, String> {
@@ -243,14 +249,20 @@ impl RhaiHost {
 #[derive(Default)]
 struct Local {
     scope: Scope<'static>,
-    /// Which host's cache `compiled` copies (hosts with different limits compile differently).
-    cache: usize,
+    /// Which host's cache `compiled` copies (`RhaiHost::cache_id`; hosts with different limits
+    /// compile differently).
+    cache: u64,
     #[allow(clippy::disallowed_types)] // looked up by key, never iterated
     compiled: HashMap<ScriptId, Arc<CompiledScript>, BuildHasherDefault<DigestHasher>>,
 }
 
 thread_local! {
     static LOCAL: RefCell<Local> = RefCell::new(Local::default());
+}
+
+/// A run that did not start: the state is kept, the error reported.
+fn failed(ctx: &ScriptCtx<'_>, kind: ScriptErrorKind, message: String) -> ScriptOutput {
+    ScriptOutput { state: ctx.instance.state.clone(), actions: Vec::new(), error: Some(ScriptError { kind, message }) }
 }
 
 /// The handler an input calls (an index into `HANDLERS`).
@@ -302,17 +314,11 @@ impl ScriptHost for RhaiHost {
     }
 
     fn run(&self, ctx: &ScriptCtx<'_>, inputs: &[ScriptInput]) -> ScriptOutput {
-        let fail = |kind, message: String| ScriptOutput {
-            state: ctx.instance.state.clone(),
-            actions: Vec::new(),
-            error: Some(ScriptError { kind, message }),
-        };
         LOCAL.with_borrow_mut(|local| {
             // The compiled script: from this thread's copy of the cache if it is there, else
             // from the shared cache (a lock).
-            let cache = Arc::as_ptr(&self.cache) as usize;
-            if local.cache != cache || local.compiled.len() >= 1_024 {
-                local.cache = cache;
+            if local.cache != self.cache_id || local.compiled.len() >= 1_024 {
+                local.cache = self.cache_id;
                 local.compiled.clear();
             }
             let Local { scope, compiled, .. } = local;
@@ -320,7 +326,7 @@ impl ScriptHost for RhaiHost {
                 Entry::Occupied(e) => e.into_mut(),
                 Entry::Vacant(e) => match self.compile_with_id(ctx.instance.script, ctx.source, ctx.limits) {
                     Ok(c) => e.insert(c),
-                    Err(m) => return fail(ScriptErrorKind::Runtime, m),
+                    Err(m) => return failed(ctx, ScriptErrorKind::Runtime, m),
                 },
             };
             self.run_compiled(ctx, inputs, compiled, scope)
@@ -336,15 +342,10 @@ impl RhaiHost {
         compiled: &CompiledScript,
         scope: &mut Scope<'static>,
     ) -> ScriptOutput {
-        let fail = |kind, message: String| ScriptOutput {
-            state: ctx.instance.state.clone(),
-            actions: Vec::new(),
-            error: Some(ScriptError { kind, message }),
-        };
         let max_state = ctx.limits.max_script_state_bytes as usize;
         let state = match persist::decode(&ctx.instance.state, max_state) {
             Ok(m) => m,
-            Err(m) => return fail(ScriptErrorKind::Runtime, m),
+            Err(m) => return failed(ctx, ScriptErrorKind::Runtime, m),
         };
         let mut this = Dynamic::from_map(state);
         let call = RefCell::new(api::Call {
