@@ -40,6 +40,12 @@
 //! - Client events are disseminated to every validator's pool on submission; each leader
 //!   proposes the oldest pooled events not already in the uncommitted ancestors, so an event
 //!   known to the honest validators is proposed within `f + 1` views.
+//! - Proposals are compact: the header and the events' ids ([`Message::ProposeIds`]); a
+//!   validator rebuilds the block from its pool, and one missing an event waits a quarter
+//!   period for the gossip, then fetches the block (and is also sent full proposals for 64 views).
+//!   A block's digest is over its header and its events' ids, so either form is signed alike.
+//! - A vote for a (view, kind, block) already certified here is verified a quarter period
+//!   later (it only carries a root report and possible evidence), off the commit's path.
 //! - Validator-set changes (governance, at epoch boundaries) happen above this crate: an epoch
 //!   is a new `Validator` with the new set, started at the boundary tick.
 

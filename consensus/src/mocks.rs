@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 
-use crate::types::{Message, Micros, ValidatorIndex, Vote, VoteKind};
+use crate::types::{Digest, Message, Micros, ValidatorIndex, Vote, VoteKind};
 use crate::validator::{Config, Output, Validator};
 
 /// What a Byzantine validator does wrong.
@@ -96,9 +96,23 @@ impl Byzantine {
         });
     }
 
+    /// Its own notarize vote for a block of its making.
+    fn notarize(&self, view: crate::types::View, digest: Digest, root: Option<crate::types::RootReport>) -> Vote {
+        Vote::sign(&self.key, &self.inner.genesis(), self.me(), VoteKind::Notarize, view, digest, root)
+    }
+
+    /// An equivocation: `one` to the even-numbered peers, `other` to the odd ones.
+    fn split(&mut self, one: Message, other: Message) {
+        let me = self.me();
+        for i in (0..self.n).filter(|i| ValidatorIndex(*i) != me) {
+            let m = if i % 2 == 0 { one.clone() } else { other.clone() };
+            self.emit(Some(ValidatorIndex(i)), m);
+        }
+    }
+
     fn send_corrupted(&mut self, to: Option<ValidatorIndex>, m: Message) {
         match (self.behaviour, m) {
-            (Behaviour::Withhold, Message::Propose { .. } | Message::Vote(_)) => {}
+            (Behaviour::Withhold, Message::Propose { .. } | Message::ProposeIds { .. } | Message::Vote(_)) => {}
             (Behaviour::InvalidSignatures, Message::Vote(mut v)) => {
                 v.sig.0[7] ^= 0x20;
                 self.emit(to, Message::Vote(v));
@@ -106,6 +120,10 @@ impl Byzantine {
             (Behaviour::InvalidSignatures, Message::Propose { block, mut vote, nullifications }) => {
                 vote.sig.1[3] ^= 0x01;
                 self.emit(to, Message::Propose { block, vote, nullifications });
+            }
+            (Behaviour::InvalidSignatures, Message::ProposeIds { block, ids, mut vote, nullifications }) => {
+                vote.sig.1[3] ^= 0x01;
+                self.emit(to, Message::ProposeIds { block, ids, vote, nullifications });
             }
             (Behaviour::DoubleVote, Message::Vote(v)) if v.kind == VoteKind::Notarize => {
                 let mut fake = v.digest;
@@ -127,35 +145,22 @@ impl Byzantine {
                 other.time_ms += 1;
                 other.events.reverse();
                 other.events.push(format!("equivocation {}", block.view.0).into_bytes());
-                let other_vote = Vote::sign(
-                    &self.key,
-                    &self.inner.genesis(),
-                    self.me(),
-                    VoteKind::Notarize,
-                    other.view,
-                    other.digest(),
-                    vote.root,
+                let other_vote = self.notarize(other.view, other.digest(), vote.root);
+                self.split(
+                    Message::Propose { block, vote, nullifications: nullifications.clone() },
+                    Message::Propose { block: other, vote: other_vote, nullifications },
                 );
-                for i in 0..self.n {
-                    let target = ValidatorIndex(i);
-                    if target == self.me() {
-                        continue;
-                    }
-                    let m = if i % 2 == 0 {
-                        Message::Propose {
-                            block: block.clone(),
-                            vote: vote.clone(),
-                            nullifications: nullifications.clone(),
-                        }
-                    } else {
-                        Message::Propose {
-                            block: other.clone(),
-                            vote: other_vote.clone(),
-                            nullifications: nullifications.clone(),
-                        }
-                    };
-                    self.emit(Some(target), m);
-                }
+            }
+            (Behaviour::Equivocate, Message::ProposeIds { block, ids, vote, nullifications }) => {
+                // The other block names the same pooled events in reverse, a millisecond later.
+                let mut other = block.clone();
+                other.time_ms += 1;
+                let other_ids: Vec<Digest> = ids.iter().rev().copied().collect();
+                let other_vote = self.notarize(other.view, other.header_digest(&other_ids), vote.root);
+                self.split(
+                    Message::ProposeIds { block, ids, vote, nullifications: nullifications.clone() },
+                    Message::ProposeIds { block: other, ids: other_ids, vote: other_vote, nullifications },
+                );
             }
             (_, m) => self.emit(to, m),
         }

@@ -4,7 +4,7 @@
 //! DESIGN §5 allows, hence the one exception to the workspace's ban on them.
 #![allow(clippy::disallowed_types)]
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
 use crate::types::{Digest, event_id};
@@ -21,15 +21,20 @@ use crate::types::{Digest, event_id};
 pub(crate) struct Pool {
     /// Arrival order.
     order: VecDeque<u128>,
-    /// Pooled events by id, with their full id.
-    events: HashMap<u128, (Digest, Vec<u8>), IdHasher>,
+    /// Pooled events by id, with their full id and their content hash (`by_content`'s key).
+    events: HashMap<u128, (Digest, Vec<u8>, u64), IdHasher>,
     /// A pooled event's id by a (keyed, non-cryptographic) hash of its bytes: a proposal's
     /// events are usually pooled already, and finding their ids here saves hashing each again
     /// (blake3 of a 100-byte event costs ~5x this lookup). A collision only means a miss.
     by_content: HashMap<u64, u128, IdHasher>,
-    /// Ids committed in the last `window` ticks, with their tick.
-    committed: HashMap<u128, u64, IdHasher>,
-    committed_by_tick: BTreeMap<u64, Vec<u128>>,
+    /// Ids committed recently, in two generations of `window` ticks each: an id is
+    /// remembered for at least `window` ticks and less than twice that. Dropping the older
+    /// generation whole replaced forgetting each id on its own tick (two more cache misses per
+    /// event in a table of 300,000: 13 % of a validator's time at 1,000 events a tick).
+    committed: HashSet<u128, IdHasher>,
+    committed_old: HashSet<u128, IdHasher>,
+    /// The first tick of the `committed` generation.
+    generation_from: Option<u64>,
 }
 
 /// Hashes uniform 128-bit ids with a secret key (a multiply-xorshift mix: the ids are already
@@ -97,8 +102,9 @@ impl Pool {
             order: VecDeque::new(),
             events: HashMap::with_hasher(h),
             by_content: HashMap::with_hasher(h),
-            committed: HashMap::with_hasher(h),
-            committed_by_tick: BTreeMap::new(),
+            committed: HashSet::with_hasher(h),
+            committed_old: HashSet::with_hasher(h),
+            generation_from: None,
         }
     }
 
@@ -110,8 +116,9 @@ impl Pool {
             return false;
         }
         self.order.push_back(id);
-        self.by_content.insert(self.content_hash(&bytes), id);
-        self.events.insert(id, (full, bytes));
+        let h = self.content_hash(&bytes);
+        self.by_content.insert(h, id);
+        self.events.insert(id, (full, bytes, h));
         true
     }
 
@@ -123,8 +130,9 @@ impl Pool {
             return false;
         }
         self.order.push_back(id);
-        self.by_content.insert(self.content_hash(bytes), id);
-        self.events.insert(id, (full, bytes.to_vec()));
+        let h = self.content_hash(bytes);
+        self.by_content.insert(h, id);
+        self.events.insert(id, (full, bytes.to_vec(), h));
         true
     }
 
@@ -140,23 +148,30 @@ impl Pool {
                 self.by_content
                     .get(&self.content_hash(e))
                     .and_then(|id| self.events.get(id))
-                    .filter(|(_, bytes)| bytes == e)
-                    .map_or_else(|| event_id(e), |(full, _)| *full)
+                    .filter(|(_, bytes, _)| bytes == e)
+                    .map_or_else(|| event_id(e), |(full, _, _)| *full)
             })
             .collect()
     }
 
+    /// The pooled event with this id.
+    pub fn get(&self, id: &Digest) -> Option<&Vec<u8>> {
+        self.events.get(&key(id)).filter(|(full, _, _)| full == id).map(|(_, bytes, _)| bytes)
+    }
+
     fn remove(&mut self, id: &u128) {
-        if let Some((_, bytes)) = self.events.remove(id) {
-            let h = self.content_hash(&bytes);
-            if self.by_content.get(&h) == Some(id) {
-                self.by_content.remove(&h);
-            }
+        if let Some((_, _, h)) = self.events.remove(id)
+            && self.by_content.get(&h) == Some(id)
+        {
+            self.by_content.remove(&h);
         }
     }
 
     fn admits(&self, id: u128, max_events: usize) -> bool {
-        !self.events.contains_key(&id) && !self.committed.contains_key(&id) && self.events.len() < max_events
+        !self.events.contains_key(&id)
+            && !self.committed.contains(&id)
+            && !self.committed_old.contains(&id)
+            && self.events.len() < max_events
     }
 
     pub fn len(&self) -> usize {
@@ -186,7 +201,7 @@ impl Pool {
                 break;
             }
             // The queue may hold a stale copy of an id that was committed and re-submitted.
-            let Some((full, e)) = self.events.get(id) else { continue };
+            let Some((full, e, _)) = self.events.get(id) else { continue };
             if !skip.insert(*id) {
                 continue;
             }
@@ -200,30 +215,23 @@ impl Pool {
         (out, ids)
     }
 
-    /// Events of a finalized block leave the pool and are remembered for `window` ticks.
+    /// Events of a finalized block leave the pool and are remembered for at least `window`
+    /// ticks (and fewer than `2 * window + 1`).
     pub fn committed(&mut self, tick: u64, ids: &[Digest], window: u64) {
-        let ids: Vec<u128> = ids.iter().map(key).collect();
-        for id in &ids {
-            self.remove(id);
-            self.committed.insert(*id, tick);
+        let from = *self.generation_from.get_or_insert(tick);
+        if tick >= from.saturating_add(window.max(1)) {
+            let hasher = *self.committed.hasher();
+            self.committed_old = std::mem::replace(&mut self.committed, HashSet::with_hasher(hasher));
+            self.generation_from = Some(tick);
         }
-        self.committed_by_tick.entry(tick).or_default().extend_from_slice(&ids);
+        self.committed.reserve(ids.len());
+        for id in ids.iter().map(key) {
+            self.remove(&id);
+            self.committed.insert(id);
+        }
         // `take` skips ids no longer pooled; compact the order queue once it is mostly stale.
         if self.order.len() > 2 * self.events.len() + 1024 {
             self.order.retain(|id| self.events.contains_key(id));
-        }
-        let horizon = tick.saturating_sub(window);
-        while let Some((&t, _)) = self.committed_by_tick.first_key_value() {
-            if t >= horizon {
-                break;
-            }
-            if let Some((_, old)) = self.committed_by_tick.pop_first() {
-                for id in old {
-                    if self.committed.get(&id) == Some(&t) {
-                        self.committed.remove(&id);
-                    }
-                }
-            }
         }
     }
 }
@@ -245,8 +253,13 @@ mod tests {
         p.committed(5, &[a], 10);
         assert_eq!(p.len(), 1);
         assert!(!p.insert(b"a".to_vec(), 9), "committed recently");
+        p.committed(14, &[], 10);
+        assert!(!p.insert(b"a".to_vec(), 9), "remembered for the window");
         p.committed(16, &[], 10);
-        assert!(p.insert(b"a".to_vec(), 9), "forgotten after the window");
+        p.committed(25, &[], 10);
+        assert!(!p.insert(b"a".to_vec(), 9), "remembered for less than twice the window");
+        p.committed(26, &[], 10);
+        assert!(p.insert(b"a".to_vec(), 9), "forgotten after twice the window");
     }
 
     #[test]

@@ -98,6 +98,12 @@ impl Block {
     /// validator usually knows them already (its pool), so the events are not hashed again.
     pub fn digest_with_ids(&self, ids: &[Digest]) -> Digest {
         debug_assert_eq!(ids.len(), self.events.len());
+        self.header_digest(ids)
+    }
+
+    /// The digest of the block made of this header (its `events` are ignored) and the events
+    /// named by `ids`: what a compact proposal ([`Message::ProposeIds`]) is checked against.
+    pub fn header_digest(&self, ids: &[Digest]) -> Digest {
         #[derive(Serialize)]
         struct Header<'a> {
             view: View,
@@ -114,7 +120,7 @@ impl Block {
             parent: self.parent,
             tick: self.tick,
             time_ms: self.time_ms,
-            events: self.events.len() as u64,
+            events: ids.len() as u64,
             parent_certificate: &self.parent_certificate,
         };
         let bytes = postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail");
@@ -211,23 +217,31 @@ impl SigCache {
         SigCache::default()
     }
 
-    fn verify(&self, key: &VerifyingKey, msg: &[u8], sig: &Sig) -> bool {
+    fn id(key: &VerifyingKey, msg: &[u8], sig: &Sig) -> [u8; 32] {
         let mut h = blake3::Hasher::new();
         h.update(key.as_bytes());
         h.update(&sig.0);
         h.update(&sig.1);
         h.update(msg);
-        let id = *h.finalize().as_bytes();
+        *h.finalize().as_bytes()
+    }
+
+    fn verify(&self, key: &VerifyingKey, msg: &[u8], sig: &Sig) -> bool {
+        let id = SigCache::id(key, msg, sig);
         if let Some(v) = self.seen.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
             return *v;
         }
         let ok = key.verify_strict(msg, &sig.to_dalek()).is_ok();
+        self.insert(id, ok);
+        ok
+    }
+
+    fn insert(&self, id: [u8; 32], ok: bool) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         if seen.len() >= SIG_CACHE_MAX {
             seen.clear();
         }
         seen.insert(id, ok);
-        ok
     }
 }
 
@@ -244,6 +258,15 @@ impl Vote {
     ) -> Vote {
         let sig = Sig::from_dalek(key.sign(&vote_message(chain, kind, view, &digest, &root)));
         Vote { kind, view, digest, signer, root, sig }
+    }
+
+    /// Record this vote, just signed with its signer's own key, as valid in `cache` (an honest
+    /// signature always verifies), so that seeing it again costs no verification.
+    pub(crate) fn remember_valid(&self, chain: &Digest, keys: &[VerifyingKey], cache: &SigCache) {
+        if let Some(key) = keys.get(self.signer.0 as usize) {
+            let msg = vote_message(chain, self.kind, self.view, &self.digest, &self.root);
+            cache.insert(SigCache::id(key, &msg, &self.sig), true);
+        }
     }
 
     /// Check the signature against the validator set of the chain (or epoch) `chain`.
@@ -329,6 +352,17 @@ pub enum Message {
         block: Block,
         notarization: Option<Certificate>,
     },
+    /// A compact proposal, what a leader sends: the block's header (`block.events` empty) and
+    /// its events' ids. The events were disseminated to the pools before (`Events`), so a
+    /// validator rebuilds the block from its pool, and fetches it when any event is missing.
+    /// A thirtieth of the bytes of a full proposal of 100-byte events, and no event is decoded
+    /// or hashed again on the commit's path.
+    ProposeIds {
+        block: Block,
+        ids: Vec<Digest>,
+        vote: Vote,
+        nullifications: Vec<Certificate>,
+    },
 }
 
 impl Message {
@@ -351,7 +385,7 @@ impl Message {
     /// A short name, for traces and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            Message::Propose { .. } => "propose",
+            Message::Propose { .. } | Message::ProposeIds { .. } => "propose",
             Message::Vote(v) => match v.kind {
                 VoteKind::Notarize => "notarize",
                 VoteKind::Nullify => "nullify",
@@ -389,5 +423,29 @@ mod tests {
         // A length prefix larger than the input is an error, not an allocation.
         let lying = [3u8, 0xff, 0xff, 0xff, 0x0f, 1, 2];
         assert!(Message::decode(&lying, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn an_own_vote_is_remembered_as_valid_and_nothing_else_is() {
+        let key = SigningKey::from_bytes(&[4; 32]);
+        let keys = vec![key.verifying_key()];
+        let chain = Digest([1; 32]);
+        let cache = SigCache::new();
+        let vote = Vote::sign(&key, &chain, ValidatorIndex(0), VoteKind::Finalize, View(3), Digest([2; 32]), None);
+        vote.remember_valid(&chain, &keys, &cache);
+        let verdicts = |c: &SigCache| c.seen.lock().unwrap().len();
+        assert_eq!(verdicts(&cache), 1);
+        // Seeing it again is a cache hit (no new verdict) and valid.
+        assert!(vote.verify(&chain, &keys, &cache));
+        assert_eq!(verdicts(&cache), 1);
+        // Anything else is verified on its own merits.
+        let mut bad_sig = vote.clone();
+        bad_sig.sig.0[0] ^= 1;
+        let mut other_root = vote.clone();
+        other_root.root = Some(RootReport { tick: 1, root: Digest([3; 32]) });
+        assert!(!bad_sig.verify(&chain, &keys, &cache));
+        assert!(!other_root.verify(&chain, &keys, &cache));
+        assert!(!vote.verify(&Digest([9; 32]), &keys, &cache), "another chain's vote");
+        assert_eq!(verdicts(&cache), 4);
     }
 }

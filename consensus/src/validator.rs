@@ -52,6 +52,9 @@ pub struct Config {
     pub last_tick: Option<u64>,
     /// Start after a previous epoch's last block instead of at genesis.
     pub anchor: Option<Anchor>,
+    /// A leader sends its proposal as the events' ids ([`Message::ProposeIds`]) rather than
+    /// the events themselves (`false`: full blocks, as before; kept for comparison).
+    pub compact_proposals: bool,
     /// Test-only planted bug: accept 2f votes as a quorum. The Byzantine suite must catch it.
     #[cfg(feature = "mocks")]
     pub planted_bug_weak_quorum: bool,
@@ -77,6 +80,7 @@ impl Default for Config {
             max_exec_lag: None,
             last_tick: None,
             anchor: None,
+            compact_proposals: true,
             #[cfg(feature = "mocks")]
             planted_bug_weak_quorum: false,
         }
@@ -217,7 +221,21 @@ pub struct Validator {
     /// A joining node outputs no commits until it has the state they apply to.
     held: bool,
     buffered: BTreeMap<View, (Block, Vote, Vec<Certificate>)>,
+    /// Compact proposals with events missing from the pool, by digest: taken up when the
+    /// missing gossip arrives, or else their block is fetched. Bounded by `INCOMPLETE_MAX`.
+    incomplete: BTreeMap<Digest, Incomplete>,
+    /// Peers that had to fetch a recent compact proposal (their pool missed an event: lost
+    /// gossip, or an observer that gets none), and the view until which they are also sent
+    /// full proposals.
+    full_for: BTreeMap<ValidatorIndex, View>,
+    /// Blocks asked for (or to ask for): digest -> when to ask (again). A block notarized
+    /// before its proposal arrived is asked for only a little later (see `fetch_soon`).
     fetching: BTreeMap<Digest, Micros>,
+    /// Votes that arrived after their (view, kind, digest) was certified here, not yet verified:
+    /// they only carry root reports and evidence, so they are checked off the commit's path, at
+    /// `late_due` (or at once when [`LATE_MAX`] are waiting).
+    late: Vec<Vote>,
+    late_due: Option<Micros>,
     pool: Pool,
     root: Option<RootReport>,
     my_roots: BTreeMap<u64, Digest>,
@@ -227,6 +245,24 @@ pub struct Validator {
 }
 
 const FUTURE_VIEWS: u64 = 1_000;
+
+/// Unverified late votes held at most (then they are verified at once).
+const LATE_MAX: usize = 64;
+
+/// Compact proposals waiting for their block, at most.
+const INCOMPLETE_MAX: usize = 16;
+
+/// Views for which a peer that had to fetch a compact proposal gets full proposals.
+const FULL_VIEWS: u64 = 64;
+
+/// A compact proposal waiting for events its validator's pool lacks.
+#[derive(Clone, Debug)]
+struct Incomplete {
+    header: Block,
+    ids: Vec<Digest>,
+    vote: Vote,
+    nulls: Vec<Certificate>,
+}
 
 /// A known block with what is derived from it once: shared, never copied per use.
 #[derive(Clone, Debug)]
@@ -290,7 +326,11 @@ impl Validator {
             output_tick,
             held: false,
             buffered: BTreeMap::new(),
+            incomplete: BTreeMap::new(),
+            full_for: BTreeMap::new(),
             fetching: BTreeMap::new(),
+            late: Vec::new(),
+            late_due: None,
             pool,
             root: None,
             my_roots: BTreeMap::new(),
@@ -463,7 +503,11 @@ impl Validator {
     /// When to call [`Validator::handle_timeout`] next.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Micros> {
-        let fetch = self.fetching.values().min().map(|at| at + self.cfg.retry_us);
+        let fetch = self.fetching.values().min().copied();
+        let fetch = match (fetch, self.late_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         if self.finished() {
             return fetch;
         }
@@ -485,7 +529,10 @@ impl Validator {
             t = t.min(at);
         }
         if let Some(at) = self.fetching.values().min() {
-            t = t.min(at + self.cfg.retry_us);
+            t = t.min(*at);
+        }
+        if let Some(at) = self.late_due {
+            t = t.min(at);
         }
         Some(t)
     }
@@ -504,6 +551,9 @@ impl Validator {
             .collect();
         if !new.is_empty() {
             self.out.push_back(Output::Broadcast(Message::Events(new)));
+            if !self.incomplete.is_empty() {
+                self.retry_incomplete(now);
+            }
         }
         self.try_propose(now);
     }
@@ -529,6 +579,9 @@ impl Validator {
     /// Timers: propose when due, nullify a stuck view (R4), re-send while stuck, re-fetch.
     pub fn handle_timeout(&mut self, now: Micros) {
         self.settle();
+        if self.late_due.is_some_and(|at| now >= at) {
+            self.verify_late(now);
+        }
         self.try_propose(now);
         let view = self.view;
         let finished = self.finished();
@@ -538,7 +591,8 @@ impl Validator {
             && s.my_nullify.is_none()
             && now >= self.view_started + deadline
         {
-            let vote = Vote::sign(&self.key, &self.genesis, me, VoteKind::Nullify, view, Digest::default(), self.root);
+            let vote = self.sign(me, VoteKind::Nullify, view, Digest::default());
+            let s = self.views.entry(view).or_default();
             s.my_nullify = Some(vote.clone());
             self.last_retry = now;
             self.out.push_back(Output::Broadcast(Message::Vote(vote.clone())));
@@ -550,10 +604,11 @@ impl Validator {
             self.last_retry = now;
             self.resend(view);
         }
-        let stale: Vec<Digest> =
-            self.fetching.iter().filter(|(_, t)| now >= **t + self.cfg.retry_us).map(|(d, _)| *d).collect();
+        let blocks = &self.blocks;
+        self.fetching.retain(|d, _| !blocks.contains_key(d));
+        let stale: Vec<Digest> = self.fetching.iter().filter(|(_, due)| now >= **due).map(|(d, _)| *d).collect();
         for d in stale {
-            self.fetching.insert(d, now);
+            self.fetching.insert(d, now + self.cfg.retry_us);
             self.out.push_back(Output::Broadcast(Message::Fetch(d)));
         }
     }
@@ -583,8 +638,14 @@ impl Validator {
             Message::Propose { block, vote, nullifications } => {
                 self.on_proposal(now, from, block, vote, nullifications)
             }
+            Message::ProposeIds { block, ids, vote, nullifications } => {
+                self.on_proposal_ids(now, from, block, ids, vote, nullifications)
+            }
             Message::Vote(v) => {
-                if v.verify(&self.genesis, &self.keys, &self.cfg.sig_cache) {
+                if self.is_late(&v) && self.late.len() < LATE_MAX {
+                    self.late_due.get_or_insert(now + self.cfg.period_us / 4);
+                    self.late.push(v);
+                } else if v.verify(&self.genesis, &self.keys, &self.cfg.sig_cache) {
                     self.on_vote(now, v);
                 }
             }
@@ -595,9 +656,17 @@ impl Validator {
                         let _ = self.pool.insert(e, self.cfg.max_pool_events);
                     }
                 }
+                if !self.incomplete.is_empty() {
+                    self.retry_incomplete(now);
+                }
             }
             Message::Fetch(d) => {
                 if let Some(s) = self.blocks.get(&d) {
+                    if s.block.view.0 + 1 >= self.view.0 && self.cfg.compact_proposals {
+                        // A peer could not rebuild a fresh compact proposal (its pool misses
+                        // gossip): when this validator leads, it sends that peer full ones.
+                        self.full_for.insert(from, View(self.view.0 + FULL_VIEWS));
+                    }
                     let notarization = self.notarized.get(&s.block.view).filter(|c| c.digest == d).cloned();
                     let block = (*s.block).clone();
                     self.out.push_back(Output::Send(from, Message::Block { block, notarization }));
@@ -673,29 +742,52 @@ impl Validator {
         let exclude = self.uncommitted_event_ids(&parent);
         let (events, ids) = self.pool.take_with_ids(self.cfg.max_batch_events, self.cfg.max_batch_bytes, &exclude);
         let Some(me) = self.me else { return };
-        let block = Block {
+        let mut block = Block {
             view,
             leader: me,
             parent,
             tick,
             time_ms: (now / 1_000).max(parent_time + 1),
-            events,
+            events: Vec::new(),
             parent_certificate: if parent.view > View(0) {
                 self.notarized.get(&parent.view).cloned()
             } else {
                 self.cfg.anchor.as_ref().map(|a| a.notarization.clone())
             },
         };
-        let digest = block.digest_with_ids(&ids);
+        let digest = block.header_digest(&ids);
         let nullifications: Vec<Certificate> =
             self.nullified.range(parent.view.next()..view).map(|(_, c)| c.clone()).collect();
-        let vote = Vote::sign(&self.key, &self.genesis, me, VoteKind::Notarize, view, digest, self.root);
+        let vote = self.sign(me, VoteKind::Notarize, view, digest);
         let s = self.views.entry(view).or_default();
         s.proposed = true;
         s.proposal = Some(digest);
         s.my_notarize = Some(vote.clone());
-        self.blocks.insert(digest, Stored::with_ids(block.clone(), ids));
-        self.out.push_back(Output::Broadcast(Message::Propose { block, vote: vote.clone(), nullifications }));
+        let header = block.clone();
+        block.events = events;
+        self.full_for.retain(|_, until| *until > view);
+        let full = |block: &Block| Message::Propose {
+            block: block.clone(),
+            vote: vote.clone(),
+            nullifications: nullifications.clone(),
+        };
+        if !self.cfg.compact_proposals {
+            self.out.push_back(Output::Broadcast(full(&block)));
+        } else {
+            let compact = Message::ProposeIds {
+                block: header,
+                ids: ids.clone(),
+                vote: vote.clone(),
+                nullifications: nullifications.clone(),
+            };
+            // To everyone (observers too), and in full to the peers that could not rebuild a
+            // recent one (they take whichever comes first).
+            self.out.push_back(Output::Broadcast(compact));
+            for &peer in self.full_for.keys() {
+                self.out.push_back(Output::Send(peer, full(&block)));
+            }
+        }
+        self.blocks.insert(digest, Stored::with_ids(block, ids));
         self.on_vote(now, vote);
     }
 
@@ -720,13 +812,85 @@ impl Validator {
             return;
         }
         let ids = self.pool.ids_of(&block.events);
-        let digest = block.digest_with_ids(&ids);
-        if vote.kind != VoteKind::Notarize
-            || vote.view != view
-            || vote.digest != digest
-            || vote.signer != block.leader
-            || !vote.verify(&self.genesis, &self.keys, &self.cfg.sig_cache)
+        self.on_full_proposal(now, block, ids, vote, nulls);
+    }
+
+    /// A compact proposal: the block is rebuilt from the pool, or fetched from the leader when
+    /// an event is missing (and then taken as the proposal, in `on_fetched`).
+    fn on_proposal_ids(
+        &mut self,
+        now: Micros,
+        from: ValidatorIndex,
+        mut block: Block,
+        ids: Vec<Digest>,
+        vote: Vote,
+        nulls: Vec<Certificate>,
+    ) {
+        let view = block.view;
+        if from != block.leader
+            || block.leader != self.leader(view)
+            || !block.events.is_empty()
+            || ids.len() > self.cfg.max_batch_events
         {
+            return;
+        }
+        let events: Vec<Vec<u8>> = ids.iter().map_while(|id| self.pool.get(id).cloned()).collect();
+        if events.len() == ids.len() {
+            block.events = events;
+            return self.on_full_proposal(now, block, ids, vote, nulls);
+        }
+        let digest = block.header_digest(&ids);
+        if let Some(known) = self.blocks.get(&digest) {
+            // Fetched already (its notarization came first).
+            let (block, ids) = ((*known.block).clone(), (*known.ids).clone());
+            return self.on_full_proposal(now, block, ids, vote, nulls);
+        }
+        if view.0 > self.view.0 + FUTURE_VIEWS || view < self.tip.0 || !self.leader_vote_ok(&block, digest, &vote) {
+            return;
+        }
+        self.incomplete.insert(digest, Incomplete { header: block, ids, vote, nulls });
+        while self.incomplete.len() > INCOMPLETE_MAX {
+            // Keep the newest views.
+            let oldest = self.incomplete.iter().min_by_key(|(_, x)| x.header.view).map(|(d, _)| *d);
+            oldest.map(|d| self.incomplete.remove(&d));
+        }
+        // The missing gossip is usually on its way (it left its sender before the proposal,
+        // on another link): the block is asked for only if it has not come in a quarter period.
+        // Then it is asked of everyone: whoever rebuilt it answers, and every future leader
+        // learns to send this validator full proposals.
+        self.fetching.entry(digest).or_insert(now + self.cfg.period_us / 4);
+    }
+
+    /// Take up the compact proposals whose missing events have arrived.
+    fn retry_incomplete(&mut self, now: Micros) {
+        let complete: Vec<Digest> = self
+            .incomplete
+            .iter()
+            .filter(|(_, x)| x.ids.iter().all(|id| self.pool.get(id).is_some()))
+            .map(|(d, _)| *d)
+            .collect();
+        for d in complete {
+            let Some(Incomplete { mut header, ids, vote, nulls }) = self.incomplete.remove(&d) else { continue };
+            self.fetching.remove(&d);
+            header.events = ids.iter().filter_map(|id| self.pool.get(id).cloned()).collect();
+            self.on_full_proposal(now, header, ids, vote, nulls);
+        }
+    }
+
+    /// The leader's own notarize vote, sent with its proposal, is for this block.
+    fn leader_vote_ok(&self, block: &Block, digest: Digest, vote: &Vote) -> bool {
+        vote.kind == VoteKind::Notarize
+            && vote.view == block.view
+            && vote.digest == digest
+            && vote.signer == block.leader
+            && vote.verify(&self.genesis, &self.keys, &self.cfg.sig_cache)
+    }
+
+    /// A proposal with its events (`ids[i]` is the id of `block.events[i]`).
+    fn on_full_proposal(&mut self, now: Micros, block: Block, ids: Vec<Digest>, vote: Vote, nulls: Vec<Certificate>) {
+        let view = block.view;
+        let digest = block.digest_with_ids(&ids);
+        if !self.leader_vote_ok(&block, digest, &vote) {
             return;
         }
         for c in nulls {
@@ -749,6 +913,10 @@ impl Validator {
             Err(_) => return,
         }
         self.blocks.insert(digest, stored);
+        if view <= self.tip.0 {
+            // Finalized before its proposal arrived: it may be the block a commit waits for.
+            self.advance_commits(now);
+        }
         let s = self.views.entry(view).or_default();
         match s.proposal {
             Some(d) if d != digest => return, // the leader equivocated; its votes are evidence
@@ -760,7 +928,8 @@ impl Validator {
             && s.my_notarize.is_none()
             && s.my_nullify.is_none()
         {
-            let mine = Vote::sign(&self.key, &self.genesis, me, VoteKind::Notarize, view, digest, self.root);
+            let mine = self.sign(me, VoteKind::Notarize, view, digest);
+            let s = self.views.entry(view).or_default();
             s.my_notarize = Some(mine.clone());
             self.out.push_back(Output::Broadcast(Message::Vote(mine.clone())));
             self.on_vote(now, mine);
@@ -877,6 +1046,41 @@ impl Validator {
         }
     }
 
+    /// Sign a vote of this validator's; its signature is remembered as valid, so a certificate
+    /// that carries it back is not verified again here.
+    fn sign(&self, me: ValidatorIndex, kind: VoteKind, view: View, digest: Digest) -> Vote {
+        let vote = Vote::sign(&self.key, &self.genesis, me, kind, view, digest, self.root);
+        vote.remember_valid(&self.genesis, &self.keys, &self.cfg.sig_cache);
+        vote
+    }
+
+    /// A vote for a (view, kind, digest) already certified here, from a signer with no other
+    /// vote of that kind in the view: it cannot change what this validator does (only its root
+    /// report and a later equivocation need it), so verifying it can wait.
+    fn is_late(&self, v: &Vote) -> bool {
+        let certified = match v.kind {
+            VoteKind::Notarize => self.notarized.get(&v.view),
+            VoteKind::Nullify => self.nullified.get(&v.view),
+            VoteKind::Finalize => self.finalized.get(&v.view),
+        };
+        certified.is_some_and(|c| c.digest == v.digest)
+            && self
+                .views
+                .get(&v.view)
+                .and_then(|s| s.first.get(&(v.kind, v.signer)))
+                .is_none_or(|first| first.digest == v.digest)
+    }
+
+    /// Verify the late votes and take in the valid ones (root reports, evidence).
+    fn verify_late(&mut self, now: Micros) {
+        self.late_due = None;
+        for v in std::mem::take(&mut self.late) {
+            if v.verify(&self.genesis, &self.keys, &self.cfg.sig_cache) {
+                self.on_vote(now, v);
+            }
+        }
+    }
+
     /// Remember a signer's first vote of each kind in a view; a second, different one is
     /// evidence of equivocation (reported, and not counted).
     fn conflicts(&mut self, vote: &Vote) -> bool {
@@ -954,7 +1158,7 @@ impl Validator {
                 self.notarized.insert(view, c.clone());
                 self.out.push_back(Output::Broadcast(Message::Certificate(c.clone())));
                 if !self.blocks.contains_key(&c.digest) {
-                    self.fetch(now, c.digest);
+                    self.fetch_soon(now, c.digest);
                 }
                 // R3: seeing the notarization, finalize unless this view timed out, and move on.
                 let s = self.views.entry(view).or_default();
@@ -964,7 +1168,8 @@ impl Validator {
                     && s.my_nullify.is_none()
                     && s.my_finalize.is_none()
                 {
-                    let fin = Vote::sign(&self.key, &self.genesis, me, VoteKind::Finalize, view, c.digest, self.root);
+                    let fin = self.sign(me, VoteKind::Finalize, view, c.digest);
+                    let s = self.views.entry(view).or_default();
                     s.my_finalize = Some(fin.clone());
                     self.out.push_back(Output::Broadcast(Message::Vote(fin.clone())));
                     self.on_vote(now, fin);
@@ -990,7 +1195,7 @@ impl Validator {
                     self.tip = (view, c.digest);
                 }
                 if !self.blocks.contains_key(&c.digest) {
-                    self.fetch(now, c.digest);
+                    self.fetch_soon(now, c.digest);
                 }
                 self.enter_view(now, view.next());
                 self.advance_commits(now);
@@ -1014,16 +1219,27 @@ impl Validator {
 
     // ---- fetching and committing ----
 
+    /// A block neither known, nor asked for, nor the root.
+    fn wanted(&self, d: &Digest) -> bool {
+        *d != self.genesis && *d != self.root_parent() && !self.blocks.contains_key(d) && !self.fetching.contains_key(d)
+    }
+
     fn fetch(&mut self, now: Micros, d: Digest) {
-        if d == self.genesis
-            || d == self.root_parent()
-            || self.blocks.contains_key(&d)
-            || self.fetching.contains_key(&d)
-        {
+        if !self.wanted(&d) {
             return;
         }
-        self.fetching.insert(d, now);
+        self.fetching.insert(d, now + self.cfg.retry_us);
         self.out.push_back(Output::Broadcast(Message::Fetch(d)));
+    }
+
+    /// Ask for a block certified here before its proposal arrived, unless the proposal comes
+    /// within a quarter period: the leader's proposal is sent before anyone votes for it, but
+    /// a big one can arrive after the votes, and asking at once would send it twice.
+    fn fetch_soon(&mut self, now: Micros, d: Digest) {
+        if !self.wanted(&d) {
+            return;
+        }
+        self.fetching.insert(d, now + self.cfg.period_us / 4);
     }
 
     fn on_fetched(&mut self, now: Micros, block: Block, notarization: Option<Certificate>) {
@@ -1038,7 +1254,13 @@ impl Validator {
         if block.parent.view != View(0) && d != self.root_parent() && !self.blocks.contains_key(&block.parent.digest) {
             self.fetch(now, block.parent.digest);
         }
-        self.blocks.insert(d, Stored::with_ids(block, ids));
+        let stored = Stored::with_ids(block, ids);
+        self.blocks.insert(d, stored.clone());
+        if let Some(Incomplete { vote, nulls, .. }) = self.incomplete.remove(&d) {
+            // The block of a compact proposal this validator could not rebuild.
+            let leader = stored.block.leader;
+            self.on_proposal(now, leader, (*stored.block).clone(), vote, nulls);
+        }
         if let Some((view, _)) =
             self.buffered.iter().find(|(_, (b, _, _))| b.parent.digest == d).map(|(v, x)| (*v, x.0.view))
             && view == self.view
@@ -1119,6 +1341,7 @@ impl Validator {
         self.notarized.retain(|v, _| *v >= horizon);
         self.nullified.retain(|v, _| *v >= horizon);
         self.finalized.retain(|v, _| *v >= horizon);
+        self.incomplete.retain(|_, x| x.header.view >= horizon);
     }
 }
 

@@ -290,11 +290,51 @@ fn messages_from_untrusted_bytes_are_bounded() {
             Ok(())
         })
         .unwrap();
+    // Every message kind, from its tag on (a compact proposal is tag 6).
+    for tag in 0..8u8 {
+        runner
+            .run(&proptest::collection::vec(any::<u8>(), 0..4096), |bytes| {
+                let _ = Message::decode(&[&[tag][..], &bytes].concat(), 1 << 20);
+                Ok(())
+            })
+            .unwrap();
+    }
     let m = Message::Events(vec![vec![1, 2, 3]]);
     let bytes = m.encode();
     assert_eq!(Message::decode(&bytes, 64).unwrap(), m);
     assert!(Message::decode(&bytes, 2).is_err());
     for cut in 0..bytes.len() {
         assert!(Message::decode(&bytes[..cut], 64).is_err());
+    }
+    // A compact proposal round-trips, and every cut of it is an error.
+    let key = common::key(0);
+    let block = metatopia_consensus::Block {
+        view: metatopia_consensus::View(3),
+        leader: metatopia_consensus::ValidatorIndex(0),
+        parent: metatopia_consensus::Parent {
+            view: metatopia_consensus::View(2),
+            digest: metatopia_consensus::Digest([4; 32]),
+        },
+        tick: 2,
+        time_ms: 99,
+        events: Vec::new(),
+        parent_certificate: None,
+    };
+    let ids = vec![metatopia_consensus::Digest([1; 32]), metatopia_consensus::Digest([2; 32])];
+    let vote = metatopia_consensus::Vote::sign(
+        &key,
+        &metatopia_consensus::Digest([5; 32]),
+        metatopia_consensus::ValidatorIndex(0),
+        metatopia_consensus::VoteKind::Notarize,
+        metatopia_consensus::View(3),
+        block.header_digest(&ids),
+        None,
+    );
+    let m = Message::ProposeIds { block, ids, vote, nullifications: Vec::new() };
+    let bytes = m.encode();
+    assert_eq!(bytes[0], 6);
+    assert_eq!(Message::decode(&bytes, 1 << 20).unwrap(), m);
+    for cut in 0..bytes.len() {
+        assert!(Message::decode(&bytes[..cut], 1 << 20).is_err());
     }
 }

@@ -34,6 +34,14 @@ pub struct AgreementArgs {
     /// (QUIC, encrypted, multiplexed), what real nodes use.
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "libp2p"])]
     transport: String,
+    /// Leaders send full proposals (every event's bytes) instead of compact ones (the events'
+    /// ids; the events were disseminated before): for comparison.
+    #[arg(long)]
+    full_proposals: bool,
+    /// Each validator's share of a tick's events arrives in this many batches spread over the
+    /// period (1: all at once, a burst at every period, the harsher case).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    load_batches: u32,
 }
 
 use metatopia_node::frames::{MAX_FRAME, read_frame, write_frame, write_frames};
@@ -48,6 +56,8 @@ struct Shared {
     committed: Mutex<Vec<(u16, u64, Duration, usize)>>,
     /// Time spent handling each kind of input: (count, total, max).
     handling: Mutex<BTreeMap<&'static str, (u64, Duration, Duration)>>,
+    /// Bytes sent by all validators, per kind of message: (frames, bytes).
+    sent: Mutex<BTreeMap<&'static str, (u64, u64)>>,
 }
 
 pub fn run(args: AgreementArgs) -> anyhow::Result<()> {
@@ -62,11 +72,12 @@ async fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     let vks: Vec<VerifyingKey> = keys.iter().map(|k| k.verifying_key()).collect();
     let total_ticks = args.ticks + u64::from(args.rate_hz) + 5;
     println!(
-        "bench agreement: {n} validators on loopback ({}), {} Hz, {} signed events per tick, {} ticks measured",
+        "bench agreement: {n} validators on loopback ({}), {} Hz, {} signed events per tick, {} ticks measured, {} proposals",
         if args.transport == "libp2p" { "the node's libp2p mesh" } else { "plain TCP" },
         args.rate_hz,
         args.events_per_tick,
-        args.ticks
+        args.ticks,
+        if args.full_proposals { "full" } else { "compact" }
     );
     print!("signing {} events ... ", total_ticks as usize * args.events_per_tick);
     let events = sign_events(total_ticks as usize * args.events_per_tick);
@@ -156,6 +167,7 @@ fn config_for(args: &AgreementArgs) -> Config {
         notarize_timeout_us: 400_000,
         retry_us: 200_000,
         max_batch_events: args.events_per_tick * 2,
+        compact_proposals: !args.full_proposals,
         ..Config::default()
     }
 }
@@ -167,6 +179,7 @@ fn new_shared() -> Arc<Shared> {
         finalized: Mutex::new(Vec::new()),
         committed: Mutex::new(Vec::new()),
         handling: Mutex::new(BTreeMap::new()),
+        sent: Mutex::new(BTreeMap::new()),
     })
 }
 
@@ -278,18 +291,23 @@ async fn load(
     period_us: u64,
     total_ticks: u64,
 ) {
-    let period = Duration::from_micros(period_us);
+    let parts = args.load_batches as usize;
+    let step = Duration::from_micros(period_us) / args.load_batches;
     let mut next = Instant::now();
     let mut events = events.into_iter();
     for _ in 0..total_ticks {
-        // Each validator receives its share of the tick's events, as clients would send them.
-        for (i, tx) in etx.iter().enumerate() {
-            let share = args.events_per_tick / etx.len() + usize::from(i < args.events_per_tick % etx.len());
-            let batch: Vec<Vec<u8>> = events.by_ref().take(share).collect();
-            let _ = tx.send(batch);
+        // Each validator receives its share of the tick's events, as clients would send them,
+        // in `parts` batches over the period.
+        for part in 0..parts {
+            for (i, tx) in etx.iter().enumerate() {
+                let share = args.events_per_tick / etx.len() + usize::from(i < args.events_per_tick % etx.len());
+                let size = share / parts + usize::from(part < share % parts);
+                let batch: Vec<Vec<u8>> = events.by_ref().take(size).collect();
+                let _ = tx.send(batch);
+            }
+            next += step;
+            tokio::time::sleep_until(next.into()).await;
         }
-        next += period;
-        tokio::time::sleep_until(next.into()).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
@@ -357,22 +375,37 @@ async fn validator_loop(
             e.1 += took;
             e.2 = e.2.max(took);
         }
+        let count = |kind: &'static str, frames: usize, len: usize| {
+            let mut sent = shared.sent.lock().expect("not poisoned");
+            let e = sent.entry(kind).or_insert((0, 0));
+            e.0 += frames as u64;
+            e.1 += (frames * len) as u64;
+        };
         while let Some(o) = v.poll_output() {
             let at = shared.start.elapsed();
             match o {
                 Output::Broadcast(m) => {
-                    if let Message::Propose { vote, .. } = &m {
+                    if let Message::Propose { vote, .. } | Message::ProposeIds { vote, .. } = &m {
                         // The leader's own notarize vote names the block's digest.
                         shared.proposed.lock().expect("not poisoned").insert(vote.digest, at);
                     }
+                    let kind = m.kind();
                     let frame = encode(m);
+                    count(kind, peers.len(), frame.len());
                     for tx in peers.values() {
                         let _ = tx.send(frame.clone());
                     }
                 }
                 Output::Send(to, m) => {
+                    if let Message::Propose { vote, .. } | Message::ProposeIds { vote, .. } = &m {
+                        // (Full to some peers, compact to others: one proposal.)
+                        shared.proposed.lock().expect("not poisoned").entry(vote.digest).or_insert(at);
+                    }
                     if let Some(tx) = peers.get(&to.0) {
-                        let _ = tx.send(encode(m));
+                        let kind = m.kind();
+                        let frame = encode(m);
+                        count(kind, 1, frame.len());
+                        let _ = tx.send(frame);
                     }
                 }
                 Output::Finalized { digest, .. } => {
@@ -430,6 +463,15 @@ fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
             max.as_secs_f64() * 1e6
         );
     }
+    let all_ticks = committed.iter().filter(|(v, ..)| *v == 0).count().max(1) as f64;
+    let sent = shared.sent.lock().expect("not poisoned");
+    let line: Vec<String> = sent
+        .iter()
+        .map(|(kind, (frames, bytes))| {
+            format!("{kind} {:.1} KB in {:.1} frames", *bytes as f64 / all_ticks / 1e3, *frames as f64 / all_ticks)
+        })
+        .collect();
+    println!("sent per tick (all validators): {}", line.join(", "));
     println!(
         "(a tick's batch is handed to the sim one period later: its order seed is the certificate its child embeds)"
     );

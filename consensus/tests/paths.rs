@@ -1,0 +1,317 @@
+//! The commit path's shortcuts, each checked message by message on four validators driven by
+//! hand: compact proposals (rebuilt from the pool, fetched when gossip was missed, full ones
+//! for a peer that missed), votes arriving after their quorum (verified later, at the timer),
+//! and blocks certified before their proposal arrived (fetched only if it does not come).
+
+use std::sync::Arc;
+
+use metatopia_consensus::{
+    Block, Config, Digest, Message, Output, Parent, SigCache, SigningKey, Validator, ValidatorIndex, View, Vote,
+    VoteKind, event_id,
+};
+
+const PERIOD: u64 = 50_000;
+
+fn key(i: u16) -> SigningKey {
+    let mut b = [5u8; 32];
+    b[..2].copy_from_slice(&i.to_le_bytes());
+    SigningKey::from_bytes(&b)
+}
+
+/// A message in flight: (from, to, message).
+type Mail = (usize, usize, Message);
+
+struct Net {
+    vs: Vec<Validator>,
+    now: u64,
+    /// Every message delivered so far.
+    log: Vec<Mail>,
+    /// Held back by the filter, in order.
+    held: Vec<Mail>,
+    /// Outputs other than messages, per validator.
+    other: Vec<Vec<Output>>,
+}
+
+impl Net {
+    fn new() -> Net {
+        let keys: Vec<_> = (0..4).map(|i| key(i).verifying_key()).collect();
+        let vs = (0..4)
+            .map(|i| {
+                // Each validator verifies for itself (its own signature cache), as on separate machines.
+                let cfg = Config {
+                    period_us: PERIOD,
+                    leader_timeout_us: 10_000_000,
+                    notarize_timeout_us: 20_000_000,
+                    retry_us: 1_000_000,
+                    sig_cache: Arc::new(SigCache::new()),
+                    ..Config::default()
+                };
+                Validator::new(cfg, key(i), keys.clone(), 0)
+            })
+            .collect();
+        Net { vs, now: 0, log: Vec::new(), held: Vec::new(), other: vec![Vec::new(); 4] }
+    }
+
+    fn leader(&self, view: u64) -> usize {
+        self.vs[0].leader(View(view)).0 as usize
+    }
+
+    /// Outputs of every validator into mail, the rest kept in `other`.
+    fn collect(&mut self) -> Vec<Mail> {
+        let mut mail = Vec::new();
+        for (i, v) in self.vs.iter_mut().enumerate() {
+            while let Some(o) = v.poll_output() {
+                match o {
+                    Output::Broadcast(m) => mail.extend((0..4).filter(|j| *j != i).map(|j| (i, j, m.clone()))),
+                    Output::Send(to, m) => mail.push((i, to.0 as usize, m)),
+                    o => self.other[i].push(o),
+                }
+            }
+        }
+        mail
+    }
+
+    /// Deliver until quiet; `hold` keeps matching messages back (in `held`).
+    fn run(&mut self, hold: &dyn Fn(&Mail) -> bool) {
+        loop {
+            let mail = self.collect();
+            if mail.is_empty() {
+                return;
+            }
+            for m in mail {
+                if hold(&m) {
+                    self.held.push(m);
+                } else {
+                    let (from, to, msg) = m.clone();
+                    self.vs[to].handle_message(self.now, ValidatorIndex(from as u16), msg);
+                    self.log.push(m);
+                }
+            }
+        }
+    }
+
+    /// Move the clock and fire every validator's due timers.
+    fn tick_to(&mut self, now: u64, hold: &dyn Fn(&Mail) -> bool) {
+        self.now = now;
+        for v in &mut self.vs {
+            if v.poll_timeout().is_some_and(|t| t <= now) {
+                v.handle_timeout(now);
+            }
+        }
+        self.run(hold);
+    }
+
+    /// Deliver the held messages matching `pick` (in order).
+    fn release(&mut self, pick: &dyn Fn(&Mail) -> bool) {
+        let (now, later): (Vec<Mail>, Vec<Mail>) = std::mem::take(&mut self.held).into_iter().partition(|m| pick(m));
+        self.held = later;
+        for (from, to, msg) in now {
+            self.vs[to].handle_message(self.now, ValidatorIndex(from as u16), msg.clone());
+            self.log.push((from, to, msg));
+        }
+    }
+
+    fn finalized(&self, i: usize, view: u64) -> bool {
+        self.other[i].iter().any(|o| matches!(o, Output::Finalized { view: v, .. } if v.0 == view))
+    }
+}
+
+fn votes_of(log: &[Mail], who: usize, kind: VoteKind, view: u64) -> usize {
+    log.iter()
+        .filter(|(f, _, m)| *f == who && matches!(m, Message::Vote(v) if v.kind == kind && v.view.0 == view))
+        .count()
+}
+
+const NONE: &dyn Fn(&Mail) -> bool = &|_| false;
+
+#[test]
+fn a_compact_proposal_waits_for_late_gossip_and_is_fetched_when_gossip_was_lost() {
+    let event = b"an event the peer has not seen".to_vec();
+    for gossip_comes in [true, false] {
+        let mut net = Net::new();
+        let lead = net.leader(1);
+        let (miss, quiet) = ((lead + 1) % 4, (lead + 2) % 4);
+        // An event reaches the leader; its gossip to `miss` is held back (late or lost).
+        net.vs[lead].submit_event(0, event.clone());
+        let gossip = move |(_, to, m): &Mail| *to == miss && matches!(m, Message::Events(_));
+        net.run(&gossip);
+        assert_eq!(net.held.len(), 1, "the gossip to the peer was held back");
+        // `quiet` is cut off for a while, so the view needs the peer's vote.
+        let cut = move |(f, to, _): &Mail| *f == quiet || *to == quiet;
+        net.tick_to(PERIOD, &cut);
+        // The leader sent ids only, the same to everyone.
+        let proposals: Vec<&Mail> =
+            net.log.iter().chain(&net.held).filter(|(f, _, m)| *f == lead && m.kind() == "propose").collect();
+        assert_eq!(proposals.len(), 3);
+        let digest = match &proposals[0].2 {
+            Message::ProposeIds { block, ids, vote, .. } => {
+                assert!(block.events.is_empty());
+                assert_eq!(ids, &vec![event_id(&event)]);
+                assert_eq!(vote.digest, block.header_digest(ids));
+                vote.digest
+            }
+            other => panic!("expected a compact proposal, got {other:?}"),
+        };
+        // The peer cannot rebuild it yet: no vote, and no fetch at once.
+        let fetches = |net: &Net| {
+            net.log.iter().chain(&net.held).filter(|(f, _, m)| *f == miss && *m == Message::Fetch(digest)).count()
+        };
+        assert_eq!(votes_of(&net.log, miss, VoteKind::Notarize, 1), 0);
+        assert_eq!(fetches(&net), 0);
+        assert!(!net.finalized(lead, 1), "the view waits for the peer");
+        if gossip_comes {
+            net.release(&gossip);
+        } else {
+            net.held.retain(|m| !gossip(m));
+        }
+        net.run(&cut);
+        net.tick_to(PERIOD + PERIOD / 4, &cut);
+        // Late gossip completes the proposal; lost gossip means the block is asked of everyone.
+        assert_eq!(fetches(&net), if gossip_comes { 0 } else { 3 }, "gossip came: {gossip_comes}");
+        let got_block = net.log.iter().any(|(_, to, m)| {
+            *to == miss && matches!(m, Message::Block { block, .. } if block.events == vec![event.clone()])
+        });
+        assert_eq!(got_block, !gossip_comes);
+        assert_eq!(votes_of(&net.log, miss, VoteKind::Notarize, 1), 2, "the peer voted (to the others but `quiet`)");
+        assert!(net.finalized(lead, 1), "the view went on with the peer's vote");
+        net.release(&|_| true);
+        net.run(NONE);
+        for i in 0..4 {
+            if i != lead {
+                assert_eq!(votes_of(&net.log, i, VoteKind::Notarize, 1), 3, "validator {i} notarized view 1");
+            }
+            assert!(net.finalized(i, 1), "validator {i} finalized view 1");
+        }
+
+        // The next leader that is not the peer sends it the full proposal too if it had to fetch.
+        let (view, next) = (2..6).map(|v| (v, net.leader(v))).find(|(_, l)| *l != miss).expect("a leader");
+        for v in 2..=view {
+            net.tick_to(v * PERIOD, NONE);
+        }
+        let sent: Vec<(usize, &'static str)> = net
+            .log
+            .iter()
+            .filter(|(f, _, m)| {
+                *f == next
+                    && matches!(m, Message::Propose { block, .. } | Message::ProposeIds { block, .. } if block.view.0 == view)
+            })
+            .map(|(_, to, m)| (*to, if matches!(m, Message::Propose { .. }) { "full" } else { "ids" }))
+            .collect();
+        // Ids to everyone, and the full block too to the peer that had to fetch.
+        let mut expect: Vec<(usize, &'static str)> = (0..4).filter(|i| *i != next).map(|i| (i, "ids")).collect();
+        if !gossip_comes {
+            expect.push((miss, "full"));
+        }
+        let mut sent = sent;
+        sent.sort();
+        expect.sort();
+        assert_eq!(sent, expect, "proposals of view {view}");
+        for i in 0..4 {
+            assert!(net.finalized(i, view), "validator {i} finalized view {view}");
+        }
+    }
+}
+
+#[test]
+fn a_compact_proposal_naming_unknown_events_gets_no_vote() {
+    let mut net = Net::new();
+    let lead = net.leader(1);
+    let genesis = net.vs[0].genesis();
+    // A lying leader names an event nobody has and never answers for it.
+    let block = Block {
+        view: View(1),
+        leader: ValidatorIndex(lead as u16),
+        parent: Parent { view: View(0), digest: genesis },
+        tick: 0,
+        time_ms: 1,
+        events: Vec::new(),
+        parent_certificate: None,
+    };
+    let ids = vec![Digest([9; 32])];
+    let digest = block.header_digest(&ids);
+    let vote =
+        Vote::sign(&key(lead as u16), &genesis, ValidatorIndex(lead as u16), VoteKind::Notarize, View(1), digest, None);
+    let msg = Message::ProposeIds { block, ids, vote, nullifications: Vec::new() };
+    net.now = 10_000;
+    for to in (0..4).filter(|i| *i != lead) {
+        net.vs[to].handle_message(net.now, ValidatorIndex(lead as u16), msg.clone());
+    }
+    // Nobody answers the fetch (the leader is mute).
+    net.run(&|(_, to, _): &Mail| *to == lead);
+    net.tick_to(net.now + PERIOD / 4, &|(_, to, _): &Mail| *to == lead);
+    for i in (0..4).filter(|i| *i != lead) {
+        assert!(net.log.iter().any(|(f, _, m)| *f == i && *m == Message::Fetch(digest)), "validator {i} asked for it");
+        assert_eq!(votes_of(&net.log, i, VoteKind::Notarize, 1), 0, "validator {i} did not vote for it");
+    }
+}
+
+#[test]
+fn a_vote_after_its_quorum_is_verified_at_the_timer_and_its_root_is_checked() {
+    let mut net = Net::new();
+    let lead = net.leader(1);
+    let (late, watcher) = ((lead + 1) % 4, (lead + 2) % 4);
+    // Every validator executed tick 0; `late` reached another root.
+    for (i, v) in net.vs.iter_mut().enumerate() {
+        v.report_root(0, Digest([if i == late { 2 } else { 1 }; 32]));
+    }
+    let from_late = move |(f, to, m): &Mail| *f == late && *to == watcher && matches!(m, Message::Vote(_));
+    net.tick_to(PERIOD, &from_late);
+    assert!(net.finalized(watcher, 1), "the watcher finalized without the late validator's votes");
+    assert_eq!(net.held.len(), 2, "the late validator's notarize and finalize votes");
+    // A forged copy of a late vote (another root, the signature no longer matching).
+    let mut forged = match &net.held[0].2 {
+        Message::Vote(v) => v.clone(),
+        other => panic!("{other:?}"),
+    };
+    forged.signer = ValidatorIndex(((late + 2) % 4) as u16);
+    net.vs[watcher].handle_message(net.now, forged.signer, Message::Vote(forged));
+    net.release(&|_| true);
+    let mismatches = |net: &Net| net.other[watcher].iter().filter(|o| matches!(o, Output::RootMismatch { .. })).count();
+    net.collect();
+    assert_eq!(mismatches(&net), 0, "late votes wait for the timer");
+    let due = net.vs[watcher].poll_timeout().expect("a timer");
+    assert!(due <= net.now + PERIOD / 4, "due {due} at {}", net.now);
+    net.tick_to(due, NONE);
+    let found: Vec<ValidatorIndex> = net.other[watcher]
+        .iter()
+        .filter_map(|o| match o {
+            Output::RootMismatch { validator, tick: 0, .. } => Some(*validator),
+            _ => None,
+        })
+        .collect();
+    assert!(!found.is_empty(), "the late votes' root was checked at the timer");
+    assert!(
+        found.iter().all(|v| v.0 as usize == late),
+        "only the validator that diverged (not the forgery): {found:?}"
+    );
+}
+
+#[test]
+fn a_block_certified_before_its_proposal_is_fetched_only_if_the_proposal_does_not_come() {
+    for proposal_comes in [true, false] {
+        let mut net = Net::new();
+        let lead = net.leader(1);
+        let slow = (lead + 3) % 4;
+        // The proposal to `slow` is held back, everything else flows.
+        let proposal_to_slow = move |(_, to, m): &Mail| *to == slow && m.kind() == "propose";
+        net.tick_to(PERIOD, &proposal_to_slow);
+        assert_eq!(net.held.len(), 1);
+        let asked = |net: &Net| net.log.iter().filter(|(f, _, m)| *f == slow && matches!(m, Message::Fetch(_))).count();
+        assert!(net.finalized(slow, 1), "the slow validator saw the certificates");
+        assert_eq!(asked(&net), 0, "no fetch at once: the proposal may be on its way");
+        if proposal_comes {
+            net.release(&|_| true);
+        }
+        let due = net.vs[slow].poll_timeout().expect("a timer");
+        assert!(due <= PERIOD + PERIOD / 4, "due {due}");
+        net.tick_to(PERIOD + PERIOD / 4, NONE);
+        assert_eq!(asked(&net), usize::from(!proposal_comes) * 3, "proposal came: {proposal_comes}");
+        // Either way the slow validator ends up with the block and commits it with the rest.
+        for v in 2..=3 {
+            net.tick_to(v * PERIOD, NONE);
+        }
+        let committed =
+            |i: usize| net.other[i].iter().any(|o| matches!(o, Output::Committed(c) if c.block.view == View(1)));
+        assert!((0..4).all(committed), "proposal came: {proposal_comes}");
+    }
+}
