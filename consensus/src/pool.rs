@@ -28,7 +28,7 @@ pub(crate) struct Pool {
     /// (blake3 of a 100-byte event costs ~5x this lookup). A collision only means a miss.
     by_content: HashMap<u64, u128, IdHasher>,
     /// Ids committed recently, in two generations of `window` ticks each: an id is
-    /// remembered for at least `window` ticks and less than twice that. Dropping the older
+    /// remembered for at least `window` ticks and at most `2 * window`. Dropping the older
     /// generation whole replaced forgetting each id on its own tick (two more cache misses per
     /// event in a table of 300,000: 13 % of a validator's time at 1,000 events a tick).
     committed: HashSet<u128, IdHasher>,
@@ -216,7 +216,7 @@ impl Pool {
     }
 
     /// Events of a finalized block leave the pool and are remembered for at least `window`
-    /// ticks (and fewer than `2 * window + 1`).
+    /// ticks (and at most `2 * window`).
     pub fn committed(&mut self, tick: u64, ids: &[Digest], window: u64) {
         let from = *self.generation_from.get_or_insert(tick);
         if tick >= from.saturating_add(window.max(1)) {
