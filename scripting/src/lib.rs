@@ -254,6 +254,9 @@ struct Local {
     cache: u64,
     #[allow(clippy::disallowed_types)] // looked up by key, never iterated
     compiled: HashMap<ScriptId, Arc<CompiledScript>, BuildHasherDefault<DigestHasher>>,
+    /// `this` for the next call: a plain map, empty between calls (`()` until first used), so a
+    /// script that keeps no state costs no allocation for it.
+    this: Dynamic,
 }
 
 thread_local! {
@@ -321,7 +324,7 @@ impl ScriptHost for RhaiHost {
                 local.cache = self.cache_id;
                 local.compiled.clear();
             }
-            let Local { scope, compiled, .. } = local;
+            let Local { scope, compiled, this, .. } = local;
             let compiled = match compiled.entry(ctx.instance.script) {
                 Entry::Occupied(e) => e.into_mut(),
                 Entry::Vacant(e) => match self.compile_with_id(ctx.instance.script, ctx.source, ctx.limits) {
@@ -329,7 +332,7 @@ impl ScriptHost for RhaiHost {
                     Err(m) => return failed(ctx, ScriptErrorKind::Runtime, m),
                 },
             };
-            self.run_compiled(ctx, inputs, compiled, scope)
+            self.run_compiled(ctx, inputs, compiled, scope, this)
         })
     }
 }
@@ -341,13 +344,20 @@ impl RhaiHost {
         inputs: &[ScriptInput],
         compiled: &CompiledScript,
         scope: &mut Scope<'static>,
+        this: &mut Dynamic,
     ) -> ScriptOutput {
         let max_state = ctx.limits.max_script_state_bytes as usize;
         let state = match persist::decode(&ctx.instance.state, max_state) {
             Ok(m) => m,
             Err(m) => return failed(ctx, ScriptErrorKind::Runtime, m),
         };
-        let mut this = Dynamic::from_map(state);
+        // The worker's map is reused only while it is a plain, unshared map (a script may
+        // have replaced `this`, or shared it with a closure); it is empty here.
+        if this.is_shared() || !this.is_map() {
+            *this = Dynamic::from_map(state);
+        } else if !state.is_empty() {
+            *this.as_map_mut().expect("a plain map") = state;
+        }
         let call = RefCell::new(api::Call {
             tick: ctx.tick,
             tick_seed: ctx.tick_seed,
@@ -364,7 +374,7 @@ impl RhaiHost {
                         if !compiled.has[h] {
                             continue;
                         }
-                        let opts = CallFnOptions::new().eval_ast(false).rewind_scope(true).bind_this_ptr(&mut this);
+                        let opts = CallFnOptions::new().eval_ast(false).rewind_scope(true).bind_this_ptr(&mut *this);
                         let name = HANDLERS[h].0;
                         if let Err(e) = self.engine.call_fn_with_options::<Dynamic>(
                             opts,
@@ -383,7 +393,14 @@ impl RhaiHost {
         // Rewound after each call; cleared in case a failed call left something behind.
         scope.clear();
         let actions = call.into_inner().actions;
-        let state = match this.try_cast::<rhai::Map>().map(|m| persist::encode(&m)) {
+        let encoded = this.as_map_ref().ok().map(|m| persist::encode(&m));
+        // Empty for the next call (or dropped, if no longer a plain map).
+        if this.is_shared() || !this.is_map() {
+            *this = Dynamic::UNIT;
+        } else {
+            this.as_map_mut().expect("a plain map").clear();
+        }
+        let state = match encoded {
             Some(Ok(bytes)) => bytes,
             Some(Err(m)) => {
                 error.get_or_insert(ScriptError { kind: ScriptErrorKind::Runtime, message: m });

@@ -122,3 +122,32 @@ fn scripts_read_the_world_but_change_only_their_own_object() {
     // Anyone can read any script's source.
     assert!(sim.world().script_source(other).unwrap().source.contains("fn on_touch"));
 }
+
+/// Each worker thread reuses one map for `this` (no allocation for scripts without state): a
+/// script that writes `this`, or replaces it with something else, leaves nothing behind for
+/// the scripts that run after it on the same thread.
+#[test]
+fn one_scripts_state_never_reaches_another_through_the_workers_map() {
+    let (mut sim, mut ps) = world_with_players(1);
+    sim.set_workers(1);
+    let writer = "fn on_tick() { this.secret = 42; this.more = [1, 2]; }";
+    let replacer = "fn on_tick() { this = 5; }";
+    let reader = r#"fn on_tick() { set_text(if this.len() == 0 { "clean" } else { `leak ${this}` }); }"#;
+    let mut readers = Vec::new();
+    // Interleaved, so that on one thread each reader runs right after a writer or a replacer.
+    for i in 0..4 {
+        let first = if i % 2 == 0 { writer } else { replacer };
+        scripted_prim(&mut sim, &mut ps[0], Vec2::from_ints(-6, i), first);
+        readers.push(scripted_prim(&mut sim, &mut ps[0], Vec2::from_ints(6, i), reader).0);
+    }
+    let r = step(&mut sim, vec![]);
+    for id in &readers {
+        assert_eq!(sim.world().object(*id).unwrap().text, "clean");
+    }
+    // The replacers fail (state must stay a map; the first is suspended by now, having failed
+    // on every tick since it was deployed) and the writers keep what they wrote.
+    assert!(!r.script_errors.is_empty());
+    assert!(r.script_errors.iter().all(|e| e.error.message.contains("must stay a map")), "{:?}", r.script_errors);
+    let writers_state: Vec<_> = sim.world().scripts().iter().filter(|(_, s)| !s.state.is_empty()).collect();
+    assert_eq!(writers_state.len(), 2, "the two writers keep their state");
+}
