@@ -38,7 +38,7 @@ where
     }
     let chunk = items.len().div_ceil(workers).max(min_chunk.max(1));
     let parts: Vec<Vec<R>> = items.par_chunks(chunk).map(&f).collect();
-    let mut out = Vec::with_capacity(items.len());
+    let mut out = Vec::with_capacity(parts.iter().map(Vec::len).sum());
     for part in parts {
         out.extend(part);
     }

@@ -63,6 +63,21 @@ pub(crate) struct ObjectPart {
     pub errors: Vec<ScriptErrorReport>,
 }
 
+impl ObjectPart {
+    /// Whether the part changes nothing and sends nothing on (the merge would skip it).
+    pub(crate) fn is_empty(&self) -> bool {
+        let ObjectPart { object: _, updated, instance, new_source, physics, chat, queued, rejected, errors } = self;
+        updated.is_none()
+            && matches!(instance, InstanceChange::Keep)
+            && new_source.is_none()
+            && physics.is_empty()
+            && chat.is_empty()
+            && queued.is_empty()
+            && rejected.is_empty()
+            && errors.is_empty()
+    }
+}
+
 /// The working copy a unit edits; borrowed from `World_t` until something changes.
 struct Work<'w> {
     object: Cow<'w, Object>,
