@@ -263,6 +263,11 @@ thread_local! {
     static LOCAL: RefCell<Local> = RefCell::new(Local::default());
 }
 
+/// Whether `this` is a map of its own (not replaced by another value, not shared).
+fn plain_map(this: &Dynamic) -> bool {
+    this.is_map() && !this.is_shared()
+}
+
 /// A run that did not start: the state is kept, the error reported.
 fn failed(ctx: &ScriptCtx<'_>, kind: ScriptErrorKind, message: String) -> ScriptOutput {
     ScriptOutput { state: ctx.instance.state.clone(), actions: Vec::new(), error: Some(ScriptError { kind, message }) }
@@ -353,7 +358,7 @@ impl RhaiHost {
         };
         // The worker's map is reused only while it is a plain, unshared map (a script may
         // have replaced `this`, or shared it with a closure); it is empty here.
-        if this.is_shared() || !this.is_map() {
+        if !plain_map(this) {
             *this = Dynamic::from_map(state);
         } else if !state.is_empty() {
             *this.as_map_mut().expect("a plain map") = state;
@@ -395,7 +400,7 @@ impl RhaiHost {
         let actions = call.into_inner().actions;
         let encoded = this.as_map_ref().ok().map(|m| persist::encode(&m));
         // Empty for the next call (or dropped, if no longer a plain map).
-        if this.is_shared() || !this.is_map() {
+        if !plain_map(this) {
             *this = Dynamic::UNIT;
         } else {
             this.as_map_mut().expect("a plain map").clear();
