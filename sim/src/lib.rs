@@ -10,7 +10,8 @@
 //! - [`pipeline`]: the tick (verify, route, order, run, merge, physics, hash); [`Sim`].
 //! - [`host`]: the script-host and physics-stage traits, with small real implementations in
 //!   [`rules`] and [`kinematic`].
-//! - [`merkle`]: the incremental state root; [`snapshot`]: versioned, validated snapshots.
+//! - [`merkle`]: the incremental state root, hashed in SIMD lanes by [`wide`]; [`snapshot`]:
+//!   versioned, validated snapshots.
 //! - [`governance`]: roles, the temp-admin rule and admin acts.
 //! - [`links`]: neighbour sims, the certified mail between them, objects crossing borders.
 //! - [`genesis`]: seeded demo worlds and event streams.
@@ -33,6 +34,7 @@ pub mod rules;
 pub mod snapshot;
 pub mod state;
 pub mod vec2;
+pub mod wide;
 
 pub use event::{AdminAct, Batch, ChatRange, EventBody, Payload, SignedEvent, VerifiedBatch};
 pub use fx::Fx;

@@ -13,6 +13,7 @@ use crate::ids::{AccountId, Hash32, ObjectId, ScriptId, SimId, Tick};
 use crate::links::{Links, Neighbour};
 use crate::merkle::{self, SlotTree, keys};
 use crate::vec2::Vec2;
+use crate::wide;
 
 /// Most object or account slots a world may have (a bound for untrusted snapshots).
 pub const MAX_SLOTS: u32 = 1 << 22;
@@ -342,7 +343,7 @@ pub struct World {
     pub(crate) settings: Settings,
     pub(crate) governance: Governance,
     pub(crate) accounts: BTreeMap<AccountId, Account>,
-    pub(crate) objects: BTreeMap<ObjectId, Object>,
+    pub(crate) objects: BTreeMap<ObjectId, Box<Object>>,
     pub(crate) scripts: BTreeMap<ObjectId, ScriptInstance>,
     pub(crate) sources: BTreeMap<ScriptId, ScriptSource>,
     /// Object slot high-water mark.
@@ -468,11 +469,13 @@ impl World {
     pub fn account(&self, id: &AccountId) -> Option<&Account> {
         self.accounts.get(id)
     }
-    pub fn objects(&self) -> &BTreeMap<ObjectId, Object> {
+    /// The objects by id. Each is boxed so the map's nodes stay small (16 bytes an entry):
+    /// a lookup then walks a few cache-resident nodes and misses once, on the object.
+    pub fn objects(&self) -> &BTreeMap<ObjectId, Box<Object>> {
         &self.objects
     }
     pub fn object(&self, id: ObjectId) -> Option<&Object> {
-        self.objects.get(&id)
+        self.objects.get(&id).map(|o| &**o)
     }
     pub fn scripts(&self) -> &BTreeMap<ObjectId, ScriptInstance> {
         &self.scripts
@@ -502,7 +505,7 @@ impl World {
 
     /// Objects whose centre lies within `radius` of `centre`, in id order.
     pub fn objects_within(&self, centre: Vec2, radius: Fx) -> impl Iterator<Item = &Object> {
-        self.objects.values().filter(move |o| o.position.within(centre, radius))
+        self.objects.values().map(|o| &**o).filter(move |o| o.position.within(centre, radius))
     }
 
     // ---- changing (crate-internal: the pipeline is the only writer) ----
@@ -577,7 +580,7 @@ impl World {
     /// benchmarks may use this too (the Merkle caches stay correct).
     pub fn put_object(&mut self, o: Object) {
         self.cache.dirty_objects.insert(o.id);
-        self.objects.insert(o.id, o);
+        self.objects.insert(o.id, Box::new(o));
     }
 
     /// Change an object in place (marks it for rehashing). See [`World::put_object`].
@@ -599,7 +602,7 @@ impl World {
             a.avatar = None;
             self.cache.dirty_accounts.insert(a.id);
         }
-        Some(o)
+        Some(*o)
     }
 
     pub(crate) fn put_script(&mut self, object: ObjectId, instance: ScriptInstance) {
@@ -767,9 +770,8 @@ impl World {
             }
             Hash32(*h.finalize().as_bytes())
         });
-        let scripts =
-            merkle::combine(&keys::SUBSYSTEM, &[b"scripts", &c.scripts.root_with(workers).0, &sources_root.0]);
-        let objects = merkle::combine(&keys::SUBSYSTEM, &[b"objects", &c.objects.root_with(workers).0]);
+        let scripts = merkle::combine(&keys::SUBSYSTEM, &[b"scripts", &c.scripts.root().0, &sources_root.0]);
+        let objects = merkle::combine(&keys::SUBSYSTEM, &[b"objects", &c.objects.root().0]);
         let meta = postcard::to_allocvec(&(
             self.sim,
             self.tick,
@@ -784,8 +786,7 @@ impl World {
             &self.pending_init,
         ))
         .expect("encoding to a Vec cannot fail");
-        let mut governance =
-            merkle::combine(&keys::SUBSYSTEM, &[b"governance", &c.accounts.root_with(workers).0, &meta]);
+        let mut governance = merkle::combine(&keys::SUBSYSTEM, &[b"governance", &c.accounts.root().0, &meta]);
         if !self.links.is_empty() {
             // A sim with no neighbours has nothing here, and hashes as it did before links.
             let links = postcard::to_allocvec(&self.links).expect("encoding to a Vec cannot fail");
@@ -809,17 +810,17 @@ impl World {
         c.accounts.ensure_slots(self.next_account_slot);
 
         let dirty: Vec<ObjectId> = std::mem::take(&mut c.dirty_objects).into_iter().collect();
-        let leaves = hash_leaves(&dirty, workers, |id| self.objects.get(&id));
+        let leaves = hash_leaves(&dirty, workers, &self.objects);
         for (id, leaf) in dirty.iter().zip(leaves) {
             c.objects.set(id.slot(), leaf);
         }
         let dirty: Vec<ObjectId> = std::mem::take(&mut c.dirty_scripts).into_iter().collect();
-        let leaves = hash_leaves(&dirty, workers, |id| self.scripts.get(&id));
+        let leaves = hash_leaves(&dirty, workers, &self.scripts);
         for (id, leaf) in dirty.iter().zip(leaves) {
             c.scripts.set(id.slot(), leaf);
         }
         let dirty: Vec<AccountId> = std::mem::take(&mut c.dirty_accounts).into_iter().collect();
-        let leaves = hash_leaves(&dirty, workers, |id| self.accounts.get(&id));
+        let leaves = hash_leaves(&dirty, workers, &self.accounts);
         for (id, leaf) in dirty.iter().zip(leaves) {
             if let Some(a) = self.accounts.get(id) {
                 c.accounts.set(a.slot, leaf);
@@ -876,6 +877,12 @@ impl LeafBytes for Object {
     }
 }
 
+impl<T: LeafBytes> LeafBytes for Box<T> {
+    fn leaf_bytes(&self, buf: &mut Vec<u8>) {
+        (**self).leaf_bytes(buf)
+    }
+}
+
 impl LeafBytes for ScriptInstance {
     fn leaf_bytes(&self, buf: &mut Vec<u8>) {
         *buf = postcard::to_extend(self, std::mem::take(buf)).expect("encoding to a Vec cannot fail");
@@ -888,26 +895,41 @@ impl LeafBytes for Account {
     }
 }
 
-/// Leaf hashes of the given slots (EMPTY for vacant ones), split over `workers` threads.
-/// Each thread encodes into its own buffer; results come back in slot order.
-fn hash_leaves<'a, K, T, F>(keys: &[K], workers: u32, get: F) -> Vec<Hash32>
+/// Leaf hashes of the values under the given keys (EMPTY for keys not in `map`), split over
+/// `workers` threads; results come back in the keys' order.
+fn hash_leaves<K, T>(keys: &[K], workers: u32, map: &BTreeMap<K, T>) -> Vec<Hash32>
 where
-    K: Copy + Sync,
-    T: LeafBytes + Sync + 'a,
-    F: Fn(K) -> Option<&'a T> + Sync,
+    K: Copy + Ord + Sync,
+    T: LeafBytes + Sync,
 {
     let hash_chunk = |chunk: &[K]| -> Vec<Hash32> {
-        let mut buf = Vec::with_capacity(256);
-        chunk
+        // All the chunk's leaves are encoded into one buffer, then hashed side by side in
+        // SIMD lanes (`wide`); vacant slots are EMPTY, not a hash.
+        let mut buf = Vec::with_capacity(128 * chunk.len());
+        let mut ends = Vec::with_capacity(chunk.len());
+        let mut present = Vec::with_capacity(chunk.len());
+        for key in chunk {
+            if let Some(v) = map.get(key) {
+                v.leaf_bytes(&mut buf);
+                ends.push(buf.len());
+                present.push(true);
+            } else {
+                present.push(false);
+            }
+        }
+        let mut start = 0;
+        let leaves: Vec<&[u8]> = ends
             .iter()
-            .map(|&key| match get(key) {
-                Some(v) => {
-                    buf.clear();
-                    v.leaf_bytes(&mut buf);
-                    merkle::leaf_hash(&buf)
-                }
-                None => Hash32(merkle::EMPTY),
+            .map(|&end| {
+                let leaf = &buf[start..end];
+                start = end;
+                leaf
             })
+            .collect();
+        let mut hashes = wide::keyed_hash_many(&merkle::keys::LEAF, &leaves).into_iter();
+        present
+            .iter()
+            .map(|&p| if p { Hash32(hashes.next().unwrap_or(merkle::EMPTY)) } else { Hash32(merkle::EMPTY) })
             .collect()
     };
     crate::par::map_chunks(keys, workers, 512, hash_chunk)

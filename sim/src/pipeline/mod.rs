@@ -396,7 +396,7 @@ fn borders(
                     .and_then(|i| world.sources.get(&i.script).map(|s| (i.clone(), s.clone())));
                 world.remove_object(object);
                 world.pending_init.remove(&object);
-                world.links.departed.insert(object, Departed { to, record: ObjectRecord { object: o, script } });
+                world.links.departed.insert(object, Departed { to, record: ObjectRecord { object: *o, script } });
                 c.left.push((object, to));
             }
             Border::Settled { object, to } => {
@@ -554,7 +554,7 @@ fn resolve<'a, 'w>(world: &'w World, units: &mut [Unit<'a, 'w>]) {
     for u in units.iter_mut() {
         while objects.next_if(|(id, _)| **id < u.object).is_some() {}
         while scripts.next_if(|(id, _)| **id < u.object).is_some() {}
-        let object = objects.peek().filter(|(id, _)| **id == u.object).map(|(_, o)| *o);
+        let object = objects.peek().filter(|(id, _)| **id == u.object).map(|(_, o)| &***o);
         let script = scripts.peek().filter(|(id, _)| **id == u.object).map(|(_, s)| *s);
         u.resolved = object.map(|o| (o, script));
     }
