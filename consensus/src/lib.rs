@@ -44,6 +44,13 @@
 //!   validator rebuilds the block from its pool, and one missing an event waits a quarter
 //!   period for the gossip, then fetches the block (and is also sent full proposals for 64 views).
 //!   A block's digest is over its header and its events' ids, so either form is signed alike.
+//! - Votes and proposals carry an authenticator, one MAC per validator under pairwise keys
+//!   (X25519 of the ed25519 keys; [`Message::Authenticated`], as PBFT's authenticators): a vote
+//!   whose MAC checks counts at once and its signature is checked `period / 16` later. No
+//!   certificate leaves a validator, goes into a block or commits before its signatures are
+//!   checked; a signer caught with a good MAC on a bad signature is taken out of what it was
+//!   counted in and verified first from then on. Safety needs only that a counted vote is its
+//!   signer's, which the MAC shows the receiver; signatures make certificates transferable.
 //! - A vote for a (view, kind, block) already certified here is verified a quarter period
 //!   later (it only carries a root report and possible evidence), off the commit's path.
 //! - Validator-set changes (governance, at epoch boundaries) happen above this crate: an epoch
@@ -58,8 +65,8 @@ pub mod types;
 mod validator;
 
 pub use types::{
-    Block, Certificate, CertificateError, DecodeError, Digest, Message, Micros, Parent, RootReport, Sig, SigCache,
-    ValidatorIndex, View, Vote, VoteKind, event_id,
+    Block, Certificate, CertificateError, DecodeError, Digest, Mac, Message, Micros, Parent, RootReport, Sig, SigCache,
+    Signed, ValidatorIndex, View, Vote, VoteKind, event_id, pair_key,
 };
 pub use validator::{
     Anchor, Commit, Config, Evidence, Output, ProposalError, Validator, epoch_digest, genesis_digest, seed_of,

@@ -89,7 +89,10 @@ impl Byzantine {
         }
     }
 
+    /// Send, with an authenticator made with its own pairwise keys (so a corrupted signature
+    /// comes with a good MAC: receivers count the vote and must catch the signature later).
     fn emit(&mut self, to: Option<ValidatorIndex>, m: Message) {
+        let m = self.inner.authenticate(m);
         self.out.push_back(match to {
             Some(t) => Output::Send(t, m),
             None => Output::Broadcast(m),
@@ -111,7 +114,7 @@ impl Byzantine {
     }
 
     fn send_corrupted(&mut self, to: Option<ValidatorIndex>, m: Message) {
-        match (self.behaviour, m) {
+        match (self.behaviour, m.unauthenticated()) {
             (Behaviour::Withhold, Message::Propose { .. } | Message::ProposeIds { .. } | Message::Vote(_)) => {}
             (Behaviour::InvalidSignatures, Message::Vote(mut v)) => {
                 v.sig.0[7] ^= 0x20;

@@ -202,6 +202,42 @@ fn vote_message(chain: &Digest, kind: VoteKind, view: View, digest: &Digest, roo
     m
 }
 
+/// A vote's authenticator for one receiver: blake3, keyed with the pairwise key of the signer
+/// and that receiver, over the vote's signed bytes and its signature, cut to 16 bytes.
+pub type Mac = [u8; 16];
+
+/// The pairwise key of two validators: X25519 of one's ed25519 secret and the other's public
+/// key (the same from either side), bound to the chain. Used only for [`Mac`]s.
+pub fn pair_key(
+    chain: &Digest,
+    mine: &SigningKey,
+    me: ValidatorIndex,
+    theirs: &VerifyingKey,
+    them: ValidatorIndex,
+) -> [u8; 32] {
+    let shared = theirs.to_montgomery().mul_clamped(mine.to_scalar_bytes());
+    let (lo, hi) = if me <= them { (me, them) } else { (them, me) };
+    let mut h = blake3::Hasher::new_derive_key("metatopia consensus vote authenticator key v1");
+    h.update(shared.as_bytes());
+    h.update(&chain.0);
+    h.update(&lo.0.to_le_bytes());
+    h.update(&hi.0.to_le_bytes());
+    *h.finalize().as_bytes()
+}
+
+impl Vote {
+    /// This vote's [`Mac`] under a pairwise key.
+    pub fn mac(&self, chain: &Digest, key: &[u8; 32]) -> Mac {
+        let mut h = blake3::Hasher::new_keyed(key);
+        h.update(&vote_message(chain, self.kind, self.view, &self.digest, &self.root));
+        h.update(&self.sig.0);
+        h.update(&self.sig.1);
+        let mut mac = [0u8; 16];
+        mac.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        mac
+    }
+}
+
 /// Remembers signature verdicts (a pure function of key, message and signature), so a vote
 /// seen again inside certificates, or by several validators of a simulated cluster sharing
 /// one cache, is verified once. Bounded: cleared when full.
@@ -363,6 +399,54 @@ pub enum Message {
         vote: Vote,
         nullifications: Vec<Certificate>,
     },
+    /// A vote or proposal from its signer with an authenticator (PBFT's term): one [`Mac`] per
+    /// validator, by index. A receiver whose MAC checks knows the vote is its signer's, counts
+    /// it at once and checks the ed25519 signature a little later, off the commit's path; the
+    /// signature is what makes certificates transferable. Anything else inside is ignored.
+    Authenticated {
+        inner: Box<Signed>,
+        macs: Vec<Mac>,
+    },
+}
+
+/// What an authenticator carries: a vote, or a proposal with its leader's vote (the same
+/// fields as the [`Message`] variants of those names; a type of its own so that authenticators
+/// cannot nest).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Signed {
+    Vote(Vote),
+    Propose { block: Block, vote: Vote, nullifications: Vec<Certificate> },
+    ProposeIds { block: Block, ids: Vec<Digest>, vote: Vote, nullifications: Vec<Certificate> },
+}
+
+impl Signed {
+    /// A vote or proposal as a [`Signed`]; anything else back as it was.
+    pub fn from_message(m: Message) -> Result<Signed, Box<Message>> {
+        match m {
+            Message::Vote(v) => Ok(Signed::Vote(v)),
+            Message::Propose { block, vote, nullifications } => Ok(Signed::Propose { block, vote, nullifications }),
+            Message::ProposeIds { block, ids, vote, nullifications } => {
+                Ok(Signed::ProposeIds { block, ids, vote, nullifications })
+            }
+            m => Err(Box::new(m)),
+        }
+    }
+
+    pub fn into_message(self) -> Message {
+        match self {
+            Signed::Vote(v) => Message::Vote(v),
+            Signed::Propose { block, vote, nullifications } => Message::Propose { block, vote, nullifications },
+            Signed::ProposeIds { block, ids, vote, nullifications } => {
+                Message::ProposeIds { block, ids, vote, nullifications }
+            }
+        }
+    }
+
+    pub fn vote(&self) -> &Vote {
+        match self {
+            Signed::Vote(v) | Signed::Propose { vote: v, .. } | Signed::ProposeIds { vote: v, .. } => v,
+        }
+    }
 }
 
 impl Message {
@@ -382,15 +466,40 @@ impl Message {
         postcard::to_allocvec(self).expect("encoding into a Vec cannot fail")
     }
 
+    /// The vote a vote or proposal carries (inside an authenticator too).
+    pub fn vote(&self) -> Option<&Vote> {
+        match self {
+            Message::Vote(v) | Message::Propose { vote: v, .. } | Message::ProposeIds { vote: v, .. } => Some(v),
+            Message::Authenticated { inner, .. } => Some(inner.vote()),
+            _ => None,
+        }
+    }
+
+    /// The message without its authenticator.
+    pub fn unauthenticated(self) -> Message {
+        match self {
+            Message::Authenticated { inner, .. } => (*inner).into_message(),
+            m => m,
+        }
+    }
+
+    fn vote_kind(v: &Vote) -> &'static str {
+        match v.kind {
+            VoteKind::Notarize => "notarize",
+            VoteKind::Nullify => "nullify",
+            VoteKind::Finalize => "finalize",
+        }
+    }
+
     /// A short name, for traces and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            Message::Propose { .. } | Message::ProposeIds { .. } => "propose",
-            Message::Vote(v) => match v.kind {
-                VoteKind::Notarize => "notarize",
-                VoteKind::Nullify => "nullify",
-                VoteKind::Finalize => "finalize",
+            Message::Authenticated { inner, .. } => match &**inner {
+                Signed::Vote(v) => Message::vote_kind(v),
+                Signed::Propose { .. } | Signed::ProposeIds { .. } => "propose",
             },
+            Message::Propose { .. } | Message::ProposeIds { .. } => "propose",
+            Message::Vote(v) => Message::vote_kind(v),
             Message::Certificate(_) => "certificate",
             Message::Events(_) => "events",
             Message::Fetch(_) => "fetch",

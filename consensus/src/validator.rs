@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::pool::Pool;
 use crate::types::{
-    Block, Certificate, Digest, Message, Micros, Parent, RootReport, ValidatorIndex, View, Vote, VoteKind, event_id,
+    Block, Certificate, Digest, Mac, Message, Micros, Parent, RootReport, Signed, ValidatorIndex, View, Vote, VoteKind,
+    event_id, pair_key,
 };
 
 /// Tuning. Times are in microseconds of the caller's clock.
@@ -55,6 +56,11 @@ pub struct Config {
     /// A leader sends its proposal as the events' ids ([`Message::ProposeIds`]) rather than
     /// the events themselves (`false`: full blocks, as before; kept for comparison).
     pub compact_proposals: bool,
+    /// Votes and proposals go out with an authenticator (a MAC per validator, from pairwise
+    /// keys; [`Message::Authenticated`]): a receiver counts them on the MAC and checks their
+    /// signatures `period_us / 16` later, off the commit's path (`false`: every vote's signature
+    /// is checked before it counts, as before; kept for comparison).
+    pub vote_macs: bool,
     /// Test-only planted bug: accept 2f votes as a quorum. The Byzantine suite must catch it.
     #[cfg(feature = "mocks")]
     pub planted_bug_weak_quorum: bool,
@@ -81,6 +87,7 @@ impl Default for Config {
             last_tick: None,
             anchor: None,
             compact_proposals: true,
+            vote_macs: true,
             #[cfg(feature = "mocks")]
             planted_bug_weak_quorum: false,
         }
@@ -236,6 +243,24 @@ pub struct Validator {
     /// `late_due` (or at once when [`LATE_MAX`] are waiting).
     late: Vec<Vote>,
     late_due: Option<Micros>,
+    /// Pairwise keys for vote authenticators, by validator index (empty: an observer, or
+    /// `vote_macs` off).
+    mac_keys: Vec<[u8; 32]>,
+    /// Votes counted on their authenticator whose signatures are not checked yet, by (view,
+    /// kind, signer): checked at `unchecked_due`, before any certificate holding them leaves
+    /// this validator or commits a block.
+    unchecked: BTreeMap<(View, VoteKind, ValidatorIndex), Vote>,
+    unchecked_due: Option<Micros>,
+    /// Certificates formed with unchecked votes, by (kind, view): passed on (and, for a
+    /// finalization, committed) once those are checked.
+    provisional: Vec<(VoteKind, View)>,
+    /// Signers caught with a good MAC on a bad signature: their votes are verified before they
+    /// count from then on.
+    mac_banned: BTreeSet<ValidatorIndex>,
+    /// Certificates this validator acted on and then had to drop (a vote in them had a bad
+    /// signature, and the others were not enough): its own vote for each is sent again, now
+    /// and on every retry, until the certificate is formed again.
+    repair: BTreeSet<(VoteKind, View)>,
     pool: Pool,
     root: Option<RootReport>,
     my_roots: BTreeMap<u64, Digest>,
@@ -245,6 +270,10 @@ pub struct Validator {
 }
 
 const FUTURE_VIEWS: u64 = 1_000;
+
+/// Votes counted on their authenticators and not yet checked, at most (then they are verified
+/// before they count).
+const UNCHECKED_MAX: usize = 256;
 
 /// Unverified late votes held at most (then they are verified at once).
 const LATE_MAX: usize = 64;
@@ -306,6 +335,14 @@ impl Validator {
             output_tick = a.block.tick.checked_sub(1);
         }
         let pool = Pool::new(&blake3::derive_key("metatopia consensus pool hasher v1", &key.to_bytes()));
+        let mac_keys = match me {
+            Some(me) if cfg.vote_macs => keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| pair_key(&genesis, &key, me, k, ValidatorIndex(i as u16)))
+                .collect(),
+            _ => Vec::new(),
+        };
         Validator {
             cfg,
             key,
@@ -331,6 +368,12 @@ impl Validator {
             fetching: BTreeMap::new(),
             late: Vec::new(),
             late_due: None,
+            mac_keys,
+            unchecked: BTreeMap::new(),
+            unchecked_due: None,
+            provisional: Vec::new(),
+            mac_banned: BTreeSet::new(),
+            repair: BTreeSet::new(),
             pool,
             root: None,
             my_roots: BTreeMap::new(),
@@ -391,11 +434,16 @@ impl Validator {
             tip: self.tip,
             output_tick: self.output_tick,
             blocks: self.unoutput_chain_blocks(),
-            notarized: self.notarized.range(from..).map(|(_, c)| c.clone()).collect(),
-            nullified: self.nullified.range(from..).map(|(_, c)| c.clone()).collect(),
-            finalized: self.finalized.range(from..).map(|(_, c)| c.clone()).collect(),
+            // (Certificates with unchecked votes are formed again after a restart.)
+            notarized: self.checked(&self.notarized, from),
+            nullified: self.checked(&self.nullified, from),
+            finalized: self.checked(&self.finalized, from),
         };
         postcard::to_allocvec(&p).expect("encoding into a Vec cannot fail")
+    }
+
+    fn checked(&self, certs: &BTreeMap<View, Certificate>, from: View) -> Vec<Certificate> {
+        certs.range(from..).map(|(_, c)| c).filter(|c| !self.has_unchecked(c)).cloned().collect()
     }
 
     fn unoutput_chain_blocks(&self) -> Vec<Block> {
@@ -497,17 +545,33 @@ impl Validator {
     /// Next output to act on. Call until `None` after every input.
     #[must_use]
     pub fn poll_output(&mut self) -> Option<Output> {
-        self.out.pop_front()
+        Some(match self.out.pop_front()? {
+            Output::Broadcast(m) => Output::Broadcast(self.authenticate(m)),
+            Output::Send(to, m) => Output::Send(to, self.authenticate(m)),
+            o => o,
+        })
+    }
+
+    /// This validator's own vote or proposal with an authenticator: the vote's MAC under the
+    /// pairwise key of each validator, by index. Anything else as it is.
+    pub fn authenticate(&self, m: Message) -> Message {
+        if self.mac_keys.is_empty() || m.vote().is_none_or(|v| Some(v.signer) != self.me) {
+            return m;
+        }
+        match Signed::from_message(m) {
+            Ok(inner) => {
+                let macs = self.mac_keys.iter().map(|k| inner.vote().mac(&self.genesis, k)).collect();
+                Message::Authenticated { inner: Box::new(inner), macs }
+            }
+            Err(m) => *m,
+        }
     }
 
     /// When to call [`Validator::handle_timeout`] next.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Micros> {
         let fetch = self.fetching.values().min().copied();
-        let fetch = match (fetch, self.late_due) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let fetch = [fetch, self.late_due, self.unchecked_due].into_iter().flatten().min();
         if self.finished() {
             return fetch;
         }
@@ -532,6 +596,9 @@ impl Validator {
             t = t.min(*at);
         }
         if let Some(at) = self.late_due {
+            t = t.min(at);
+        }
+        if let Some(at) = self.unchecked_due {
             t = t.min(at);
         }
         Some(t)
@@ -582,6 +649,9 @@ impl Validator {
         if self.late_due.is_some_and(|at| now >= at) {
             self.verify_late(now);
         }
+        if self.unchecked_due.is_some_and(|at| now >= at) {
+            self.check_unchecked(now);
+        }
         self.try_propose(now);
         let view = self.view;
         let finished = self.finished();
@@ -629,11 +699,135 @@ impl Validator {
         for c in latest.into_iter().flatten() {
             self.out.push_back(Output::Broadcast(Message::Certificate(c)));
         }
+        let (notarized, nullified, finalized) = (&self.notarized, &self.nullified, &self.finalized);
+        let tip = self.tip.0;
+        self.repair.retain(|&(kind, view)| {
+            let certs = match kind {
+                VoteKind::Notarize => notarized,
+                VoteKind::Nullify => nullified,
+                VoteKind::Finalize => finalized,
+            };
+            !certs.contains_key(&view) && (view >= tip || kind == VoteKind::Notarize && view.0 + 64 > tip.0)
+        });
+        for (kind, view) in self.repair.clone() {
+            self.resend_own(kind, view);
+        }
     }
 
     /// A message from validator `from` (authenticated by the transport as that peer).
     pub fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
         self.settle();
+        if let Message::Authenticated { inner, macs } = msg {
+            self.note_authenticated(now, inner.vote(), &macs);
+            self.receive(now, from, (*inner).into_message());
+        } else {
+            self.receive(now, from, msg);
+        }
+        self.try_propose(now);
+    }
+
+    /// A vote whose MAC for this validator checks is its signer's: it counts at once, and its
+    /// signature is checked at `unchecked_due` (see [`Validator::check_unchecked`]).
+    fn note_authenticated(&mut self, now: Micros, vote: &Vote, macs: &[Mac]) {
+        let (Some(me), Some(key)) = (self.me, self.mac_keys.get(vote.signer.0 as usize)) else { return };
+        if vote.signer == me
+            || self.mac_banned.contains(&vote.signer)
+            || macs.len() != self.keys.len()
+            || macs.get(me.0 as usize) != Some(&vote.mac(&self.genesis, key))
+            || self.unchecked.len() >= UNCHECKED_MAX
+        {
+            return;
+        }
+        self.unchecked.insert((vote.view, vote.kind, vote.signer), vote.clone());
+        self.unchecked_due.get_or_insert(now + self.cfg.period_us / 16);
+    }
+
+    /// Whether a vote counts: it came with a valid authenticator (its signature is checked
+    /// later), or its signature verifies.
+    fn vote_ok(&self, v: &Vote) -> bool {
+        self.unchecked.get(&(v.view, v.kind, v.signer)).is_some_and(|u| u == v)
+            || v.verify(&self.genesis, &self.keys, &self.cfg.sig_cache)
+    }
+
+    fn has_unchecked(&self, c: &Certificate) -> bool {
+        !self.unchecked.is_empty() && c.votes.iter().any(|v| self.unchecked.contains_key(&(v.view, v.kind, v.signer)))
+    }
+
+    /// Check the signatures of the votes counted on their authenticators. A signer whose MAC
+    /// was good and signature bad is Byzantine: its vote is taken out of the tallies and of the
+    /// certificates that held it (each is rebuilt from the other votes, or waits for one more).
+    /// Then the certificates formed meanwhile are passed on, and commits advance.
+    fn check_unchecked(&mut self, now: Micros) {
+        self.unchecked_due = None;
+        let votes = std::mem::take(&mut self.unchecked);
+        for v in votes.into_values() {
+            if !v.verify(&self.genesis, &self.keys, &self.cfg.sig_cache) {
+                self.mac_banned.insert(v.signer);
+                self.discard_vote(&v);
+            }
+        }
+        for (kind, view) in std::mem::take(&mut self.provisional) {
+            let c = match kind {
+                VoteKind::Notarize => self.notarized.get(&view),
+                VoteKind::Nullify => self.nullified.get(&view),
+                VoteKind::Finalize => self.finalized.get(&view),
+            };
+            if let Some(c) = c {
+                self.out.push_back(Output::Broadcast(Message::Certificate(c.clone())));
+            }
+        }
+        self.advance_commits(now);
+    }
+
+    /// Take a vote with a bad signature out of its tally and out of the certificate holding it.
+    fn discard_vote(&mut self, v: &Vote) {
+        let quorum = self.quorum;
+        let Some(s) = self.views.get_mut(&v.view) else { return };
+        if s.first.get(&(v.kind, v.signer)) == Some(v) {
+            s.first.remove(&(v.kind, v.signer));
+        }
+        let tally = match v.kind {
+            VoteKind::Notarize => s.notarize.get_mut(&v.digest),
+            VoteKind::Nullify => Some(&mut s.nullify),
+            VoteKind::Finalize => s.finalize.get_mut(&v.digest),
+        };
+        let Some(tally) = tally else { return };
+        if tally.get(&v.signer) == Some(v) {
+            tally.remove(&v.signer);
+        }
+        let rest: Vec<Vote> = tally.values().take(quorum).cloned().collect();
+        let certs = match v.kind {
+            VoteKind::Notarize => &mut self.notarized,
+            VoteKind::Nullify => &mut self.nullified,
+            VoteKind::Finalize => &mut self.finalized,
+        };
+        if certs.get(&v.view).is_some_and(|c| c.votes.contains(v)) {
+            if rest.len() >= quorum {
+                certs.entry(v.view).and_modify(|c| c.votes = rest);
+            } else {
+                // Formed again when one more vote comes (it is not "late" meanwhile). The others
+                // may lack the same votes: send ours again.
+                certs.remove(&v.view);
+                self.repair.insert((v.kind, v.view));
+                self.resend_own(v.kind, v.view);
+            }
+        }
+    }
+
+    /// Broadcast this validator's own vote of a kind in a view again, if it cast one.
+    fn resend_own(&mut self, kind: VoteKind, view: View) {
+        let Some(s) = self.views.get(&view) else { return };
+        let mine = match kind {
+            VoteKind::Notarize => &s.my_notarize,
+            VoteKind::Nullify => &s.my_nullify,
+            VoteKind::Finalize => &s.my_finalize,
+        };
+        if let Some(v) = mine.clone() {
+            self.out.push_back(Output::Broadcast(Message::Vote(v)));
+        }
+    }
+
+    fn receive(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
         match msg {
             Message::Propose { block, vote, nullifications } => {
                 self.on_proposal(now, from, block, vote, nullifications)
@@ -645,7 +839,7 @@ impl Validator {
                 if self.is_late(&v) && self.late.len() < LATE_MAX {
                     self.late_due.get_or_insert(now + self.cfg.period_us / 4);
                     self.late.push(v);
-                } else if v.verify(&self.genesis, &self.keys, &self.cfg.sig_cache) {
+                } else if self.vote_ok(&v) {
                     self.on_vote(now, v);
                 }
             }
@@ -673,8 +867,9 @@ impl Validator {
                 }
             }
             Message::Block { block, notarization } => self.on_fetched(now, block, notarization),
+            // Unwrapped in `handle_message`.
+            Message::Authenticated { .. } => {}
         }
-        self.try_propose(now);
     }
 
     // ---- proposals (R1, R2) ----
@@ -733,6 +928,14 @@ impl Validator {
         let Some(at) = self.propose_at() else { return };
         if now < at {
             return;
+        }
+        if !self.unchecked.is_empty() {
+            // The block embeds certificates: they must verify (this is rare: the checks are due
+            // long before the next proposal).
+            self.check_unchecked(now);
+            if self.propose_at().is_none_or(|at| now < at) {
+                return;
+            }
         }
         // A batch must not repeat events committed in this same input.
         self.settle();
@@ -883,7 +1086,7 @@ impl Validator {
             && vote.view == block.view
             && vote.digest == digest
             && vote.signer == block.leader
-            && vote.verify(&self.genesis, &self.keys, &self.cfg.sig_cache)
+            && self.vote_ok(vote)
     }
 
     /// A proposal with its events (`ids[i]` is the id of `block.events[i]`).
@@ -1075,7 +1278,7 @@ impl Validator {
     fn verify_late(&mut self, now: Micros) {
         self.late_due = None;
         for v in std::mem::take(&mut self.late) {
-            if v.verify(&self.genesis, &self.keys, &self.cfg.sig_cache) {
+            if self.vote_ok(&v) {
                 self.on_vote(now, v);
             }
         }
@@ -1156,7 +1359,7 @@ impl Validator {
                     return;
                 }
                 self.notarized.insert(view, c.clone());
-                self.out.push_back(Output::Broadcast(Message::Certificate(c.clone())));
+                self.pass_on(&c);
                 if !self.blocks.contains_key(&c.digest) {
                     self.fetch_soon(now, c.digest);
                 }
@@ -1181,7 +1384,7 @@ impl Validator {
                     return;
                 }
                 self.nullified.insert(view, c.clone());
-                self.out.push_back(Output::Broadcast(Message::Certificate(c)));
+                self.pass_on(&c);
                 self.enter_view(now, view.next());
             }
             VoteKind::Finalize => {
@@ -1190,7 +1393,7 @@ impl Validator {
                 }
                 self.finalized.insert(view, c.clone());
                 self.out.push_back(Output::Finalized { view, digest: c.digest });
-                self.out.push_back(Output::Broadcast(Message::Certificate(c.clone())));
+                self.pass_on(&c);
                 if view > self.tip.0 {
                     self.tip = (view, c.digest);
                 }
@@ -1200,6 +1403,16 @@ impl Validator {
                 self.enter_view(now, view.next());
                 self.advance_commits(now);
             }
+        }
+    }
+
+    /// Pass a new certificate on to the others, or, if it holds votes whose signatures are
+    /// not checked yet, once they are (a certificate that leaves is always verifiable).
+    fn pass_on(&mut self, c: &Certificate) {
+        if self.has_unchecked(c) {
+            self.provisional.push((c.kind, c.view));
+        } else {
+            self.out.push_back(Output::Broadcast(Message::Certificate(c.clone())));
         }
     }
 
@@ -1284,6 +1497,10 @@ impl Validator {
             return;
         }
         let Some(fin) = self.finalized.get(&tip_view).cloned() else { return };
+        if self.has_unchecked(&fin) {
+            // Committed once its votes' signatures are checked (`check_unchecked`).
+            return;
+        }
         // Walk back from the tip to the last output block, collecting the chain.
         let mut chain = Vec::new();
         let mut d = tip;

@@ -1,13 +1,15 @@
 //! The commit path's shortcuts, each checked message by message on four validators driven by
 //! hand: compact proposals (rebuilt from the pool, fetched when gossip was missed, full ones
 //! for a peer that missed), votes arriving after their quorum (verified later, at the timer),
-//! and blocks certified before their proposal arrived (fetched only if it does not come).
+//! and blocks certified before their proposal arrived (fetched only if it does not come); votes
+//! counted on their authenticators (MACs), with a Byzantine signer's bad signature caught after.
+//! The tests of the other shortcuts run with authenticators off, so each path is seen alone.
 
 use std::sync::Arc;
 
 use metatopia_consensus::{
-    Block, Config, Digest, Message, Output, Parent, SigCache, SigningKey, Validator, ValidatorIndex, View, Vote,
-    VoteKind, event_id,
+    Block, Certificate, Config, Digest, Message, Output, Parent, SigCache, Signed, SigningKey, Validator,
+    ValidatorIndex, View, Vote, VoteKind, event_id,
 };
 
 const PERIOD: u64 = 50_000;
@@ -33,7 +35,12 @@ struct Net {
 }
 
 impl Net {
+    /// Signatures checked before votes count (authenticators off).
     fn new() -> Net {
+        Net::with_macs(false)
+    }
+
+    fn with_macs(vote_macs: bool) -> Net {
         let keys: Vec<_> = (0..4).map(|i| key(i).verifying_key()).collect();
         let vs = (0..4)
             .map(|i| {
@@ -44,6 +51,7 @@ impl Net {
                     notarize_timeout_us: 20_000_000,
                     retry_us: 1_000_000,
                     sig_cache: Arc::new(SigCache::new()),
+                    vote_macs,
                     ..Config::default()
                 };
                 Validator::new(cfg, key(i), keys.clone(), 0)
@@ -314,4 +322,118 @@ fn a_block_certified_before_its_proposal_is_fetched_only_if_the_proposal_does_no
             |i: usize| net.other[i].iter().any(|o| matches!(o, Output::Committed(c) if c.block.view == View(1)));
         assert!((0..4).all(committed), "proposal came: {proposal_comes}");
     }
+}
+
+/// Votes go out with authenticators; a receiver counts a vote on its MAC and checks the
+/// signature a sixteenth of a period later. A Byzantine validator that sends a good MAC on a bad
+/// signature gets its vote counted once: the check takes it back out, no certificate holding it
+/// leaves the validator or commits anything, the certificate is formed again from honest votes,
+/// and from then on that signer's votes are verified before they count.
+#[test]
+fn a_good_mac_on_a_bad_signature_counts_once_and_is_caught_before_any_certificate_leaves() {
+    let mut net = Net::with_macs(true);
+    let lead = net.leader(1);
+    let (byz, watcher, quiet) = ((lead + 1) % 4, (lead + 2) % 4, (lead + 3) % 4);
+    let keys: Vec<_> = (0..4).map(|i| key(i).verifying_key()).collect();
+    let genesis = net.vs[0].genesis();
+    // `quiet` is cut off, so the watcher's quorum needs the Byzantine validator's votes; those
+    // to the watcher are held, to be corrupted.
+    let hold = move |(f, to, _): &Mail| *f == quiet || *to == quiet || (*f == byz && *to == watcher);
+    net.tick_to(PERIOD, &hold);
+    // Everything on the wire that carries a vote has an authenticator.
+    assert!(net.log.iter().all(|(_, _, m)| m.vote().is_none() || matches!(m, Message::Authenticated { .. })));
+    assert!(!net.finalized(watcher, 1), "the watcher waits for a third vote");
+    // The Byzantine validator's votes to the watcher, with corrupted signatures and good MACs.
+    let from_byz: Vec<Mail> = net.held.iter().filter(|(f, to, _)| *f == byz && *to == watcher).cloned().collect();
+    net.held.retain(|(f, to, _)| !(*f == byz && *to == watcher));
+    assert!(!from_byz.is_empty());
+    let mut bad_digests = Vec::new();
+    for (_, _, m) in from_byz {
+        let Message::Authenticated { inner, .. } = m else { continue };
+        let Signed::Vote(mut v) = *inner else { continue };
+        v.sig.0[5] ^= 0x10;
+        bad_digests.push((v.kind, v.view));
+        let m = net.vs[byz].authenticate(Message::Vote(v));
+        assert!(matches!(m, Message::Authenticated { .. }));
+        net.vs[watcher].handle_message(net.now, ValidatorIndex(byz as u16), m);
+    }
+    net.run(&hold);
+    assert!(net.finalized(watcher, 1), "counted on its MAC: the watcher finalized at once");
+    // Whatever certificates the watcher has sent so far, none holds the bad votes.
+    let certificates_sent = |net: &Net| -> Vec<Certificate> {
+        net.log
+            .iter()
+            .chain(&net.held)
+            .filter(|(f, _, _)| *f == watcher)
+            .filter_map(|(_, _, m)| match m {
+                Message::Certificate(c) => Some(c.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    for c in certificates_sent(&net) {
+        assert!(c.verify(&genesis, &keys, 3, &SigCache::new()).is_ok(), "a certificate that left verifies: {c:?}");
+    }
+    // The check is due a sixteenth of a period on.
+    let due = net.vs[watcher].poll_timeout().expect("a timer");
+    assert!(due <= net.now + PERIOD / 16, "due {due} at {}", net.now);
+    net.tick_to(due, &hold);
+    for c in certificates_sent(&net) {
+        assert!(c.verify(&genesis, &keys, 3, &SigCache::new()).is_ok(), "a certificate that left verifies: {c:?}");
+    }
+    // `quiet` comes back: the certificates are formed again from honest votes and the chain
+    // goes on; every commit's certificates verify.
+    net.release(&|_| true);
+    net.run(NONE);
+    for v in 2..=4 {
+        net.tick_to(v * PERIOD, NONE);
+    }
+    for c in certificates_sent(&net) {
+        assert!(c.verify(&genesis, &keys, 3, &SigCache::new()).is_ok(), "a certificate that left verifies: {c:?}");
+    }
+    let commits: Vec<_> = net.other[watcher]
+        .iter()
+        .filter_map(|o| match o {
+            Output::Committed(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(commits.iter().any(|c| c.block.view == View(1)), "view 1 committed");
+    for c in &commits {
+        assert!(c.certificate.verify(&genesis, &keys, 3, &SigCache::new()).is_ok());
+        assert!(c.finalization.verify(&genesis, &keys, 3, &SigCache::new()).is_ok());
+    }
+    // Caught once, the Byzantine validator's votes are verified before they count: its next
+    // bad signature with a good MAC schedules no check (it was verified, and refused, at once),
+    // where an honest validator's authenticated vote does.
+    assert_eq!(bad_digests.len(), 2, "its notarize and finalize votes of view 1");
+    net.tick_to(net.now + PERIOD / 8, NONE);
+    let view = net.vs[watcher].view();
+    let check_scheduled = |net: &Net| net.vs[watcher].poll_timeout().is_some_and(|t| t <= net.now + PERIOD / 16);
+    assert!(!check_scheduled(&net));
+    let mut forged = Vote::sign(
+        &key(byz as u16),
+        &genesis,
+        ValidatorIndex(byz as u16),
+        VoteKind::Nullify,
+        view,
+        Digest::default(),
+        None,
+    );
+    forged.sig.1[0] ^= 1;
+    let m = net.vs[byz].authenticate(Message::Vote(forged));
+    net.vs[watcher].handle_message(net.now, ValidatorIndex(byz as u16), m);
+    assert!(!check_scheduled(&net), "a caught signer's MAC is not taken");
+    let honest = Vote::sign(
+        &key(lead as u16),
+        &genesis,
+        ValidatorIndex(lead as u16),
+        VoteKind::Nullify,
+        view,
+        Digest::default(),
+        None,
+    );
+    let m = net.vs[lead].authenticate(Message::Vote(honest));
+    net.vs[watcher].handle_message(net.now, ValidatorIndex(lead as u16), m);
+    assert!(check_scheduled(&net), "an honest validator's MAC still counts");
 }

@@ -385,7 +385,7 @@ async fn validator_loop(
             let at = shared.start.elapsed();
             match o {
                 Output::Broadcast(m) => {
-                    if let Message::Propose { vote, .. } | Message::ProposeIds { vote, .. } = &m {
+                    if let Some(vote) = m.vote().filter(|_| m.kind() == "propose") {
                         // The leader's own notarize vote names the block's digest.
                         shared.proposed.lock().expect("not poisoned").insert(vote.digest, at);
                     }
@@ -397,7 +397,7 @@ async fn validator_loop(
                     }
                 }
                 Output::Send(to, m) => {
-                    if let Message::Propose { vote, .. } | Message::ProposeIds { vote, .. } = &m {
+                    if let Some(vote) = m.vote().filter(|_| m.kind() == "propose") {
                         // (Full to some peers, compact to others: one proposal.)
                         shared.proposed.lock().expect("not poisoned").entry(vote.digest).or_insert(at);
                     }

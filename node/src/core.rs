@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use metatopia_consensus::{Commit, Digest, Message, Micros, Output, Validator, ValidatorIndex, VerifyingKey};
+use metatopia_consensus::{Commit, Digest, Message, Micros, Output, Signed, Validator, ValidatorIndex, VerifyingKey};
 use metatopia_sim::host::{PhysicsStage, ScriptHost};
 use metatopia_sim::state::SubsystemRoots;
 use metatopia_sim::{Batch, EventId, Hash32, SignedEvent, Sim, Snapshot, Tick, VerifiedBatch};
@@ -423,6 +423,11 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 match &msg {
                     Message::Events(events) => self.verifier.ahead(events),
                     Message::Propose { block, .. } | Message::Block { block, .. } => self.verifier.ahead(&block.events),
+                    Message::Authenticated { inner, .. } => {
+                        if let Signed::Propose { block, .. } = &**inner {
+                            self.verifier.ahead(&block.events)
+                        }
+                    }
                     _ => {}
                 }
                 self.now = now;

@@ -861,7 +861,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         // never vote differently); commits move the restart point. Nothing else needs a write.
         let votes = sends.iter().any(|o| {
             matches!(o, CoreOutput::Broadcast(m) | CoreOutput::Send(_, m)
-                if matches!(m, NodeMsg::Consensus { msg: metatopia_consensus::Message::Vote(_) | metatopia_consensus::Message::Propose { .. } | metatopia_consensus::Message::ProposeIds { .. }, .. }))
+                if matches!(m, NodeMsg::Consensus { msg, .. } if msg.vote().is_some()))
         });
         if votes || committed {
             let state = metatopia_node::core::Agreement::persist(core.agreement()).unwrap_or_default();
