@@ -456,6 +456,17 @@ fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
         args.rate_hz,
         args.events_per_tick
     );
+    let bounds = [0.25, 0.5, 1.0, 2.0, 5.0, 10.0, f64::INFINITY];
+    let mut below = 0;
+    let buckets: Vec<String> = bounds
+        .iter()
+        .map(|b| {
+            let n = lat.partition_point(|x| x <= b) - below;
+            below += n;
+            if b.is_finite() { format!("<= {b} ms: {n}") } else { format!("more: {n}") }
+        })
+        .collect();
+    println!("  distribution: {}", buckets.join(", "));
     for (kind, (count, total, max)) in shared.handling.lock().expect("not poisoned").iter() {
         println!(
             "  handling {kind:<12} {count:>7} times, mean {:>8.1} µs, max {:>8.1} µs",
