@@ -26,11 +26,6 @@ pub mod keys {
     pub const MAIL: [u8; 32] = *b"metatopia/mail/digest/v1________";
 }
 
-/// Hash some bytes as a leaf.
-pub fn leaf_hash(bytes: &[u8]) -> Hash32 {
-    Hash32(*blake3::keyed_hash(&keys::LEAF, bytes).as_bytes())
-}
-
 /// An inner node: a blake3 parent-node compression in keyed mode (one compression, and the
 /// PARENT flag separates it from every leaf, which is a keyed root hash under another key).
 fn node_hash(left: &[u8; 32], right: &[u8; 32]) -> [u8; 32] {
