@@ -738,7 +738,10 @@ impl Validator {
         {
             return;
         }
-        self.unchecked.insert((vote.view, vote.kind, vote.signer), vote.clone());
+        // A second, different vote of the signer's for the same (view, kind) is not taken on its
+        // MAC: it is verified before it counts (it is evidence), and it never replaces the first
+        // here, which may be in a tally already and must still have its signature checked.
+        self.unchecked.entry((vote.view, vote.kind, vote.signer)).or_insert_with(|| vote.clone());
         self.unchecked_due.get_or_insert(now + self.cfg.period_us / 16);
     }
 

@@ -353,12 +353,21 @@ fn a_good_mac_on_a_bad_signature_counts_once_and_is_caught_before_any_certificat
         let Signed::Vote(mut v) = *inner else { continue };
         v.sig.0[5] ^= 0x10;
         bad_digests.push((v.kind, v.view));
+        let (kind, view) = (v.kind, v.view);
         let m = net.vs[byz].authenticate(Message::Vote(v));
         assert!(matches!(m, Message::Authenticated { .. }));
+        net.vs[watcher].handle_message(net.now, ValidatorIndex(byz as u16), m);
+        // Then a well-signed, authenticated vote of the same kind for another block: evidence,
+        // and it must not stand in for the bad one when the signatures are checked.
+        let other =
+            Vote::sign(&key(byz as u16), &genesis, ValidatorIndex(byz as u16), kind, view, Digest([7; 32]), None);
+        let m = net.vs[byz].authenticate(Message::Vote(other));
         net.vs[watcher].handle_message(net.now, ValidatorIndex(byz as u16), m);
     }
     net.run(&hold);
     assert!(net.finalized(watcher, 1), "counted on its MAC: the watcher finalized at once");
+    let evidence = net.other[watcher].iter().filter(|o| matches!(o, Output::Evidence(_))).count();
+    assert_eq!(evidence, 2, "its notarize and finalize votes each conflict with another");
     // Whatever certificates the watcher has sent so far, none holds the bad votes.
     let certificates_sent = |net: &Net| -> Vec<Certificate> {
         net.log
