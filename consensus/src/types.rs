@@ -228,13 +228,21 @@ pub fn pair_key(
 impl Vote {
     /// This vote's [`Mac`] under a pairwise key.
     pub fn mac(&self, chain: &Digest, key: &[u8; 32]) -> Mac {
-        let mut h = blake3::Hasher::new_keyed(key);
-        h.update(&vote_message(chain, self.kind, self.view, &self.digest, &self.root));
-        h.update(&self.sig.0);
-        h.update(&self.sig.1);
-        let mut mac = [0u8; 16];
-        mac.copy_from_slice(&h.finalize().as_bytes()[..16]);
-        mac
+        self.macs(chain, std::slice::from_ref(key))[0]
+    }
+
+    /// This vote's [`Mac`] under each key (its signed bytes are encoded once).
+    pub fn macs(&self, chain: &Digest, keys: &[[u8; 32]]) -> Vec<Mac> {
+        let mut signed = vote_message(chain, self.kind, self.view, &self.digest, &self.root);
+        signed.extend_from_slice(&self.sig.0);
+        signed.extend_from_slice(&self.sig.1);
+        keys.iter()
+            .map(|k| {
+                let mut mac = [0u8; 16];
+                mac.copy_from_slice(&blake3::keyed_hash(k, &signed).as_bytes()[..16]);
+                mac
+            })
+            .collect()
     }
 }
 

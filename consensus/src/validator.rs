@@ -560,7 +560,7 @@ impl Validator {
         }
         match Signed::from_message(m) {
             Ok(inner) => {
-                let macs = self.mac_keys.iter().map(|k| inner.vote().mac(&self.genesis, k)).collect();
+                let macs = inner.vote().macs(&self.genesis, &self.mac_keys);
                 Message::Authenticated { inner: Box::new(inner), macs }
             }
             Err(m) => *m,
@@ -699,16 +699,12 @@ impl Validator {
         for c in latest.into_iter().flatten() {
             self.out.push_back(Output::Broadcast(Message::Certificate(c)));
         }
-        let (notarized, nullified, finalized) = (&self.notarized, &self.nullified, &self.finalized);
         let tip = self.tip.0;
-        self.repair.retain(|&(kind, view)| {
-            let certs = match kind {
-                VoteKind::Notarize => notarized,
-                VoteKind::Nullify => nullified,
-                VoteKind::Finalize => finalized,
-            };
-            !certs.contains_key(&view) && (view >= tip || kind == VoteKind::Notarize && view.0 + 64 > tip.0)
-        });
+        let wanted = |&(kind, view): &(VoteKind, View)| {
+            !self.certified(kind).contains_key(&view)
+                && (view >= tip || kind == VoteKind::Notarize && view.0 + 64 > tip.0)
+        };
+        self.repair = self.repair.iter().copied().filter(wanted).collect();
         for (kind, view) in self.repair.clone() {
             self.resend_own(kind, view);
         }
@@ -752,6 +748,23 @@ impl Validator {
             || v.verify(&self.genesis, &self.keys, &self.cfg.sig_cache)
     }
 
+    /// The certificates of a kind held here, by view.
+    fn certified(&self, kind: VoteKind) -> &BTreeMap<View, Certificate> {
+        match kind {
+            VoteKind::Notarize => &self.notarized,
+            VoteKind::Nullify => &self.nullified,
+            VoteKind::Finalize => &self.finalized,
+        }
+    }
+
+    fn certified_mut(&mut self, kind: VoteKind) -> &mut BTreeMap<View, Certificate> {
+        match kind {
+            VoteKind::Notarize => &mut self.notarized,
+            VoteKind::Nullify => &mut self.nullified,
+            VoteKind::Finalize => &mut self.finalized,
+        }
+    }
+
     fn has_unchecked(&self, c: &Certificate) -> bool {
         !self.unchecked.is_empty() && c.votes.iter().any(|v| self.unchecked.contains_key(&(v.view, v.kind, v.signer)))
     }
@@ -770,12 +783,7 @@ impl Validator {
             }
         }
         for (kind, view) in std::mem::take(&mut self.provisional) {
-            let c = match kind {
-                VoteKind::Notarize => self.notarized.get(&view),
-                VoteKind::Nullify => self.nullified.get(&view),
-                VoteKind::Finalize => self.finalized.get(&view),
-            };
-            if let Some(c) = c {
+            if let Some(c) = self.certified(kind).get(&view) {
                 self.out.push_back(Output::Broadcast(Message::Certificate(c.clone())));
             }
         }
@@ -799,11 +807,7 @@ impl Validator {
             tally.remove(&v.signer);
         }
         let rest: Vec<Vote> = tally.values().take(quorum).cloned().collect();
-        let certs = match v.kind {
-            VoteKind::Notarize => &mut self.notarized,
-            VoteKind::Nullify => &mut self.nullified,
-            VoteKind::Finalize => &mut self.finalized,
-        };
+        let certs = self.certified_mut(v.kind);
         if certs.get(&v.view).is_some_and(|c| c.votes.contains(v)) {
             if rest.len() >= quorum {
                 certs.entry(v.view).and_modify(|c| c.votes = rest);
@@ -1264,12 +1268,7 @@ impl Validator {
     /// vote of that kind in the view: it cannot change what this validator does (only its root
     /// report and a later equivocation need it), so verifying it can wait.
     fn is_late(&self, v: &Vote) -> bool {
-        let certified = match v.kind {
-            VoteKind::Notarize => self.notarized.get(&v.view),
-            VoteKind::Nullify => self.nullified.get(&v.view),
-            VoteKind::Finalize => self.finalized.get(&v.view),
-        };
-        certified.is_some_and(|c| c.digest == v.digest)
+        self.certified(v.kind).get(&v.view).is_some_and(|c| c.digest == v.digest)
             && self
                 .views
                 .get(&v.view)
@@ -1321,11 +1320,7 @@ impl Validator {
     }
 
     fn on_certificate(&mut self, now: Micros, c: Certificate) {
-        let known = match c.kind {
-            VoteKind::Notarize => self.notarized.contains_key(&c.view),
-            VoteKind::Nullify => self.nullified.contains_key(&c.view),
-            VoteKind::Finalize => self.finalized.contains_key(&c.view),
-        };
+        let known = self.certified(c.kind).contains_key(&c.view);
         if c.view.0 > self.view.0 + FUTURE_VIEWS || c.view < self.tip.0 {
             return;
         }
