@@ -4,7 +4,7 @@
 //! DESIGN §5 allows, hence the one exception to the workspace's ban on them.
 #![allow(clippy::disallowed_types)]
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
 use crate::types::{Digest, event_id};
@@ -221,20 +221,25 @@ impl Pool {
     }
 
     /// Up to `max_events` / `max_bytes` of the oldest events not in `exclude`.
-    pub fn take(&self, max_events: usize, max_bytes: usize, exclude: &BTreeSet<Digest>) -> Vec<Vec<u8>> {
+    pub fn take<'a>(
+        &self,
+        max_events: usize,
+        max_bytes: usize,
+        exclude: impl IntoIterator<Item = &'a Digest>,
+    ) -> Vec<Vec<u8>> {
         self.take_with_ids(max_events, max_bytes, exclude).0
     }
 
     /// [`Pool::take`], with the events' ids.
-    pub fn take_with_ids(
+    pub fn take_with_ids<'a>(
         &self,
         max_events: usize,
         max_bytes: usize,
-        exclude: &BTreeSet<Digest>,
+        exclude: impl IntoIterator<Item = &'a Digest>,
     ) -> (Vec<Vec<u8>>, Vec<Digest>) {
         let hasher = *self.events.hasher();
         let mut skip: HashSet<u128, IdHasher> = HashSet::with_hasher(hasher);
-        skip.extend(exclude.iter().map(key));
+        skip.extend(exclude.into_iter().map(key));
         let mut out = Vec::new();
         let mut ids = Vec::new();
         let mut bytes = 0usize;
@@ -292,9 +297,9 @@ mod tests {
         assert!(!p.insert(b"a".to_vec(), 2), "duplicate");
         assert!(p.insert(b"b".to_vec(), 2));
         assert!(!p.insert(b"c".to_vec(), 2), "full");
-        assert_eq!(p.take(10, 1 << 20, &BTreeSet::new()), vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(p.take(10, 1 << 20, []), vec![b"a".to_vec(), b"b".to_vec()]);
         let a = event_id(b"a");
-        assert_eq!(p.take(10, 1 << 20, &[a].into_iter().collect()), vec![b"b".to_vec()]);
+        assert_eq!(p.take(10, 1 << 20, [&a]), vec![b"b".to_vec()]);
         p.committed(5, &[a], 10);
         assert_eq!(p.len(), 1);
         assert!(!p.insert(b"a".to_vec(), 9), "committed recently");
@@ -327,7 +332,7 @@ mod tests {
         p.committed(1, &expect[..10], 5);
         assert_eq!(p.len(), 40);
         assert_eq!(p.ids_of(&asked), expect);
-        let (taken, ids) = p.take_with_ids(100, 1 << 20, &BTreeSet::new());
+        let (taken, ids) = p.take_with_ids(100, 1 << 20, []);
         assert_eq!(taken, pooled[10..].to_vec());
         assert_eq!(ids, expect[10..50].to_vec());
     }

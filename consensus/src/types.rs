@@ -123,13 +123,15 @@ impl Block {
             events: ids.len() as u64,
             parent_certificate: &self.parent_certificate,
         };
-        let bytes = postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail");
-        let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/block/v2____");
-        h.update(&bytes);
+        let mut bytes = postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail");
+        // One input, not one update per id: blake3 hashes the whole chunks of a long input side
+        // by side in SIMD lanes (one 32-byte update at a time compressed a block at a time,
+        // 40 µs for 1,000 ids).
+        bytes.reserve_exact(ids.len() * 32);
         for id in ids {
-            h.update(&id.0);
+            bytes.extend_from_slice(&id.0);
         }
-        Digest(*h.finalize().as_bytes())
+        Digest(*blake3::keyed_hash(b"metatopia/consensus/block/v2____", &bytes).as_bytes())
     }
 }
 
@@ -162,6 +164,41 @@ mod byte_strings {
             }
         }
         d.deserialize_seq(List)
+    }
+}
+
+/// A list of digests as one byte string (32 bytes each): postcard copies it at once, where a
+/// `Vec<Digest>` is one serde call per byte (1,000 ids: 32,000 calls each way).
+mod digest_list {
+    use serde::de::{Error, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    use super::Digest;
+
+    pub fn serialize<S: Serializer>(v: &[Digest], s: S) -> Result<S::Ok, S::Error> {
+        let mut bytes = Vec::with_capacity(v.len() * 32);
+        for d in v {
+            bytes.extend_from_slice(&d.0);
+        }
+        s.serialize_bytes(&bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Digest>, D::Error> {
+        struct List;
+        impl Visitor<'_> for List {
+            type Value = Vec<Digest>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a byte string of 32-byte digests")
+            }
+            fn visit_bytes<E: Error>(self, b: &[u8]) -> Result<Vec<Digest>, E> {
+                if !b.len().is_multiple_of(32) {
+                    return Err(E::invalid_length(b.len(), &self));
+                }
+                // (The length is the input's own: no allocation beyond the bytes received.)
+                Ok(b.chunks_exact(32).map(|c| Digest(c.try_into().expect("32 bytes"))).collect())
+            }
+        }
+        d.deserialize_bytes(List)
     }
 }
 
@@ -403,6 +440,7 @@ pub enum Message {
     /// or hashed again on the commit's path.
     ProposeIds {
         block: Block,
+        #[serde(with = "digest_list")]
         ids: Vec<Digest>,
         vote: Vote,
         nullifications: Vec<Certificate>,
@@ -423,8 +461,18 @@ pub enum Message {
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum Signed {
     Vote(Vote),
-    Propose { block: Block, vote: Vote, nullifications: Vec<Certificate> },
-    ProposeIds { block: Block, ids: Vec<Digest>, vote: Vote, nullifications: Vec<Certificate> },
+    Propose {
+        block: Block,
+        vote: Vote,
+        nullifications: Vec<Certificate>,
+    },
+    ProposeIds {
+        block: Block,
+        #[serde(with = "digest_list")]
+        ids: Vec<Digest>,
+        vote: Vote,
+        nullifications: Vec<Certificate>,
+    },
 }
 
 impl Signed {

@@ -477,7 +477,7 @@ impl Validator {
     /// Take the client events still waiting in the pool (an epoch hands them to the next).
     pub fn drain_pool(&mut self) -> Vec<Vec<u8>> {
         self.settle();
-        self.pool.take(usize::MAX, usize::MAX, &BTreeSet::new())
+        self.pool.take(usize::MAX, usize::MAX, [])
     }
 
     /// Where this epoch started, if not at genesis.
@@ -950,7 +950,11 @@ impl Validator {
         let parent = self.parent_for(view).expect("propose_at checked");
         let (parent_time, tick) = self.parent_time_tick(&parent).expect("propose_at checked");
         let exclude = self.uncommitted_event_ids(&parent);
-        let (events, ids) = self.pool.take_with_ids(self.cfg.max_batch_events, self.cfg.max_batch_bytes, &exclude);
+        let (events, ids) = self.pool.take_with_ids(
+            self.cfg.max_batch_events,
+            self.cfg.max_batch_bytes,
+            exclude.iter().flat_map(|ids| ids.iter()),
+        );
         let Some(me) = self.me else { return };
         let mut block = Block {
             view,
@@ -1001,19 +1005,20 @@ impl Validator {
         self.on_vote(now, vote);
     }
 
-    /// Ids of events in notarized-but-not-yet-output ancestors, which a new batch must not repeat.
-    fn uncommitted_event_ids(&self, parent: &Parent) -> BTreeSet<Digest> {
-        let mut ids = BTreeSet::new();
+    /// The id lists of the notarized-but-not-yet-output ancestors, whose events a new batch must
+    /// not repeat (shared, not copied into a set: that cost a leader 100 µs at 1,000 events).
+    fn uncommitted_event_ids(&self, parent: &Parent) -> Vec<std::sync::Arc<Vec<Digest>>> {
+        let mut lists = Vec::new();
         let mut d = parent.digest;
         for _ in 0..64 {
             let Some(s) = self.blocks.get(&d) else { break };
             if self.output_tick.is_some_and(|t| s.block.tick <= t) {
                 break;
             }
-            ids.extend(s.ids.iter().copied());
+            lists.push(s.ids.clone());
             d = s.block.parent.digest;
         }
-        ids
+        lists
     }
 
     fn on_proposal(&mut self, now: Micros, from: ValidatorIndex, block: Block, vote: Vote, nulls: Vec<Certificate>) {

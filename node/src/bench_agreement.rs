@@ -13,7 +13,7 @@ use anyhow::Context;
 use metatopia_consensus::{Config, Digest, Message, Output, SigningKey, Validator, ValidatorIndex, VerifyingKey};
 use metatopia_sim::genesis::demo_key;
 use metatopia_sim::{Payload, SignedEvent, SimId};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 #[derive(Debug, clap::Args)]
@@ -42,9 +42,13 @@ pub struct AgreementArgs {
     /// period (1: all at once, a burst at every period, the harsher case).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     load_batches: u32,
+    /// Print what every validator handled, and when, from this many ticks' proposals to their
+    /// finalization (ticks spread over the run): where the commit latency goes.
+    #[arg(long, default_value_t = 0)]
+    timeline: usize,
 }
 
-use metatopia_node::frames::{MAX_FRAME, read_frame, write_frame, write_frames};
+use metatopia_node::frames::{MAX_FRAME, read_frame, write_frames};
 
 type Frame = Arc<Vec<u8>>;
 
@@ -58,15 +62,16 @@ struct Shared {
     handling: Mutex<BTreeMap<&'static str, (u64, Duration, Duration)>>,
     /// Bytes sent by all validators, per kind of message: (frames, bytes).
     sent: Mutex<BTreeMap<&'static str, (u64, u64)>>,
+    /// Every input handled: (validator, start, end, kind), for `--timeline`.
+    inputs: Mutex<Vec<(u16, Duration, Duration, &'static str)>>,
 }
 
 pub fn run(args: AgreementArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.validators >= 4, "--validators must be at least 4");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().worker_threads(2).build()?;
-    rt.block_on(bench(args))
+    bench(args)
 }
 
-async fn bench(args: AgreementArgs) -> anyhow::Result<()> {
+fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     let n = args.validators;
     let keys: Vec<SigningKey> = (0..n).map(|i| demo_key(777, u64::from(i))).collect();
     let vks: Vec<VerifyingKey> = keys.iter().map(|k| k.verifying_key()).collect();
@@ -84,79 +89,101 @@ async fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     println!("done ({} bytes each)", events.first().map_or(0, Vec::len));
 
     if args.transport == "libp2p" {
-        return bench_libp2p(args, keys, vks, events, total_ticks).await;
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().worker_threads(2).build()?;
+        return rt.block_on(bench_libp2p(args, keys, vks, events, total_ticks));
     }
     // Full mesh: listeners first, then every pair connects once.
     let mut listeners = Vec::new();
     for _ in 0..n {
-        listeners.push(TcpListener::bind("127.0.0.1:0").await?);
+        listeners.push(std::net::TcpListener::bind("127.0.0.1:0")?);
     }
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
-    let mut streams: BTreeMap<(u16, u16), TcpStream> = BTreeMap::new();
+    let mut streams: BTreeMap<(u16, u16), std::net::TcpStream> = BTreeMap::new();
     for (i, listener) in listeners.iter().enumerate() {
         for j in (i + 1)..n as usize {
-            let out = TcpStream::connect(addrs[i]).await?;
-            let (inc, _) = listener.accept().await?;
+            let out = std::net::TcpStream::connect(addrs[i])?;
+            let (inc, _) = listener.accept()?;
             out.set_nodelay(true)?;
             inc.set_nodelay(true)?;
             streams.insert((j as u16, i as u16), out); // j's end towards i
             streams.insert((i as u16, j as u16), inc); // i's end towards j
         }
     }
-    let rtt = measure_rtt(&mut streams).await?;
+    let raw_rtt = measure_rtt(&mut streams)?;
+    let rtt = measure_rtt_runtimes(&mut streams)?;
     println!(
-        "loopback round trip (64-byte ping-pong over the same TCP connections): p50 {:.1} µs",
-        rtt.as_secs_f64() * 1e6
+        "loopback round trip (64-byte frame there and back over the same TCP connections): p50 {:.1} µs between \
+         two validators' runtimes (the path a vote takes), {:.1} µs between blocking sockets",
+        rtt.as_secs_f64() * 1e6,
+        raw_rtt.as_secs_f64() * 1e6
     );
 
     let shared = new_shared();
     let cfg = config_for(&args);
     let period_us = cfg.period_us;
+    // Each validator runs on its own thread with its own single-threaded runtime, its readers
+    // and writers local to it, as on separate machines (on a shared work-stealing pool, a
+    // message waited behind other validators' tasks: 60-250 µs a hop under load).
     let mut inboxes = Vec::new();
     let mut event_txs = Vec::new();
-    let mut writers: BTreeMap<u16, BTreeMap<u16, mpsc::UnboundedSender<Frame>>> = BTreeMap::new();
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        let (tx, rx) = mpsc::unbounded_channel::<(ValidatorIndex, Message)>();
-        inboxes.push((tx, Some(rx)));
+    let mut threads = Vec::new();
+    for _ in 0..n {
         let (etx, erx) = mpsc::unbounded_channel::<Vec<Vec<u8>>>();
-        event_txs.push((etx, Some(erx)));
-        writers.insert(i, BTreeMap::new());
+        event_txs.push(etx);
+        inboxes.push(Some(erx));
     }
+    let mut by_validator: BTreeMap<u16, Vec<(u16, std::net::TcpStream)>> = BTreeMap::new();
     for ((me, peer), stream) in streams {
-        let (mut r, w) = stream.into_split();
-        let inbox = inboxes[me as usize].0.clone();
-        tasks.push(tokio::spawn(async move {
-            while let Ok(frame) = read_frame(&mut r).await {
-                match Message::decode(&frame, MAX_FRAME as usize) {
-                    Ok(m) => {
-                        if inbox.send((ValidatorIndex(peer), m)).is_err() {
-                            break;
-                        }
-                    }
-                    Err(e) => tracing::warn!(peer, "dropping a bad frame: {e}"),
-                }
-            }
-        }));
-        let (wtx, wrx) = mpsc::unbounded_channel::<Frame>();
-        writers.get_mut(&me).expect("every validator").insert(peer, wtx);
-        tasks.push(tokio::spawn(write_frames(w, wrx)));
+        stream.set_nonblocking(true)?;
+        by_validator.entry(me).or_default().push((peer, stream));
     }
     for i in 0..n {
-        let inbox = inboxes[i as usize].1.take().expect("once");
-        let evs = event_txs[i as usize].1.take().expect("once");
-        let peers = writers.remove(&i).expect("every validator");
+        let evs = inboxes[i as usize].take().expect("once");
+        let links = by_validator.remove(&i).unwrap_or_default();
         // Each validator verifies signatures itself (its own cache), as separate machines would.
         let own = Config { sig_cache: Default::default(), ..cfg.clone() };
         let v = Validator::new(own, keys[i as usize].clone(), vks.clone(), 0);
-        tasks.push(tokio::spawn(validator_loop(v, inbox, evs, peers, shared.clone(), total_ticks, false)));
+        let shared = shared.clone();
+        threads.push(std::thread::Builder::new().name(format!("validator-{i}")).spawn(
+            move || -> anyhow::Result<()> {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                rt.block_on(async move {
+                    let (tx, inbox) = mpsc::unbounded_channel::<(ValidatorIndex, Message)>();
+                    let mut peers = BTreeMap::new();
+                    for (peer, stream) in links {
+                        let (mut r, w) = TcpStream::from_std(stream)?.into_split();
+                        let inbox = tx.clone();
+                        tokio::spawn(async move {
+                            while let Ok(frame) = read_frame(&mut r).await {
+                                match Message::decode(&frame, MAX_FRAME as usize) {
+                                    Ok(m) => {
+                                        if inbox.send((ValidatorIndex(peer), m)).is_err() {
+                                            break;
+                                        }
+                                    }
+                                    Err(e) => tracing::warn!(peer, "dropping a bad frame: {e}"),
+                                }
+                            }
+                        });
+                        let (wtx, wrx) = mpsc::unbounded_channel::<Frame>();
+                        peers.insert(peer, wtx);
+                        tokio::spawn(write_frames(w, wrx));
+                    }
+                    validator_loop(v, inbox, evs, peers, shared, total_ticks, false).await;
+                    Ok(())
+                })
+            },
+        )?);
     }
-    let etx: Vec<_> = event_txs.iter().map(|(t, _)| t.clone()).collect();
-    load(&args, etx, events, period_us, total_ticks).await;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(load(&args, event_txs, events, period_us, total_ticks));
+    for t in threads {
+        match t.join() {
+            Ok(r) => r?,
+            Err(_) => anyhow::bail!("a validator thread panicked"),
+        }
+    }
     report(&shared, &args, rtt);
-    for t in tasks {
-        t.abort();
-    }
     Ok(())
 }
 
@@ -180,6 +207,7 @@ fn new_shared() -> Arc<Shared> {
         committed: Mutex::new(Vec::new()),
         handling: Mutex::new(BTreeMap::new()),
         sent: Mutex::new(BTreeMap::new()),
+        inputs: Mutex::new(Vec::new()),
     })
 }
 
@@ -352,6 +380,7 @@ async fn validator_loop(
         };
         // Only the handling is timed (not the wait for the input).
         let t0 = Instant::now();
+        let started = shared.start.elapsed();
         let kind = match input {
             Input::Message(from, msg) => {
                 let kind = msg.kind();
@@ -368,6 +397,7 @@ async fn validator_loop(
             }
         };
         let took = t0.elapsed();
+        shared.inputs.lock().expect("not poisoned").push((me, started, started + took, kind));
         {
             let mut h = shared.handling.lock().expect("not poisoned");
             let e = h.entry(kind).or_insert((0, Duration::ZERO, Duration::ZERO));
@@ -486,6 +516,35 @@ fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
     println!(
         "(a tick's batch is handed to the sim one period later: its order seed is the certificate its child embeds)"
     );
+    if args.timeline > 0 {
+        timeline(shared, &proposed, args.timeline);
+    }
+}
+
+/// For a few ticks: every input each validator handled from the proposal to the last
+/// finalization, in µs after the proposal (start-end kind).
+fn timeline(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, count: usize) {
+    let finalized = shared.finalized.lock().expect("not poisoned").clone();
+    let inputs = shared.inputs.lock().expect("not poisoned");
+    let mut props: Vec<(Duration, Digest)> = proposed.iter().map(|(d, at)| (*at, *d)).collect();
+    props.sort();
+    let step = (props.len() / (count + 1)).max(1);
+    for (at, digest) in props.iter().skip(step).step_by(step).take(count) {
+        let done: Vec<(u16, Duration)> =
+            finalized.iter().filter(|(_, d, _)| d == digest).map(|(v, _, t)| (*v, *t)).collect();
+        let end = done.iter().map(|(_, t)| *t).max().unwrap_or(*at);
+        let us = |t: Duration| t.as_micros() as i64 - at.as_micros() as i64;
+        println!("timeline of a proposal (µs after it; the leader's proposing input ends at 0):");
+        for v in 0..4u16 {
+            let fin = done.iter().find(|(w, _)| *w == v).map_or(-1, |(_, t)| us(*t));
+            let line: Vec<String> = inputs
+                .iter()
+                .filter(|(w, s, e, _)| *w == v && *e + Duration::from_micros(300) >= *at && *s <= end)
+                .map(|(_, s, e, k)| format!("{}-{} {k}", us(*s), us(*e)))
+                .collect();
+            println!("  v{v} (finalized at {fin}): {}", line.join(", "));
+        }
+    }
 }
 
 fn sign_events(count: usize) -> Vec<Vec<u8>> {
@@ -523,21 +582,64 @@ fn sign_events(count: usize) -> Vec<Vec<u8>> {
     parts.into_iter().flatten().collect()
 }
 
-/// Median round trip of a 64-byte frame over each connection (pairs in turn).
-async fn measure_rtt(streams: &mut BTreeMap<(u16, u16), TcpStream>) -> anyhow::Result<Duration> {
+/// Median round trip of a 64-byte frame over each connection (pairs in turn), blocking.
+fn measure_rtt(streams: &mut BTreeMap<(u16, u16), std::net::TcpStream>) -> anyhow::Result<Duration> {
+    use std::io::{Read, Write};
     let pairs: Vec<(u16, u16)> = streams.keys().copied().filter(|(a, b)| a < b).collect();
     let mut samples = Vec::new();
-    let payload = [7u8; 64];
+    let mut frame = [7u8; 68];
+    frame[..4].copy_from_slice(&64u32.to_le_bytes());
+    let mut got = [0u8; 68];
     for (a, b) in pairs {
         for _ in 0..200 {
             let t = Instant::now();
-            write_frame(streams.get_mut(&(a, b)).context("stream")?, &payload).await?;
-            let got = read_frame(streams.get_mut(&(b, a)).context("stream")?).await?;
-            write_frame(streams.get_mut(&(b, a)).context("stream")?, &got).await?;
-            read_frame(streams.get_mut(&(a, b)).context("stream")?).await?;
+            streams.get_mut(&(a, b)).context("stream")?.write_all(&frame)?;
+            streams.get_mut(&(b, a)).context("stream")?.read_exact(&mut got)?;
+            streams.get_mut(&(b, a)).context("stream")?.write_all(&got)?;
+            streams.get_mut(&(a, b)).context("stream")?.read_exact(&mut got)?;
             samples.push(t.elapsed());
         }
     }
+    samples.sort();
+    Ok(samples[samples.len() / 2])
+}
+
+/// Median round trip of a 64-byte frame between two single-threaded runtimes on their own
+/// threads (validators 0 and 1), through the same framing the validators use.
+fn measure_rtt_runtimes(streams: &mut BTreeMap<(u16, u16), std::net::TcpStream>) -> anyhow::Result<Duration> {
+    const ROUNDS: usize = 400;
+    let a = streams.remove(&(0, 1)).context("stream")?;
+    let b = streams.remove(&(1, 0)).context("stream")?;
+    a.set_nonblocking(true)?;
+    b.set_nonblocking(true)?;
+    let echo = std::thread::spawn(move || -> anyhow::Result<std::net::TcpStream> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(async move {
+            let mut b = TcpStream::from_std(b)?;
+            for _ in 0..ROUNDS {
+                let f = read_frame(&mut b).await?;
+                metatopia_node::frames::write_frame(&mut b, &f).await?;
+            }
+            Ok(b.into_std()?)
+        })
+    });
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (a, mut samples) = rt.block_on(async move {
+        let mut a = TcpStream::from_std(a)?;
+        let mut samples = Vec::new();
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            metatopia_node::frames::write_frame(&mut a, &[7u8; 64]).await?;
+            read_frame(&mut a).await?;
+            samples.push(t.elapsed());
+        }
+        anyhow::Ok((a.into_std()?, samples))
+    })?;
+    let b = echo.join().map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
+    a.set_nonblocking(false)?;
+    b.set_nonblocking(false)?;
+    streams.insert((0, 1), a);
+    streams.insert((1, 0), b);
     samples.sort();
     Ok(samples[samples.len() / 2])
 }

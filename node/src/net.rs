@@ -31,7 +31,7 @@ use crate::wire::NodeMsg;
 
 /// The sim's messages between nodes. The version changes with the messages' meaning (2: block
 /// digests over event ids, compact proposals), so nodes of different versions do not talk.
-pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/metatopia/sim/3");
+pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/metatopia/sim/4");
 /// What identify announces.
 const AGENT: &str = concat!("metatopia/", env!("CARGO_PKG_VERSION"));
 /// Largest frame accepted from a peer.
