@@ -159,7 +159,7 @@ impl Cluster {
         }
         self.now = self.next_due - 1;
         for v in &mut self.vs {
-            v.submit_events(self.now, Vec::new());
+            v.submit_events(self.now, Vec::<Vec<u8>>::new());
         }
         self.quiet();
         self.now = self.next_due;

@@ -65,8 +65,8 @@ pub mod types;
 mod validator;
 
 pub use types::{
-    Block, Certificate, CertificateError, DecodeError, Digest, Mac, Message, Micros, Parent, RootReport, Sig, SigCache,
-    Signed, ValidatorIndex, View, Vote, VoteKind, event_id, pair_key,
+    Block, Certificate, CertificateError, DecodeError, Digest, EventBytes, Mac, Message, Micros, Parent, RootReport,
+    Sig, SigCache, Signed, ValidatorIndex, View, Vote, VoteKind, event_id, pair_key,
 };
 pub use validator::{
     Anchor, Commit, Config, Evidence, Output, ProposalError, Validator, epoch_digest, genesis_digest, seed_of,

@@ -59,7 +59,7 @@ impl Byzantine {
         self.corrupt();
     }
 
-    pub fn submit_event(&mut self, now: Micros, event: Vec<u8>) {
+    pub fn submit_event(&mut self, now: Micros, event: impl Into<crate::EventBytes>) {
         self.inner.submit_event(now, event);
         self.corrupt();
     }
@@ -147,7 +147,7 @@ impl Byzantine {
                 let mut other = block.clone();
                 other.time_ms += 1;
                 other.events.reverse();
-                other.events.push(format!("equivocation {}", block.view.0).into_bytes());
+                other.events.push(format!("equivocation {}", block.view.0).into_bytes().into());
                 let other_vote = self.notarize(other.view, other.digest(), vote.root);
                 self.split(
                     Message::Propose { block, vote, nullifications: nullifications.clone() },

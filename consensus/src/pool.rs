@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
-use crate::types::{Digest, event_id};
+use crate::types::{Digest, EventBytes, event_id};
 
 /// Events waiting for a block, and the ids recently committed (so a late copy is dropped).
 ///
@@ -22,7 +22,7 @@ pub(crate) struct Pool {
     /// Arrival order.
     order: VecDeque<u128>,
     /// Pooled events by id, with their full id and their content hash (`by_content`'s key).
-    events: HashMap<u128, (Digest, Vec<u8>, u64), IdHasher>,
+    events: HashMap<u128, (Digest, EventBytes, u64), IdHasher>,
     /// A pooled event's id by a (keyed, non-cryptographic) hash of its bytes: a proposal's
     /// events are usually pooled already, and finding their ids here saves hashing each again
     /// (blake3 of a 100-byte event costs ~5x this lookup). A collision only means a miss.
@@ -35,6 +35,43 @@ pub(crate) struct Pool {
     committed_old: IdSet,
     /// The first tick of the `committed` generation.
     generation_from: Option<u64>,
+}
+
+/// A proposal's batch: pooled events in arrival order, less the excluded ones (the events of
+/// the blocks it extends that are not committed yet), up to `max_events` and `max_bytes`. A
+/// leader builds it while the events arrive ([`Batch::offer`]), so that proposing takes it
+/// whole instead of walking the pool on the commit's path.
+#[derive(Clone, Debug)]
+pub(crate) struct Batch {
+    /// Ids excluded or taken.
+    skip: HashSet<u128, IdHasher>,
+    pub events: Vec<EventBytes>,
+    /// `ids[i]` is the id of `events[i]`.
+    pub ids: Vec<Digest>,
+    bytes: usize,
+    max_events: usize,
+    max_bytes: usize,
+    /// A cap was reached: nothing joins any more (as `take` stops at the first event over).
+    closed: bool,
+}
+
+impl Batch {
+    /// An event just pooled joins the batch, unless excluded or over a cap.
+    pub fn offer(&mut self, id: &Digest, e: &EventBytes) {
+        if !self.closed && self.skip.insert(key(id)) {
+            self.push(id, e);
+        }
+    }
+
+    fn push(&mut self, id: &Digest, e: &EventBytes) {
+        if self.events.len() >= self.max_events || self.bytes + e.len() > self.max_bytes {
+            self.closed = true;
+            return;
+        }
+        self.bytes += e.len();
+        self.events.push(e.clone());
+        self.ids.push(*id);
+    }
 }
 
 /// Hashes uniform 128-bit ids with a secret key (a multiply-xorshift mix: the ids are already
@@ -150,32 +187,19 @@ impl Pool {
         }
     }
 
-    /// Add an event; `false` if it was known, committed recently, or the pool is full.
-    pub fn insert(&mut self, bytes: Vec<u8>, max_events: usize) -> bool {
+    /// Add an event; its id if it is new, `None` if it was known, committed recently, or the
+    /// pool is full.
+    pub fn insert(&mut self, bytes: EventBytes, max_events: usize) -> Option<Digest> {
         let full = event_id(&bytes);
         let id = key(&full);
         if !self.admits(id, max_events) {
-            return false;
+            return None;
         }
         self.order.push_back(id);
         let h = self.content_hash(&bytes);
         self.by_content.insert(h, id);
         self.events.insert(id, (full, bytes, h));
-        true
-    }
-
-    /// Like `insert`, copying the bytes only when the event is new.
-    pub fn insert_ref(&mut self, bytes: &[u8], max_events: usize) -> bool {
-        let full = event_id(bytes);
-        let id = key(&full);
-        if !self.admits(id, max_events) {
-            return false;
-        }
-        self.order.push_back(id);
-        let h = self.content_hash(bytes);
-        self.by_content.insert(h, id);
-        self.events.insert(id, (full, bytes.to_vec(), h));
-        true
+        Some(full)
     }
 
     fn content_hash(&self, bytes: &[u8]) -> u64 {
@@ -183,21 +207,21 @@ impl Pool {
     }
 
     /// The ids of some events: looked up for pooled ones (same bytes), hashed for the rest.
-    pub fn ids_of(&self, events: &[Vec<u8>]) -> Vec<Digest> {
+    pub fn ids_of(&self, events: &[EventBytes]) -> Vec<Digest> {
         events
             .iter()
             .map(|e| {
                 self.by_content
                     .get(&self.content_hash(e))
                     .and_then(|id| self.events.get(id))
-                    .filter(|(_, bytes, _)| bytes == e)
+                    .filter(|(_, bytes, _)| bytes[..] == e[..])
                     .map_or_else(|| event_id(e), |(full, _, _)| *full)
             })
             .collect()
     }
 
     /// The pooled event with this id.
-    pub fn get(&self, id: &Digest) -> Option<&Vec<u8>> {
+    pub fn get(&self, id: &Digest) -> Option<&EventBytes> {
         self.events.get(&key(id)).filter(|(full, _, _)| full == id).map(|(_, bytes, _)| bytes)
     }
 
@@ -220,46 +244,40 @@ impl Pool {
         self.events.len()
     }
 
-    /// Up to `max_events` / `max_bytes` of the oldest events not in `exclude`.
-    pub fn take<'a>(
-        &self,
-        max_events: usize,
-        max_bytes: usize,
-        exclude: impl IntoIterator<Item = &'a Digest>,
-    ) -> Vec<Vec<u8>> {
-        self.take_with_ids(max_events, max_bytes, exclude).0
+    /// Up to `max_events` / `max_bytes` of the oldest events not in `exclude` (lists of ids).
+    pub fn take(&self, max_events: usize, max_bytes: usize, exclude: &[&[Digest]]) -> Vec<EventBytes> {
+        self.batch(max_events, max_bytes, exclude).events
     }
 
-    /// [`Pool::take`], with the events' ids.
-    pub fn take_with_ids<'a>(
-        &self,
-        max_events: usize,
-        max_bytes: usize,
-        exclude: impl IntoIterator<Item = &'a Digest>,
-    ) -> (Vec<Vec<u8>>, Vec<Digest>) {
-        let hasher = *self.events.hasher();
-        let mut skip: HashSet<u128, IdHasher> = HashSet::with_hasher(hasher);
-        skip.extend(exclude.into_iter().map(key));
-        let mut out = Vec::new();
-        let mut ids = Vec::new();
-        let mut bytes = 0usize;
+    /// [`Pool::take`] as a [`Batch`] that events pooled later can join ([`Batch::offer`]).
+    pub fn batch(&self, max_events: usize, max_bytes: usize, exclude: &[&[Digest]]) -> Batch {
+        // Sized once: growing it by doubling while filling cost a leader more than the lookups.
+        let taking = max_events.min(self.events.len());
+        let excluded: usize = exclude.iter().map(|l| l.len()).sum();
+        let mut b = Batch {
+            skip: HashSet::with_capacity_and_hasher(excluded + taking, *self.events.hasher()),
+            events: Vec::with_capacity(taking),
+            ids: Vec::with_capacity(taking),
+            bytes: 0,
+            max_events,
+            max_bytes,
+            closed: false,
+        };
+        b.skip.extend(exclude.iter().flat_map(|l| l.iter()).map(key));
         for id in &self.order {
-            if out.len() >= max_events {
+            if b.closed {
                 break;
             }
-            // The queue may hold a stale copy of an id that was committed and re-submitted.
-            let Some((full, e, _)) = self.events.get(id) else { continue };
-            if !skip.insert(*id) {
+            // Excluded first (a smaller table than the pool's): the parent's events are at the
+            // front of the queue. The queue may also hold a stale copy of an id that was
+            // committed and re-submitted, hence the insert.
+            if !b.skip.insert(*id) {
                 continue;
             }
-            if bytes + e.len() > max_bytes {
-                break;
-            }
-            bytes += e.len();
-            out.push(e.clone());
-            ids.push(*full);
+            let Some((full, e, _)) = self.events.get(id) else { continue };
+            b.push(full, e);
         }
-        (out, ids)
+        b
     }
 
     /// Events of a finalized block leave the pool and are remembered for at least `window`
@@ -279,7 +297,12 @@ impl Pool {
             self.remove(&id);
             self.committed.insert(id);
         }
-        // `take` skips ids no longer pooled; compact the order queue once it is mostly stale.
+        // The committed events are usually the oldest: drop them from the queue's front now, so
+        // that `batch` does not look each up again (a thousand misses for a leader).
+        while self.order.front().is_some_and(|id| !self.events.contains_key(id)) {
+            self.order.pop_front();
+        }
+        // `batch` skips ids no longer pooled; compact the order queue once it is mostly stale.
         if self.order.len() > 2 * self.events.len() + 1024 {
             self.order.retain(|id| self.events.contains_key(id));
         }
@@ -290,49 +313,81 @@ impl Pool {
 mod tests {
     use super::*;
 
+    fn ev(b: &[u8]) -> EventBytes {
+        b.into()
+    }
+
     #[test]
     fn dedups_bounds_and_forgets_committed_after_the_window() {
         let mut p = Pool::new(&[7; 32]);
-        assert!(p.insert(b"a".to_vec(), 2));
-        assert!(!p.insert(b"a".to_vec(), 2), "duplicate");
-        assert!(p.insert(b"b".to_vec(), 2));
-        assert!(!p.insert(b"c".to_vec(), 2), "full");
-        assert_eq!(p.take(10, 1 << 20, []), vec![b"a".to_vec(), b"b".to_vec()]);
+        assert!(p.insert(ev(b"a"), 2).is_some());
+        assert!(p.insert(ev(b"a"), 2).is_none(), "duplicate");
+        assert!(p.insert(ev(b"b"), 2).is_some());
+        assert!(p.insert(ev(b"c"), 2).is_none(), "full");
+        assert_eq!(p.take(10, 1 << 20, &[]), vec![ev(b"a"), ev(b"b")]);
         let a = event_id(b"a");
-        assert_eq!(p.take(10, 1 << 20, [&a]), vec![b"b".to_vec()]);
+        assert_eq!(p.take(10, 1 << 20, &[&[a]]), vec![ev(b"b")]);
         p.committed(5, &[a], 10);
         assert_eq!(p.len(), 1);
-        assert!(!p.insert(b"a".to_vec(), 9), "committed recently");
+        assert!(p.insert(ev(b"a"), 9).is_none(), "committed recently");
         p.committed(14, &[], 10);
-        assert!(!p.insert(b"a".to_vec(), 9), "remembered for the window");
+        assert!(p.insert(ev(b"a"), 9).is_none(), "remembered for the window");
         p.committed(16, &[], 10);
         p.committed(25, &[], 10);
-        assert!(!p.insert(b"a".to_vec(), 9), "remembered for less than twice the window");
+        assert!(p.insert(ev(b"a"), 9).is_none(), "remembered for less than twice the window");
         p.committed(26, &[], 10);
-        assert!(p.insert(b"a".to_vec(), 9), "forgotten after twice the window");
+        assert!(p.insert(ev(b"a"), 9).is_some(), "forgotten after twice the window");
+    }
+
+    #[test]
+    fn a_batch_that_events_join_as_they_come_is_what_take_gives_after() {
+        let mut p = Pool::new(&[5; 32]);
+        let evs: Vec<EventBytes> = (0..300u32).map(|i| format!("ev {i:03}").into_bytes().into()).collect();
+        let ids: Vec<Digest> = evs.iter().map(|e| event_id(e)).collect();
+        // Excluded (in a parent block): one pooled before the batch starts, two after.
+        let excluded = [ids[3], ids[150], ids[299]];
+        for e in &evs[..100] {
+            assert!(p.insert(e.clone(), 1_000).is_some());
+        }
+        // No cap, a cap on events, a cap on bytes (6 bytes an event).
+        for (max_events, max_bytes, expect) in [(1_000, 1 << 20, 297), (120, 1 << 20, 120), (1_000, 6 * 130 + 3, 130)] {
+            let mut pool = p.clone();
+            let mut b = pool.batch(max_events, max_bytes, &[&excluded]);
+            for e in &evs[100..] {
+                if let Some(id) = pool.insert(e.clone(), 1_000) {
+                    b.offer(&id, e);
+                }
+            }
+            // An event offered twice joins once.
+            b.offer(&ids[120], &evs[120]);
+            let taken = pool.take(max_events, max_bytes, &[&excluded]);
+            assert_eq!(b.events.len(), expect);
+            assert_eq!(b.events, taken);
+            assert_eq!(b.ids, taken.iter().map(|e| event_id(e)).collect::<Vec<_>>());
+        }
     }
 
     #[test]
     fn ids_of_matches_event_id_for_pooled_unpooled_and_forgotten_events() {
         let mut p = Pool::new(&[3; 32]);
-        let pooled: Vec<Vec<u8>> = (0..50u32).map(|i| format!("event {i}").into_bytes()).collect();
+        let pooled: Vec<EventBytes> = (0..50u32).map(|i| format!("event {i}").into_bytes().into()).collect();
         for e in &pooled {
-            assert!(p.insert_ref(e, 1_000));
+            assert!(p.insert(e.clone(), 1_000).is_some());
         }
-        let stranger = b"never pooled".to_vec();
+        let stranger = ev(b"never pooled");
         let mut asked = pooled.clone();
         asked.push(stranger.clone());
         // A near-copy of a pooled event (same length, one byte changed) is not mistaken for it.
-        let mut near = pooled[7].clone();
+        let mut near = pooled[7].to_vec();
         near[0] ^= 1;
-        asked.push(near);
+        asked.push(near.into());
         let expect: Vec<Digest> = asked.iter().map(|e| event_id(e)).collect();
         assert_eq!(p.ids_of(&asked), expect);
         // Committed events leave the content index with the pool; their ids are still right.
         p.committed(1, &expect[..10], 5);
         assert_eq!(p.len(), 40);
         assert_eq!(p.ids_of(&asked), expect);
-        let (taken, ids) = p.take_with_ids(100, 1 << 20, []);
+        let Batch { events: taken, ids, .. } = p.batch(100, 1 << 20, &[]);
         assert_eq!(taken, pooled[10..].to_vec());
         assert_eq!(ids, expect[10..50].to_vec());
     }
@@ -346,10 +401,10 @@ mod tests {
         assert_eq!(shards.len(), IdSet::SHARDS, "5,000 ids reach every shard");
         p.committed(1, &ids[..2_500], 10);
         p.committed(11, &ids[2_500..], 10); // a new generation: the first half is in the old one
-        assert!(events.iter().all(|e| !p.insert_ref(e, 100_000)), "all remembered");
+        assert!(events.iter().all(|e| p.insert(e[..].into(), 100_000).is_none()), "all remembered");
         p.committed(21, &[], 10); // the first half is forgotten, its table reused
-        assert!(events[..2_500].iter().all(|e| p.insert_ref(e, 100_000)));
-        assert!(events[2_500..].iter().all(|e| !p.insert_ref(e, 100_000)));
+        assert!(events[..2_500].iter().all(|e| p.insert(e[..].into(), 100_000).is_some()));
+        assert!(events[2_500..].iter().all(|e| p.insert(e[..].into(), 100_000).is_none()));
     }
 
     #[test]

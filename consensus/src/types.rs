@@ -79,9 +79,9 @@ pub struct Block {
     pub tick: u64,
     /// BFT time in milliseconds: above the parent's, at most `max_drift` ahead of voters' clocks.
     pub time_ms: u64,
-    /// Opaque client events (the node passes signed sim events).
+    /// Opaque client events (the node passes signed sim events), shared with the pool.
     #[serde(with = "byte_strings")]
-    pub events: Vec<Vec<u8>>,
+    pub events: Vec<EventBytes>,
     /// The notarization of the parent (None when the parent is genesis). Its hash is the seed
     /// of the parent tick's canonical order once this block is finalized.
     pub parent_certificate: Option<Certificate>,
@@ -140,25 +140,44 @@ impl Block {
 /// instead of making one serde call per byte (that was 11% of a validator's time).
 mod byte_strings {
     use serde::de::{SeqAccess, Visitor};
-    use serde::{Deserializer, Serializer};
-    use serde_bytes::{ByteBuf, Bytes};
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_bytes::Bytes;
 
-    pub fn serialize<S: Serializer>(v: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+    use super::EventBytes;
+
+    pub fn serialize<S: Serializer>(v: &[EventBytes], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(v.iter().map(|b| Bytes::new(b)))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<EventBytes>, D::Error> {
+        /// One byte string, copied once into its shared allocation.
+        struct One(EventBytes);
+        impl<'de> Deserialize<'de> for One {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<One, D::Error> {
+                struct V;
+                impl Visitor<'_> for V {
+                    type Value = One;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a byte string")
+                    }
+                    fn visit_bytes<E: serde::de::Error>(self, b: &[u8]) -> Result<One, E> {
+                        Ok(One(EventBytes::from(b)))
+                    }
+                }
+                d.deserialize_bytes(V)
+            }
+        }
         struct List;
         impl<'de> Visitor<'de> for List {
-            type Value = Vec<Vec<u8>>;
+            type Value = Vec<EventBytes>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a list of byte strings")
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 // The hint comes from untrusted bytes: cap the preallocation.
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4_096));
-                while let Some(b) = seq.next_element::<ByteBuf>()? {
-                    out.push(b.into_vec());
+                while let Some(One(b)) = seq.next_element()? {
+                    out.push(b);
                 }
                 Ok(out)
             }
@@ -201,6 +220,10 @@ mod digest_list {
         d.deserialize_bytes(List)
     }
 }
+
+/// A client event's bytes, shared: the pool, the blocks and the messages that hold an event
+/// hold one allocation (a block is rebuilt from the pool without copying its events).
+pub type EventBytes = std::sync::Arc<[u8]>;
 
 /// The id of an event: blake3 of its bytes.
 pub fn event_id(bytes: &[u8]) -> Digest {
@@ -425,7 +448,7 @@ pub enum Message {
     /// A certificate passed on, so that laggards catch up.
     Certificate(Certificate),
     /// Client events, disseminated to the validators' pools.
-    Events(#[serde(with = "byte_strings")] Vec<Vec<u8>>),
+    Events(#[serde(with = "byte_strings")] Vec<EventBytes>),
     /// Ask for a block by digest (to finish a commit or catch up).
     Fetch(Digest),
     /// The answer to `Fetch`, with the certificate that notarized it.
@@ -580,7 +603,7 @@ mod tests {
     #[test]
     fn event_lists_keep_the_sequence_encoding() {
         let events = vec![b"signed event".to_vec(), Vec::new(), vec![0xff; 300]];
-        let m = Message::Events(events.clone());
+        let m = Message::Events(events.iter().map(|e| EventBytes::from(&e[..])).collect());
         // Variant 3, then exactly what a plain `Vec<Vec<u8>>` encodes to.
         let plain = [vec![3u8], postcard::to_allocvec(&events).unwrap()].concat();
         assert_eq!(m.encode(), plain);
@@ -588,6 +611,35 @@ mod tests {
         // A length prefix larger than the input is an error, not an allocation.
         let lying = [3u8, 0xff, 0xff, 0xff, 0x0f, 1, 2];
         assert!(Message::decode(&lying, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn a_compact_proposal_carries_its_ids_as_one_byte_string_and_rejects_a_partial_id() {
+        let key = SigningKey::from_bytes(&[4; 32]);
+        let block = Block {
+            view: View(2),
+            leader: ValidatorIndex(0),
+            parent: Parent { view: View(1), digest: Digest([9; 32]) },
+            tick: 1,
+            time_ms: 5,
+            events: Vec::new(),
+            parent_certificate: None,
+        };
+        let ids: Vec<Digest> = (0..40u8).map(|i| Digest([i; 32])).collect();
+        let vote =
+            Vote::sign(&key, &Digest([1; 32]), ValidatorIndex(0), VoteKind::Notarize, View(2), block.digest(), None);
+        let m = Message::ProposeIds { block, ids: ids.clone(), vote, nullifications: Vec::new() };
+        let bytes = m.encode();
+        assert_eq!(Message::decode(&bytes, 1 << 20).unwrap(), m);
+        // The ids are one run of 40 × 32 bytes, after a varint length of 1,280 (0x80 0x0a).
+        let run: Vec<u8> = ids.iter().flat_map(|d| d.0).collect();
+        let at = bytes.windows(run.len()).position(|w| w == run).expect("the ids in one run");
+        assert_eq!(&bytes[at - 2..at], &[0x80, 0x0a]);
+        // A byte string that is not a whole number of ids is an error.
+        let mut short = bytes.clone();
+        short[at - 2..at].copy_from_slice(&[0xff, 0x09]); // length 1,279: the last id cut
+        short.remove(at + run.len() - 1);
+        assert!(matches!(Message::decode(&short, 1 << 20), Err(DecodeError::Malformed(_))));
     }
 
     #[test]

@@ -42,10 +42,10 @@ fn honest_validators_commit_one_tick_per_period() {
         assert!((50..=60).contains(&ticks), "n={n}: {ticks} ticks");
         // Every event submitted in the first two seconds was committed, exactly once.
         let node = cluster.node(0).unwrap();
-        let events: Vec<&Vec<u8>> = node.commits.iter().flat_map(|(_, c)| &c.block.events).collect();
+        let events: Vec<&[u8]> = node.commits.iter().flat_map(|(_, c)| c.block.events.iter().map(|e| &e[..])).collect();
         for step in 0..100u64 {
             let e = format!("e{step}").into_bytes();
-            assert_eq!(events.iter().filter(|x| ***x == e).count(), 1, "n={n}: event {step}");
+            assert_eq!(events.iter().filter(|x| **x == e.as_slice()).count(), 1, "n={n}: event {step}");
         }
         // Good-case latency: proposal to commit within a few network delays plus the seed lag.
         assert_eq!(node.evidence, 0);
@@ -299,7 +299,7 @@ fn messages_from_untrusted_bytes_are_bounded() {
             })
             .unwrap();
     }
-    let m = Message::Events(vec![vec![1, 2, 3]]);
+    let m = Message::Events(vec![vec![1, 2, 3].into()]);
     let bytes = m.encode();
     assert_eq!(Message::decode(&bytes, 64).unwrap(), m);
     assert!(Message::decode(&bytes, 2).is_err());

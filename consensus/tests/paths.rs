@@ -177,7 +177,7 @@ fn a_compact_proposal_waits_for_late_gossip_and_is_fetched_when_gossip_was_lost(
         // Late gossip completes the proposal; lost gossip means the block is asked of everyone.
         assert_eq!(fetches(&net), if gossip_comes { 0 } else { 3 }, "gossip came: {gossip_comes}");
         let got_block = net.log.iter().any(|(_, to, m)| {
-            *to == miss && matches!(m, Message::Block { block, .. } if block.events == vec![event.clone()])
+            *to == miss && matches!(m, Message::Block { block, .. } if block.events == vec![event.clone().into()])
         });
         assert_eq!(got_block, !gossip_comes);
         assert_eq!(votes_of(&net.log, miss, VoteKind::Notarize, 1), 2, "the peer voted (to the others but `quiet`)");

@@ -103,8 +103,12 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         for j in (i + 1)..n as usize {
             let out = std::net::TcpStream::connect(addrs[i])?;
             let (inc, _) = listener.accept()?;
-            out.set_nodelay(true)?;
-            inc.set_nodelay(true)?;
+            for s in [&out, &inc] {
+                s.set_nodelay(true)?;
+                // Room for a whole proposal in the send buffer (the default, 16 KiB, split a
+                // 32 KiB compact proposal into writes that waited for the reader's thread).
+                socket2::SockRef::from(s).set_send_buffer_size(1 << 20)?;
+            }
             streams.insert((j as u16, i as u16), out); // j's end towards i
             streams.insert((i as u16, j as u16), inc); // i's end towards j
         }
@@ -148,16 +152,23 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
             move || -> anyhow::Result<()> {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 rt.block_on(async move {
-                    let (tx, inbox) = mpsc::unbounded_channel::<(ValidatorIndex, Message)>();
+                    let (tx, inbox) = Inbox::new();
                     let mut peers = BTreeMap::new();
                     for (peer, stream) in links {
                         let (mut r, w) = TcpStream::from_std(stream)?.into_split();
                         let inbox = tx.clone();
+                        let sh = shared.clone();
                         tokio::spawn(async move {
                             while let Ok(frame) = read_frame(&mut r).await {
+                                let read = sh.start.elapsed();
                                 match Message::decode(&frame, MAX_FRAME as usize) {
                                     Ok(m) => {
-                                        if inbox.send((ValidatorIndex(peer), m)).is_err() {
+                                        if m.kind() == "propose" {
+                                            // (For `--timeline`: the proposal read and decoded.)
+                                            let decoded = sh.start.elapsed();
+                                            sh.inputs.lock().expect("not poisoned").push((i, read, decoded, "read"));
+                                        }
+                                        if !inbox.send(ValidatorIndex(peer), m) {
                                             break;
                                         }
                                     }
@@ -274,11 +285,11 @@ async fn bench_libp2p(
     let mut tasks = Vec::new();
     let mut etx = Vec::new();
     for (i, (mesh, mut rx)) in meshes.into_iter().enumerate() {
-        let (tx, inbox) = mpsc::unbounded_channel::<(ValidatorIndex, Message)>();
+        let (tx, inbox) = Inbox::new();
         tasks.push(tokio::spawn(async move {
             while let Some(e) = rx.recv().await {
                 if let MeshEvent::Message(from, NodeMsg::Consensus { msg, .. }) = e
-                    && tx.send((from, msg)).is_err()
+                    && !tx.send(from, msg)
                 {
                     return;
                 }
@@ -340,9 +351,34 @@ async fn load(
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
+/// Peers' messages in two queues: votes, proposals and certificates first, then gossiped
+/// client events (a proposal queued behind a few hundred events waited 50-150 µs).
+type Inboxes = (mpsc::UnboundedReceiver<(ValidatorIndex, Message)>, mpsc::UnboundedReceiver<(ValidatorIndex, Message)>);
+
+/// The sending half of [`Inboxes`]: routes a peer's message to its queue.
+#[derive(Clone)]
+struct Inbox {
+    first: mpsc::UnboundedSender<(ValidatorIndex, Message)>,
+    gossip: mpsc::UnboundedSender<(ValidatorIndex, Message)>,
+}
+
+impl Inbox {
+    fn new() -> (Inbox, Inboxes) {
+        let (first, a) = mpsc::unbounded_channel();
+        let (gossip, b) = mpsc::unbounded_channel();
+        (Inbox { first, gossip }, (a, b))
+    }
+
+    /// `false` once the validator is gone.
+    fn send(&self, from: ValidatorIndex, m: Message) -> bool {
+        let queue = if matches!(m, Message::Events(_)) { &self.gossip } else { &self.first };
+        queue.send((from, m)).is_ok()
+    }
+}
+
 async fn validator_loop(
     mut v: Validator,
-    mut inbox: mpsc::UnboundedReceiver<(ValidatorIndex, Message)>,
+    (mut inbox, mut gossip): Inboxes,
     mut events: mpsc::UnboundedReceiver<Vec<Vec<u8>>>,
     peers: BTreeMap<u16, mpsc::UnboundedSender<Frame>>,
     shared: Arc<Shared>,
@@ -368,7 +404,12 @@ async fn validator_loop(
             Timeout,
         }
         let input = tokio::select! {
+            biased;
             m = inbox.recv() => match m {
+                Some((from, msg)) => Input::Message(from, Box::new(msg)),
+                None => return,
+            },
+            m = gossip.recv() => match m {
                 Some((from, msg)) => Input::Message(from, Box::new(msg)),
                 None => return,
             },
@@ -411,8 +452,11 @@ async fn validator_loop(
             e.0 += frames as u64;
             e.1 += (frames * len) as u64;
         };
+        let sending = shared.start.elapsed();
+        let mut proposing = false;
         while let Some(o) = v.poll_output() {
             let at = shared.start.elapsed();
+            proposing |= matches!(&o, Output::Broadcast(m) if m.kind() == "propose");
             match o {
                 Output::Broadcast(m) => {
                     if let Some(vote) = m.vote().filter(|_| m.kind() == "propose") {
@@ -450,6 +494,13 @@ async fn validator_loop(
                 Output::RootMismatch { .. } | Output::Evidence(_) => {}
             }
         }
+        if proposing {
+            // (For `--timeline`: the leader encoding and queueing its proposal.)
+            shared.inputs.lock().expect("not poisoned").push((me, sending, shared.start.elapsed(), "send"));
+        }
+        // Let the writers send what was just queued before the next input is handled (they
+        // are tasks of this thread: a proposal otherwise waited behind queued events).
+        tokio::task::yield_now().await;
     }
 }
 
@@ -522,7 +573,8 @@ fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
 }
 
 /// For a few ticks: every input each validator handled from the proposal to the last
-/// finalization, in µs after the proposal (start-end kind).
+/// finalization, in µs after the proposal (start-end kind); `send` is the leader encoding and
+/// queueing its proposal, `read` a follower's reader decoding it off the socket.
 fn timeline(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, count: usize) {
     let finalized = shared.finalized.lock().expect("not poisoned").clone();
     let inputs = shared.inputs.lock().expect("not poisoned");

@@ -713,7 +713,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 tick: c.block.tick,
                 time_ms: c.block.time_ms,
                 seed: c.seed.0,
-                events: c.block.events.clone(),
+                events: c.block.events.iter().map(|e| e.to_vec()).collect(),
                 certificate: postcard::to_allocvec(&c.certificate).unwrap_or_default(),
             })));
         }

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 
+use metatopia_consensus::EventBytes;
 use metatopia_sim::SignedEvent;
 
 use crate::core::MAX_BLOCK_EVENT_BYTES;
@@ -42,7 +43,7 @@ impl Verdicts {
 #[derive(Debug, Clone)]
 pub struct Verifier {
     verdicts: Arc<Mutex<Verdicts>>,
-    queue: Option<SyncSender<Vec<Vec<u8>>>>,
+    queue: Option<SyncSender<Vec<EventBytes>>>,
 }
 
 /// The key of an event's verdict: a hash of its encoding, signature included.
@@ -60,7 +61,7 @@ impl Verifier {
     /// when the last clone of the verifier is dropped.
     pub fn start() -> Verifier {
         let verdicts: Arc<Mutex<Verdicts>> = Arc::default();
-        let (tx, rx) = sync_channel::<Vec<Vec<u8>>>(QUEUE);
+        let (tx, rx) = sync_channel::<Vec<EventBytes>>(QUEUE);
         let shared = verdicts.clone();
         let spawned = std::thread::Builder::new().name("verify".into()).spawn(move || {
             for list in rx {
@@ -87,7 +88,7 @@ impl Verifier {
     }
 
     /// Check these encoded events on the thread, if it keeps up (never blocks).
-    pub fn ahead(&self, events: &[Vec<u8>]) {
+    pub fn ahead(&self, events: &[EventBytes]) {
         if let Some(q) = &self.queue
             && !events.is_empty()
             && let Err(TrySendError::Full(_)) = q.try_send(events.to_vec())
@@ -126,7 +127,11 @@ mod tests {
         forged.body.nonce = 2; // the signature no longer covers the body
         let v = Verifier::start();
         assert_eq!(v.verdict(&good), None, "nothing known yet");
-        v.ahead(&[metatopia_sim::codec::encode(&good), metatopia_sim::codec::encode(&forged), vec![1, 2, 3]]);
+        v.ahead(&[
+            metatopia_sim::codec::encode(&good).into(),
+            metatopia_sim::codec::encode(&forged).into(),
+            vec![1, 2, 3].into(),
+        ]);
         let t0 = std::time::Instant::now();
         while v.verdict(&forged).is_none() {
             assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the thread checked nothing");
