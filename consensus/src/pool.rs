@@ -21,12 +21,8 @@ use crate::types::{Digest, EventBytes, event_id};
 pub(crate) struct Pool {
     /// Arrival order.
     order: VecDeque<u128>,
-    /// Pooled events by id, with their full id and their content hash (`by_content`'s key).
-    events: HashMap<u128, (Digest, EventBytes, u64), IdHasher>,
-    /// A pooled event's id by a (keyed, non-cryptographic) hash of its bytes: a proposal's
-    /// events are usually pooled already, and finding their ids here saves hashing each again
-    /// (blake3 of a 100-byte event costs ~5x this lookup). A collision only means a miss.
-    by_content: HashMap<u64, u128, IdHasher>,
+    /// Pooled events by id, with their full id.
+    events: HashMap<u128, (Digest, EventBytes), IdHasher>,
     /// Ids committed recently, in two generations of `window` ticks each: an id is
     /// remembered for at least `window` ticks and at most `2 * window`. Dropping the older
     /// generation whole replaced forgetting each id on its own tick (two more cache misses per
@@ -180,7 +176,6 @@ impl Pool {
         Pool {
             order: VecDeque::new(),
             events: HashMap::with_hasher(h),
-            by_content: HashMap::with_hasher(h),
             committed: IdSet::new(h),
             committed_old: IdSet::new(h),
             generation_from: None,
@@ -196,41 +191,17 @@ impl Pool {
             return None;
         }
         self.order.push_back(id);
-        let h = self.content_hash(&bytes);
-        self.by_content.insert(h, id);
-        self.events.insert(id, (full, bytes, h));
+        self.events.insert(id, (full, bytes));
         Some(full)
-    }
-
-    fn content_hash(&self, bytes: &[u8]) -> u64 {
-        self.by_content.hasher().hash_one(bytes)
-    }
-
-    /// The ids of some events: looked up for pooled ones (same bytes), hashed for the rest.
-    pub fn ids_of(&self, events: &[EventBytes]) -> Vec<Digest> {
-        events
-            .iter()
-            .map(|e| {
-                self.by_content
-                    .get(&self.content_hash(e))
-                    .and_then(|id| self.events.get(id))
-                    .filter(|(_, bytes, _)| bytes[..] == e[..])
-                    .map_or_else(|| event_id(e), |(full, _, _)| *full)
-            })
-            .collect()
     }
 
     /// The pooled event with this id.
     pub fn get(&self, id: &Digest) -> Option<&EventBytes> {
-        self.events.get(&key(id)).filter(|(full, _, _)| full == id).map(|(_, bytes, _)| bytes)
+        self.events.get(&key(id)).filter(|(full, _)| full == id).map(|(_, bytes)| bytes)
     }
 
     fn remove(&mut self, id: &u128) {
-        if let Some((_, _, h)) = self.events.remove(id)
-            && self.by_content.get(&h) == Some(id)
-        {
-            self.by_content.remove(&h);
-        }
+        self.events.remove(id);
     }
 
     fn admits(&self, id: u128, max_events: usize) -> bool {
@@ -274,7 +245,7 @@ impl Pool {
             if !b.skip.insert(*id) {
                 continue;
             }
-            let Some((full, e, _)) = self.events.get(id) else { continue };
+            let Some((full, e)) = self.events.get(id) else { continue };
             b.push(full, e);
         }
         b
@@ -368,28 +339,24 @@ mod tests {
     }
 
     #[test]
-    fn ids_of_matches_event_id_for_pooled_unpooled_and_forgotten_events() {
+    fn committed_events_leave_the_pool_and_the_rest_are_taken_in_order_with_their_ids() {
         let mut p = Pool::new(&[3; 32]);
         let pooled: Vec<EventBytes> = (0..50u32).map(|i| format!("event {i}").into_bytes().into()).collect();
         for e in &pooled {
             assert!(p.insert(e.clone(), 1_000).is_some());
         }
-        let stranger = ev(b"never pooled");
-        let mut asked = pooled.clone();
-        asked.push(stranger.clone());
-        // A near-copy of a pooled event (same length, one byte changed) is not mistaken for it.
-        let mut near = pooled[7].to_vec();
-        near[0] ^= 1;
-        asked.push(near.into());
-        let expect: Vec<Digest> = asked.iter().map(|e| event_id(e)).collect();
-        assert_eq!(p.ids_of(&asked), expect);
-        // Committed events leave the content index with the pool; their ids are still right.
-        p.committed(1, &expect[..10], 5);
+        let ids: Vec<Digest> = pooled.iter().map(|e| event_id(e)).collect();
+        assert_eq!(p.get(&ids[7]), Some(&pooled[7]));
+        // A digest sharing the pool's 128-bit key but not the rest is not taken for the event.
+        let mut near = ids[7];
+        near.0[31] ^= 1;
+        assert_eq!(p.get(&near), None);
+        p.committed(1, &ids[..10], 5);
         assert_eq!(p.len(), 40);
-        assert_eq!(p.ids_of(&asked), expect);
-        let Batch { events: taken, ids, .. } = p.batch(100, 1 << 20, &[]);
+        assert_eq!(p.get(&ids[3]), None);
+        let Batch { events: taken, ids: taken_ids, .. } = p.batch(100, 1 << 20, &[]);
         assert_eq!(taken, pooled[10..].to_vec());
-        assert_eq!(ids, expect[10..50].to_vec());
+        assert_eq!(taken_ids, ids[10..].to_vec());
     }
 
     #[test]

@@ -1068,7 +1068,7 @@ impl Validator {
         if from != block.leader || block.leader != self.leader(view) {
             return;
         }
-        let ids = self.pool.ids_of(&block.events);
+        let ids: Vec<Digest> = block.events.iter().map(|e| event_id(e)).collect();
         self.on_full_proposal(now, block, ids, vote, nulls);
     }
 
@@ -1496,7 +1496,7 @@ impl Validator {
     }
 
     fn on_fetched(&mut self, now: Micros, block: Block, notarization: Option<Certificate>) {
-        let ids = self.pool.ids_of(&block.events);
+        let ids: Vec<Digest> = block.events.iter().map(|e| event_id(e)).collect();
         let d = block.digest_with_ids(&ids);
         if self.fetching.remove(&d).is_none() {
             return; // unsolicited
