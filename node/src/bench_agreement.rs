@@ -568,14 +568,14 @@ fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
         "(a tick's batch is handed to the sim one period later: its order seed is the certificate its child embeds)"
     );
     if args.timeline > 0 {
-        timeline(shared, &proposed, args.timeline);
+        timeline(shared, &proposed, args.timeline, args.validators);
     }
 }
 
 /// For a few ticks: every input each validator handled from the proposal to the last
 /// finalization, in µs after the proposal (start-end kind); `send` is the leader encoding and
 /// queueing its proposal, `read` a follower's reader decoding it off the socket.
-fn timeline(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, count: usize) {
+fn timeline(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, count: usize, validators: u16) {
     let finalized = shared.finalized.lock().expect("not poisoned").clone();
     let inputs = shared.inputs.lock().expect("not poisoned");
     let mut props: Vec<(Duration, Digest)> = proposed.iter().map(|(d, at)| (*at, *d)).collect();
@@ -587,7 +587,7 @@ fn timeline(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, count: usize
         let end = done.iter().map(|(_, t)| *t).max().unwrap_or(*at);
         let us = |t: Duration| t.as_micros() as i64 - at.as_micros() as i64;
         println!("timeline of a proposal (µs after it; the leader's proposing input ends at 0):");
-        for v in 0..4u16 {
+        for v in 0..validators {
             let fin = done.iter().find(|(w, _)| *w == v).map_or(-1, |(_, t)| us(*t));
             let line: Vec<String> = inputs
                 .iter()
