@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
-use crate::types::{Digest, EventBytes, event_id};
+use crate::types::{Digest, EventBytes, event_ids};
 
 /// Events waiting for a block, and the ids recently committed (so a late copy is dropped).
 ///
@@ -183,9 +183,10 @@ impl Pool {
     }
 
     /// Add an event; its id if it is new, `None` if it was known, committed recently, or the
-    /// pool is full.
+    /// pool is full. (One at a time: the reference [`Pool::insert_many`] is tested against.)
+    #[cfg(test)]
     pub fn insert(&mut self, bytes: EventBytes, max_events: usize) -> Option<Digest> {
-        let full = event_id(&bytes);
+        let full = crate::types::event_id(&bytes);
         let id = key(&full);
         if !self.admits(id, max_events) {
             return None;
@@ -193,6 +194,35 @@ impl Pool {
         self.order.push_back(id);
         self.events.insert(id, (full, bytes));
         Some(full)
+    }
+
+    /// [`Pool::insert`] of each event in turn, faster: the ids are hashed side by side, and the
+    /// tables of committed ids are looked up for all the events before any is pooled. Those
+    /// tables hold 300,000 ids a generation at 1,000 events a tick, out of cache, and one event
+    /// at a time their misses came one after another (half of a validator's time taking in an
+    /// event); in a loop that does nothing else, the CPU overlaps them.
+    pub fn insert_many(&mut self, events: &[EventBytes], max_events: usize) -> Vec<Option<Digest>> {
+        let ids = event_ids(events);
+        let recent: Vec<bool> = ids
+            .iter()
+            .map(|full| {
+                let id = key(full);
+                self.committed.contains(&id) || self.committed_old.contains(&id)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(events.len());
+        for ((full, recent), e) in ids.into_iter().zip(recent).zip(events) {
+            let id = key(&full);
+            // As `admits`; the committed tables do not change while events are pooled.
+            if recent || self.events.len() >= max_events || self.events.contains_key(&id) {
+                out.push(None);
+                continue;
+            }
+            self.order.push_back(id);
+            self.events.insert(id, (full, e.clone()));
+            out.push(Some(full));
+        }
+        out
     }
 
     /// The pooled event with this id.
@@ -204,6 +234,7 @@ impl Pool {
         self.events.remove(id);
     }
 
+    #[cfg(test)]
     fn admits(&self, id: u128, max_events: usize) -> bool {
         !self.events.contains_key(&id)
             && !self.committed.contains(&id)
@@ -283,6 +314,34 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::event_id;
+
+    /// Pooling a batch at once answers as pooling its events one at a time: with duplicates
+    /// inside the batch, events already pooled, events committed in either generation, and
+    /// the pool filling up part way through.
+    #[test]
+    fn insert_many_is_insert_one_at_a_time() {
+        let ev = |i: u32| -> EventBytes { format!("event {i}").into_bytes().into() };
+        let mut many = Pool::new(&[8; 32]);
+        for i in 0..50 {
+            many.insert(ev(i), 1_000);
+        }
+        let older: Vec<Digest> = (0..10).map(|i| event_id(&ev(i))).collect();
+        many.committed(1, &older, 5);
+        let newer: Vec<Digest> = (10..20).map(|i| event_id(&ev(i))).collect();
+        many.committed(7, &newer, 5);
+        let mut one = many.clone();
+        // 0..20 committed (older and newer generation), 20..50 pooled, then 40 new ones and
+        // repeats of all of these; the cap (60 pooled) falls inside the batch.
+        assert_eq!(many.len(), 30);
+        let batch: Vec<EventBytes> = (0..120).map(|k| ev((k * 37) % 90)).collect();
+        let got = many.insert_many(&batch, 60);
+        let want: Vec<Option<Digest>> = batch.iter().map(|e| one.insert(e.clone(), 60)).collect();
+        assert_eq!(got, want);
+        assert!(got.iter().any(Option::is_some) && got.iter().any(Option::is_none));
+        assert_eq!(many.len(), 60, "filled to the cap");
+        assert_eq!(many.take(1_000, 1 << 20, &[]), one.take(1_000, 1 << 20, &[]), "the same arrival order");
+    }
 
     fn ev(b: &[u8]) -> EventBytes {
         b.into()

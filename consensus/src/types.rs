@@ -90,7 +90,7 @@ pub struct Block {
 impl Block {
     /// The block's digest: its header and its events' ids (which commit to the events).
     pub fn digest(&self) -> Digest {
-        let ids: Vec<Digest> = self.events.iter().map(|e| event_id(e)).collect();
+        let ids = event_ids(&self.events);
         self.digest_with_ids(&ids)
     }
 
@@ -225,9 +225,19 @@ mod digest_list {
 /// hold one allocation (a block is rebuilt from the pool without copying its events).
 pub type EventBytes = std::sync::Arc<[u8]>;
 
+const EVENT_KEY: &[u8; 32] = b"metatopia/consensus/event/v1____";
+
 /// The id of an event: blake3 of its bytes.
 pub fn event_id(bytes: &[u8]) -> Digest {
-    Digest(*blake3::keyed_hash(b"metatopia/consensus/event/v1____", bytes).as_bytes())
+    Digest(*blake3::keyed_hash(EVENT_KEY, bytes).as_bytes())
+}
+
+/// The ids of many events, equal to [`event_id`] of each, hashed side by side in SIMD lanes
+/// (`metatopia_sim::wide`: 8 or 16 at a time where the CPU has AVX2 or AVX-512, where the
+/// `blake3` crate hashes a short input one at a time).
+pub fn event_ids<E: AsRef<[u8]>>(events: &[E]) -> Vec<Digest> {
+    let inputs: Vec<&[u8]> = events.iter().map(AsRef::as_ref).collect();
+    metatopia_sim::wide::keyed_hash_many(EVENT_KEY, &inputs).into_iter().map(Digest).collect()
 }
 
 /// What a vote is for.
