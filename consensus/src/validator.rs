@@ -291,6 +291,8 @@ const FULL_VIEWS: u64 = 64;
 struct Incomplete {
     header: Block,
     ids: Vec<Digest>,
+    /// Positions in `ids` of the events not pooled when last looked for.
+    missing: Vec<u32>,
     vote: Vote,
     nulls: Vec<Certificate>,
 }
@@ -1108,15 +1110,13 @@ impl Validator {
         {
             return;
         }
-        let found: Vec<&EventBytes> = ids.iter().map_while(|id| self.pool.get(id)).collect();
-        if found.len() == ids.len() {
-            // Each event's first byte is read before any is shared: sharing one is an atomic
-            // increment of its count, which waits for the cache line and holds back every load
-            // behind it, so a thousand misses came one at a time. Plain reads overlap.
-            std::hint::black_box(found.iter().fold(0u8, |a, e| a ^ e.first().copied().unwrap_or(0)));
-            block.events = found.into_iter().cloned().collect();
-            return self.on_full_proposal(now, block, ids, vote, nulls);
-        }
+        let missing = match self.rebuild(&ids) {
+            Ok(events) => {
+                block.events = events;
+                return self.on_full_proposal(now, block, ids, vote, nulls);
+            }
+            Err(missing) => missing,
+        };
         let digest = block.header_digest(&ids);
         if let Some(known) = self.blocks.get(&digest) {
             // Fetched already (its notarization came first).
@@ -1126,7 +1126,7 @@ impl Validator {
         if view.0 > self.view.0 + FUTURE_VIEWS || view < self.tip.0 || !self.leader_vote_ok(&block, digest, &vote) {
             return;
         }
-        self.incomplete.insert(digest, Incomplete { header: block, ids, vote, nulls });
+        self.incomplete.insert(digest, Incomplete { header: block, ids, missing, vote, nulls });
         while self.incomplete.len() > INCOMPLETE_MAX {
             // Keep the newest views.
             let oldest = self.incomplete.iter().min_by_key(|(_, x)| x.header.view).map(|(d, _)| *d);
@@ -1139,19 +1139,50 @@ impl Validator {
         self.fetching.entry(digest).or_insert(now + self.cfg.period_us / 4);
     }
 
-    /// Take up the compact proposals whose missing events have arrived.
+    /// A compact proposal's events from the pool, in one pass of lookups; or the positions of
+    /// those it does not hold.
+    fn rebuild(&self, ids: &[Digest]) -> Result<Vec<EventBytes>, Vec<u32>> {
+        let found: Vec<Option<&EventBytes>> = ids.iter().map(|id| self.pool.get(id)).collect();
+        if found.iter().any(Option::is_none) {
+            return Err(found.iter().enumerate().filter(|(_, f)| f.is_none()).map(|(i, _)| i as u32).collect());
+        }
+        // Each event's first byte is read before any is shared: sharing one is an atomic
+        // increment of its count, which waits for the cache line and holds back every load
+        // behind it, so a thousand misses came one at a time. Plain reads overlap.
+        std::hint::black_box(found.iter().flatten().fold(0u8, |a, e| a ^ e.first().copied().unwrap_or(0)));
+        Ok(found.into_iter().flatten().cloned().collect())
+    }
+
+    /// Take up the compact proposals whose missing events have arrived. Only the missing ones
+    /// are looked up again: the gossip a proposal waits for usually left its leader just
+    /// before it (its clients' latest events), and is taken in right after it, since
+    /// proposals are handled first. Looking the whole block up at each gossip message cost a
+    /// follower a second rebuild on the commit's path.
     fn retry_incomplete(&mut self, now: Micros) {
+        let pool = &self.pool;
         let complete: Vec<Digest> = self
             .incomplete
-            .iter()
-            .filter(|(_, x)| x.ids.iter().all(|id| self.pool.get(id).is_some()))
-            .map(|(d, _)| *d)
+            .iter_mut()
+            .filter_map(|(d, x)| {
+                x.missing.retain(|&i| pool.get(&x.ids[i as usize]).is_none());
+                x.missing.is_empty().then_some(*d)
+            })
             .collect();
         for d in complete {
-            let Some(Incomplete { mut header, ids, vote, nulls }) = self.incomplete.remove(&d) else { continue };
-            self.fetching.remove(&d);
-            header.events = ids.iter().filter_map(|id| self.pool.get(id).cloned()).collect();
-            self.on_full_proposal(now, header, ids, vote, nulls);
+            let Some(mut x) = self.incomplete.remove(&d) else { continue };
+            match self.rebuild(&x.ids) {
+                Ok(events) => {
+                    self.fetching.remove(&d);
+                    x.header.events = events;
+                    self.on_full_proposal(now, x.header, x.ids, x.vote, x.nulls);
+                }
+                Err(missing) => {
+                    // An event left the pool meanwhile (committed in another block): the
+                    // fetch already due takes over.
+                    x.missing = missing;
+                    self.incomplete.insert(d, x);
+                }
+            }
         }
     }
 
@@ -1628,15 +1659,15 @@ impl Validator {
     }
 }
 
-/// Whether no id repeats. The ids' first 8 bytes are sorted as integers (sorting the 32-byte
-/// arrays compared each pair with a `memcmp` call, 35 µs for 1,000 ids); only when two of those
-/// are equal (an honest chance of ~2^-45 per block) are the whole ids compared.
+/// Whether no id repeats.
 fn all_distinct(ids: &[Digest]) -> bool {
     // The ids' first 8 bytes go into an open-addressed table twice the batch's size: linear
-    // time, where sorting them took a follower ~10 µs of its ~70 at 1,000 ids. Ids are blake3
-    // outputs, so their buckets spread; a leader could grind events to crowd a few buckets,
-    // so a run of probes past `MAX_PROBES` falls back to sorting. Two ids alike in their first
-    // 8 bytes (or in all but the lowest bit, which marks a used slot) are compared in full.
+    // time, where sorting them as integers took a follower ~10 µs of its ~70 at 1,000 ids
+    // (and sorting the 32-byte ids, 35 µs). Ids are blake3 outputs, so their buckets spread; a
+    // leader could grind events to crowd a few buckets, so a run of probes past `MAX_PROBES`
+    // falls back to sorting. Two ids alike in their first 8 bytes (or in all but the lowest
+    // bit, which marks a used slot) send it to sorting the whole ids too (an honest chance of
+    // ~2^-45 per block).
     const MAX_PROBES: usize = 32;
     let head = |d: &Digest| u64::from_le_bytes(d.0[..8].try_into().expect("8 bytes")) | 1;
     if ids.len() < 2 {
