@@ -96,6 +96,14 @@ pub struct Status {
     pub raynet_neighbours: u32,
     #[serde(default)]
     pub neighbour_validators_found: Vec<u32>,
+    /// The agreement: its validator epoch, its current view, and the last tick it committed
+    /// (which `tick` follows; refreshed also when no tick executes).
+    #[serde(default)]
+    pub epoch: u64,
+    #[serde(default)]
+    pub view: u64,
+    #[serde(default)]
+    pub agreed_tick: Option<u64>,
 }
 
 /// An account as nodes show it.

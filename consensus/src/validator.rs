@@ -444,6 +444,28 @@ impl Validator {
         for c in p.finalized {
             v.finalized.insert(c.view, c);
         }
+        // A certificate formed on its votes' MACs is saved only once their signatures are
+        // checked, a few milliseconds later. When every validator stopped inside that window
+        // (a whole sim stopped at once), nobody has it, and nobody sent its votes of a past view
+        // again: no later view could be built on, and every view timed out from then on. So
+        // this validator's votes whose certificate it lacks are sent again while it is stuck
+        // (as `resend` does for certificates that lost a vote), until the certificate forms.
+        let holes: Vec<(VoteKind, View)> = v
+            .views
+            .iter()
+            .flat_map(|(view, s)| {
+                [
+                    (VoteKind::Notarize, s.my_notarize.is_some()),
+                    (VoteKind::Nullify, s.my_nullify.is_some()),
+                    (VoteKind::Finalize, s.my_finalize.is_some()),
+                ]
+                .into_iter()
+                .filter(|(_, mine)| *mine)
+                .map(move |(kind, _)| (kind, *view))
+            })
+            .filter(|(kind, view)| !v.certified(*kind).contains_key(view))
+            .collect();
+        v.repair.extend(holes);
         Ok(v)
     }
 
@@ -690,6 +712,9 @@ impl Validator {
             self.last_retry = now;
             self.out.push_back(Output::Broadcast(Message::Vote(vote.clone())));
             self.on_vote(now, vote);
+            // Stuck: also the votes of certificates missing behind this view (when the views
+            // time out together they never stay stuck long enough for `resend`).
+            self.resend_repair();
         } else if (s.my_nullify.is_some() || self.me.is_none())
             && !finished
             && now >= self.last_retry + self.cfg.retry_us
@@ -722,6 +747,12 @@ impl Validator {
         for c in latest.into_iter().flatten() {
             self.out.push_back(Output::Broadcast(Message::Certificate(c)));
         }
+        self.resend_repair();
+    }
+
+    /// Re-send this validator's votes of the certificates it lost or never saved
+    /// (`repair`), while they are still missing and wanted.
+    fn resend_repair(&mut self) {
         let tip = self.tip.0;
         let wanted = |&(kind, view): &(VoteKind, View)| {
             !self.certified(kind).contains_key(&view)

@@ -124,6 +124,33 @@ fn a_restarted_validator_catches_up_and_votes_again() {
     );
 }
 
+/// A whole sim stopped at once (a devnet's Ctrl-C) and started again, at every millisecond of
+/// a tick period: commits resume. Found on the devnet: stopped within the few milliseconds
+/// between a certificate forming (counted on its votes' MACs) and its signatures being checked,
+/// no validator had saved that certificate, and none sent the votes of a past view again, so
+/// the views after it could never be built on (every view timed out, forever).
+#[test]
+fn every_validator_stopped_at_once_resumes_whenever_it_stopped() {
+    let period = common::config(&Arc::new(SigCache::new())).period_us;
+    for k in 0..period / MS {
+        let cache = Arc::new(SigCache::new());
+        let mut cluster = build(&Setup::honest(4), 300 + k, lan(), &cache);
+        let mut checker = Checker::new(4, &cache);
+        let stop = SEC + k * MS;
+        let start = stop + 30 * SEC;
+        for i in 0..4 {
+            cluster.schedule_fault(stop, Fault::Crash(i));
+            cluster.schedule_fault(start, Fault::Restart(i));
+        }
+        cluster.run_until(start, |c| checker.check(c));
+        let before = checker.highest_tick().expect("committed before the stop");
+        cluster.run_until(start + RESUME_BOUND, |c| checker.check(c));
+        assert!(checker.violations.is_empty(), "stopped at +{k} ms: {:?}", checker.violations);
+        let after = checker.highest_tick().unwrap();
+        assert!(after >= before + 10, "stopped at +{k} ms: at tick {before} before, {after} after the restart");
+    }
+}
+
 #[test]
 fn a_diverged_state_root_is_detected_by_peers_within_a_tick() {
     let cache = Arc::new(SigCache::new());

@@ -66,6 +66,7 @@ pub fn render_stats(s: &Status) -> String {
     let text = format!(
         "sim {} · node {} of {} · tick {} · root {root}…{desync}\n\
          tick rate          {} Hz\n\
+         agreement          epoch {}, view {}, committed to tick {}\n\
          time dilation      {:.2}\n\
          commit latency     p50 {:.1} ms, p99 {:.1} ms\n\
          tick time          {:.2} ms (scripts {:.2} ms, physics {:.2} ms)\n\
@@ -79,6 +80,9 @@ pub fn render_stats(s: &Status) -> String {
         s.validators,
         s.tick,
         s.tick_rate_hz,
+        s.epoch,
+        s.view,
+        s.agreed_tick.map_or_else(|| "none yet".to_string(), |t| t.to_string()),
         s.dilation,
         s.commit_latency_p50_ms,
         s.commit_latency_p99_ms,
@@ -324,6 +328,9 @@ mod tests {
         let mut s = Status { sim: 2, tick: 7, root: "ab".repeat(32), tick_rate_hz: 20, ..Status::default() };
         let one = render_stats(&s);
         assert!(one.starts_with("sim 2 · node 0 of 0 · tick 7") && !one.contains("neighbour"), "{one}");
+        assert!(one.contains("agreement          epoch 0, view 0, committed to tick none yet\n"), "{one}");
+        (s.epoch, s.view, s.agreed_tick) = (1, 930, Some(9));
+        assert!(render_stats(&s).contains("agreement          epoch 1, view 930, committed to tick 9\n"));
         s.neighbours = vec![1, 3];
         (s.mail_sent, s.mail_received, s.mail_late) = (40, 80, 20);
         (s.departures, s.arrivals, s.in_transit) = (2, 1, vec!["ball".into()]);

@@ -68,6 +68,11 @@ pub trait Agreement {
     fn pool_len(&self) -> usize {
         0
     }
+    /// Where the agreement is: its validator epoch, its current view and the last tick it
+    /// committed (shown in the status, so a sim that stops ticking shows where it waits).
+    fn position(&self) -> (u64, u64, Option<u64>) {
+        (0, 0, None)
+    }
     /// The roots other validators reported for `tick`.
     fn peer_roots(&self, _tick: u64) -> Vec<(ValidatorIndex, Digest)> {
         Vec::new()
@@ -113,6 +118,9 @@ impl Agreement for Validator {
     }
     fn pool_len(&self) -> usize {
         Validator::pool_len(self)
+    }
+    fn position(&self) -> (u64, u64, Option<u64>) {
+        (0, self.view().0, self.committed_tick())
     }
     fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
         Validator::peer_roots(self, tick).map(|m| m.iter().map(|(v, d)| (*v, *d)).collect()).unwrap_or_default()

@@ -373,6 +373,10 @@ impl Agreement for Epochs {
     fn pool_len(&self) -> usize {
         self.current.validator.pool_len()
     }
+    fn position(&self) -> (u64, u64, Option<u64>) {
+        let v = &self.current.validator;
+        (self.current.epoch, v.view().0, v.committed_tick())
+    }
     fn join_state(&self) -> Option<Vec<u8>> {
         let s = EpochStart { def: EpochDef::of(&self.current), view: self.current.validator.view().0 };
         postcard::to_allocvec(&s).ok()

@@ -886,6 +886,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 _ => {}
             }
         }
+        (meter.status.epoch, meter.status.view, meter.status.agreed_tick) =
+            metatopia_node::core::Agreement::position(core.agreement());
         if status_tx.send_if_modified(|s| {
             let changed = *s != meter.status;
             if changed {
