@@ -92,3 +92,34 @@ fn devnet_runs_four_sims_side_by_side_in_four_processes() {
     let distinct: std::collections::BTreeSet<&String> = per_sim.iter().collect();
     assert_eq!(distinct.len(), 4, "four different sims: {per_sim:?}");
 }
+
+#[test]
+fn devnet_run_again_resumes_where_it_stopped() {
+    let dir = std::env::temp_dir().join(format!("metatopia-devnet-resume-{}", std::process::id()));
+    let port = free_base("resume", 4).to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["devnet", "--dir", dir.to_str().unwrap(), "--port", &port, "--clients", "0", "--single"];
+        args.extend(extra);
+        let (ok, out, err) = common::cli(&args);
+        assert!(ok && out.contains("devnet finished"), "{out}\n{err}");
+        out
+    };
+    let first = run(&["--fresh", "--ticks", "40", "--bots", "5"]);
+    // Every node stopped after tick 39, all at once: the second run goes on from there (its own
+    // snapshot and log) and agrees on more ticks.
+    let second = run(&["--ticks", "80", "--bots", "5"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let resumed: Vec<u64> = second
+        .lines()
+        .filter_map(|l| l.split_once("; now at tick ").and_then(|(_, rest)| rest.split_whitespace().next()))
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    assert_eq!(resumed.len(), 4, "each node said where it resumed: {second}");
+    assert!(resumed.iter().all(|t| *t >= 39), "resumed at {resumed:?}, not from genesis: {second}");
+    let (before, after) = (roots(&first), roots(&second));
+    assert_eq!(after.len(), 4, "every node reported: {second}");
+    for (node, ticks) in &after {
+        let last = *ticks.keys().last().unwrap();
+        assert!(last >= 60 && last > *before[node].keys().last().unwrap(), "node {node} reached {last}: {second}");
+    }
+}
