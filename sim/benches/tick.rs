@@ -6,7 +6,9 @@
 //!   `verify/raw_dalek_1k/w1` (ed25519-dalek alone checking as many signatures).
 //! - `root/15k_objects_1500_changed/wN`: the incremental state root after 1,500 of 15,000
 //!   objects changed (N worker threads), beside the raw baselines: blake3 over the same 1,500 objects' bytes in
-//!   one call (`baseline_blake3_concat`) and one call per object (`baseline_blake3_each`).
+//!   one call (`baseline_blake3_concat`) and one call per object (`baseline_blake3_each`), and
+//!   this design's floor (`floor_wide_hashes`: the same leaves and as many parent nodes as
+//!   their paths hold, hashed in lanes with no tree to walk).
 //! - `wide/leaves_1434x110B`, `wide/parents_1300`: the state root's lane-parallel BLAKE3
 //!   (`metatopia_sim::wide`) beside the `blake3` crate doing the same hashes one at a time.
 
@@ -118,6 +120,34 @@ fn root(c: &mut Criterion) {
         pick().iter().map(|id| postcard::to_allocvec(world.object(*id).unwrap()).unwrap()).collect();
     let concat: Vec<u8> = sample.concat();
     println!("root baseline: {} objects, {} bytes", sample.len(), concat.len());
+    // The floor of this design: the same leaves, and as many parent nodes as their paths up
+    // the slot tree hold, hashed side by side in lanes (`wide`), with no tree to walk, no map
+    // to look objects up in and nothing to write back.
+    let mut level: Vec<u32> = pick().iter().map(|id| id.slot()).collect();
+    level.sort_unstable();
+    level.dedup();
+    let cap = (level.last().copied().unwrap_or(0) + 1).next_power_of_two();
+    for s in &mut level {
+        *s += cap;
+    }
+    let mut parents = 0;
+    while level.first().is_some_and(|&p| p > 1) {
+        for p in &mut level {
+            *p /= 2;
+        }
+        level.dedup();
+        parents += level.len();
+    }
+    let refs: Vec<&[u8]> = sample.iter().map(Vec::as_slice).collect();
+    let pairs: Vec<([u8; 32], [u8; 32])> = (0..parents as u32).map(|i| ([i as u8; 32], [7; 32])).collect();
+    println!("root floor: {} leaves, {parents} parent nodes", refs.len());
+    g.bench_function("floor_wide_hashes", |b| {
+        b.iter(|| {
+            let l = metatopia_sim::wide::keyed_hash_many(&[1; 32], std::hint::black_box(&refs));
+            let p = metatopia_sim::wide::parents_many(&[2; 32], pairs.len(), |i| (&pairs[i].0, &pairs[i].1));
+            (l.len(), p.len())
+        })
+    });
     g.bench_function("baseline_blake3_concat", |b| b.iter(|| blake3::hash(std::hint::black_box(&concat))));
     g.bench_function("baseline_blake3_each", |b| {
         b.iter(|| sample.iter().map(|s| blake3::hash(s).as_bytes()[0]).fold(0u8, |a, x| a ^ x))
