@@ -269,10 +269,15 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         std::thread::spawn(move || client_bots(joins, args.clients));
     }
     // Wait for the nodes to finish, or for Ctrl-C (which the terminal also sends them).
+    let mut interrupted = false;
     loop {
-        if stop.load(Ordering::SeqCst) {
+        if stop.load(Ordering::SeqCst) && !interrupted {
+            // Once, and only to those still running (`kill` complained of the others).
+            interrupted = true;
             for (_, c) in &mut children {
-                interrupt(c);
+                if c.try_wait()?.is_none() {
+                    interrupt(c);
+                }
             }
         }
         let mut running = 0;
@@ -349,5 +354,5 @@ fn client_bots(nodes: Vec<metatopia_client::proto::NodeAddr>, count: usize) {
 
 /// Ask a child to stop as Ctrl-C would (SIGINT), so it syncs its log.
 fn interrupt(c: &mut Child) {
-    let _ = Command::new("kill").arg("-INT").arg(c.id().to_string()).status();
+    let _ = Command::new("kill").arg("-INT").arg(c.id().to_string()).stderr(Stdio::null()).status();
 }
