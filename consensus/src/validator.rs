@@ -1483,6 +1483,17 @@ impl Validator {
                 }
                 self.notarized.insert(view, c.clone());
                 self.pass_on(&c);
+                if self.has_unchecked(&c) {
+                    // R3 finalizes on a notarization, and a validator that finalized a view never
+                    // nullifies it: on one counted on a forged vote's MAC, the view could then be
+                    // neither notarized (the forger withholds a good vote, an honest validator
+                    // refused its proposal) nor nullified, and no later view could be built on
+                    // (found by the seed sweep, seed 1001817). So its signatures are checked now.
+                    self.check_unchecked(now);
+                    if self.notarized.get(&view).is_none_or(|n| n.digest != c.digest) {
+                        return; // it fell apart: formed again when a good vote comes
+                    }
+                }
                 if !self.blocks.contains_key(&c.digest) {
                     self.fetch_soon(now, c.digest);
                 }
