@@ -13,6 +13,10 @@
 //!   (votes, certificates, commit, signature checks).
 //! - `raw/blake3_ids_1000`: the `blake3` crate hashing the 1,000 events one call each (the ids
 //!   every validator computes at ingestion): the raw-library baseline.
+//! - `raw/ed25519_verify_strict`, `raw/ed25519_sign`: `ed25519-dalek` checking one signature
+//!   as votes are checked, and making one. A tick's critical path holds two checks and two
+//!   signatures per validator (the notarization's other votes, before finalizing on it; its
+//!   own notarize and finalize votes).
 
 // Benchmarks measure wall time; the no-clock rule is for the simulation itself.
 #![allow(clippy::disallowed_methods)]
@@ -230,6 +234,13 @@ fn commit_path(c: &mut Criterion) {
     let mut cluster = Cluster::new();
     let events: Vec<Vec<u8>> = (0..EVENTS).map(|_| cluster.event()).collect();
     g.bench_function("blake3_ids_1000", |b| b.iter(|| events.iter().map(|e| event_id(e)).collect::<Vec<_>>()));
+    // A vote's signature, checked and made.
+    let (k, msg) = (key(0), [7u8; 96]);
+    let (vk, sig) = (k.verifying_key(), ed25519_dalek::Signer::sign(&k, &msg));
+    g.bench_function("ed25519_verify_strict", |b| {
+        b.iter(|| vk.verify_strict(std::hint::black_box(&msg), &sig).is_ok())
+    });
+    g.bench_function("ed25519_sign", |b| b.iter(|| ed25519_dalek::Signer::sign(&k, std::hint::black_box(&msg))));
     g.finish();
 }
 

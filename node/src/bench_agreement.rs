@@ -46,6 +46,11 @@ pub struct AgreementArgs {
     /// finalization (ticks spread over the run): where the commit latency goes.
     #[arg(long, default_value_t = 0)]
     timeline: usize,
+    /// Leave the validator threads wherever the OS schedules them, instead of pinning each to
+    /// a core (the validators shared out over the cores in order: with 4 on 2 cores, 0 and 1
+    /// on the first, 2 and 3 on the second). TCP transport only.
+    #[arg(long)]
+    no_pin: bool,
 }
 
 use metatopia_node::frames::{MAX_FRAME, read_frame, write_frames};
@@ -141,7 +146,14 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         stream.set_nonblocking(true)?;
         by_validator.entry(me).or_default().push((peer, stream));
     }
+    let cores = if args.no_pin { Vec::new() } else { allowed_cores() };
+    if !cores.is_empty() {
+        let placed: Vec<String> =
+            (0..n as usize).map(|i| format!("v{i} -> core {}", cores[i * cores.len() / n as usize])).collect();
+        println!("validator threads pinned: {}", placed.join(", "));
+    }
     for i in 0..n {
+        let core = (!cores.is_empty()).then(|| cores[i as usize * cores.len() / n as usize]);
         let evs = inboxes[i as usize].take().expect("once");
         let links = by_validator.remove(&i).unwrap_or_default();
         // Each validator verifies signatures itself (its own cache), as separate machines would.
@@ -150,6 +162,9 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         let shared = shared.clone();
         threads.push(std::thread::Builder::new().name(format!("validator-{i}")).spawn(
             move || -> anyhow::Result<()> {
+                if let Some(core) = core {
+                    pin_to(core);
+                }
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 rt.block_on(async move {
                     let (tx, inbox) = Inbox::new();
@@ -196,6 +211,34 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     }
     report(&shared, &args, rtt);
     Ok(())
+}
+
+/// The cores this process may run on (empty where that is unknown: nothing is pinned).
+fn allowed_cores() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::sched::{CpuSet, sched_getaffinity};
+        if let Ok(set) = sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+            return (0..CpuSet::count()).filter(|c| set.is_set(*c).unwrap_or(false)).collect();
+        }
+    }
+    Vec::new()
+}
+
+/// Pin the calling thread to one core. A validator's thread stands for its machine: pinned,
+/// the OS does not move it, nor wake it on the core another validator is busy on (with the
+/// threads free, p99 at 1,000 events a tick was ~0.3 ms higher here).
+fn pin_to(core: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::sched::{CpuSet, sched_setaffinity};
+        let mut set = CpuSet::new();
+        if let Err(e) = set.set(core).and_then(|()| sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)) {
+            tracing::warn!(core, "could not pin a validator thread: {e}");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = core;
 }
 
 fn config_for(args: &AgreementArgs) -> Config {

@@ -1,0 +1,44 @@
+//! `metatopia bench agreement` as a user runs it, small: a real process with four validators
+//! over loopback TCP, its report read back. (What it measures is for the by-hand runs; this
+//! checks that it runs, commits what it was given and reports it.)
+
+use std::process::Command;
+
+fn bench(extra: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_metatopia"))
+        .args(["bench", "agreement", "--ticks", "30", "--events-per-tick", "40"])
+        .args(extra)
+        .output()
+        .expect("metatopia runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+/// The number after `label` on the first line holding it.
+fn number_after(stdout: &str, label: &str) -> f64 {
+    let line = stdout.lines().find(|l| l.contains(label)).unwrap_or_else(|| panic!("no {label:?} in:\n{stdout}"));
+    let rest = &line[line.find(label).unwrap() + label.len()..];
+    let num: String = rest.trim_start().chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    num.parse().unwrap_or_else(|_| panic!("no number after {label:?} in {line:?}"))
+}
+
+#[test]
+fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not() {
+    for pin in [true, false] {
+        let out = bench(if pin { &[] } else { &["--no-pin"] });
+        // 30 measured ticks after a second's warm-up at 60 Hz, and 5 more: 95 ticks of 40 events.
+        let submitted = 95.0 * 40.0;
+        let committed = number_after(&out, "events committed:");
+        assert!(committed >= 0.9 * submitted && committed <= submitted, "{committed} of {submitted}\n{out}");
+        assert!(number_after(&out, "ticks committed (validator 0):") >= 90.0, "{out}");
+        let samples = number_after(&out, "every validator,");
+        assert!(samples >= 4.0 * 25.0, "a finalization per validator and measured tick:\n{out}");
+        let latency = out.lines().find(|l| l.starts_with("commit latency")).expect("a latency line");
+        let (p50, p99) = (number_after(latency, "p50"), number_after(latency, "p99"));
+        assert!(p50 > 0.0 && p50 <= p99, "{out}");
+        if cfg!(target_os = "linux") {
+            assert_eq!(out.contains("validator threads pinned: v0 -> core"), pin, "{out}");
+        }
+    }
+}
