@@ -8,9 +8,12 @@
 //!   genesis or notarized (the block embeds the parent's notarization), every view in `(p, v)`
 //!   is nullified, its tick is the parent's plus one, its BFT time is above the parent's and at
 //!   most `max_drift` ahead of the voter's clock, and its batch is within limits. The leader
-//!   proposes once it has such a parent and its clock reaches `parent.time + period`: so the
-//!   chain advances one tick per period, never faster (the pipeline: proposing tick `t+1`
-//!   needs only the notarization of tick `t`).
+//!   proposes once it has such a parent and its clock reaches the tick's due time on its
+//!   schedule (one period after the tick before; the schedule follows the chain's BFT times,
+//!   see `Validator::due`), and never sooner than half a period after the parent: so the chain
+//!   advances one tick per period on average, never faster, and the delays of proposals sent
+//!   late do not add up (the pipeline: proposing tick `t+1` needs only the notarization of
+//!   tick `t`).
 //! - **R2 (notarize).** In its current view, a validator notarizes the first valid proposal,
 //!   unless it already nullified the view. The leader's proposal carries its own notarize vote.
 //! - **R3 (advance + finalize).** On `q` notarize votes for `(v, B)` (a notarization), a

@@ -216,6 +216,8 @@ pub struct Validator {
     settle_later: Vec<(u64, Digest, std::sync::Arc<Vec<Digest>>)>,
     view: View,
     view_started: Micros,
+    /// This validator's schedule of ticks: a tick and the time it was due (see `due`).
+    schedule: Option<(u64, Micros)>,
     views: BTreeMap<View, ViewState>,
     blocks: BTreeMap<Digest, Stored>,
     notarized: BTreeMap<View, Certificate>,
@@ -272,6 +274,11 @@ pub struct Validator {
 }
 
 const FUTURE_VIEWS: u64 = 1_000;
+
+/// The most time, in tick periods, a leader's schedule asks back of a chain that fell behind it
+/// (proposing as soon as half a period after the parent until it is made up); beyond that the
+/// schedule moves (see `Validator::due`).
+const MAX_DEBT_PERIODS: u64 = 2;
 
 /// Votes counted on their authenticators and not yet checked, at most (then they are verified
 /// before they count).
@@ -379,6 +386,7 @@ impl Validator {
             settle_later: Vec::new(),
             view: View(1),
             view_started: now,
+            schedule: None,
             views: BTreeMap::new(),
             blocks,
             notarized: BTreeMap::new(),
@@ -979,7 +987,46 @@ impl Validator {
                 return None; // wait for execution; the application's next report retries
             }
         }
-        Some((time_ms * 1_000 + self.cfg.period_us).max(self.view_started))
+        let after_parent = time_ms * 1_000;
+        let due = self.due(tick).unwrap_or(after_parent + self.cfg.period_us);
+        Some(due.max(after_parent + self.cfg.period_us / 2).max(self.view_started))
+    }
+
+    /// When tick `tick` is due on this validator's schedule: one period after the tick before.
+    ///
+    /// A leader proposes when its tick is due rather than a period after its parent's BFT time:
+    /// a proposal is never sent at the very microsecond it was due (the timer, the wake-up),
+    /// and counting each period from the last proposal added those delays up, tick after tick
+    /// (a devnet with no load ran at 0.97 of its rate). The schedule is local (voters check
+    /// only R1's bounds), follows the chain (`note_schedule`), and never asks for more than
+    /// [`MAX_DEBT_PERIODS`] of lost time back, nor a proposal sooner than half a period
+    /// after its parent.
+    fn due(&self, tick: u64) -> Option<Micros> {
+        let (at_tick, at) = self.schedule?;
+        let period = self.cfg.period_us;
+        Some(if tick >= at_tick {
+            at.saturating_add((tick - at_tick).saturating_mul(period))
+        } else {
+            at.saturating_sub((at_tick - tick).saturating_mul(period))
+        })
+    }
+
+    /// A valid block of `tick` with BFT time `time_ms`, seen at `now`: keep the schedule on the
+    /// chain. A block earlier than its tick was due here (by more than the millisecond a BFT
+    /// time is rounded down by) moves the schedule back to it; one later than that by more than [`MAX_DEBT_PERIODS`] moves it forward
+    /// (the time lost, in a view change say, is not made up). Blocks timed ahead of this
+    /// validator's clock are not followed.
+    fn note_schedule(&mut self, now: Micros, tick: u64, time_ms: u64) {
+        let at = time_ms * 1_000;
+        if at > now + 1_000 {
+            return;
+        }
+        // A BFT time is in whole milliseconds, rounded down: up to 1 ms early is on time.
+        let behind = MAX_DEBT_PERIODS * self.cfg.period_us;
+        match self.due(tick) {
+            Some(due) if at + 1_000 > due && at <= due + behind => {}
+            _ => self.schedule = Some((tick, at)),
+        }
     }
 
     fn try_propose(&mut self, now: Micros) {
@@ -1023,6 +1070,7 @@ impl Validator {
                 self.cfg.anchor.as_ref().map(|a| a.notarization.clone())
             },
         };
+        self.note_schedule(now, tick, block.time_ms);
         let digest = block.header_digest(&ids);
         let nullifications: Vec<Certificate> =
             self.nullified.range(parent.view.next()..view).map(|(_, c)| c.clone()).collect();
@@ -1252,6 +1300,7 @@ impl Validator {
             }
             Err(_) => return,
         }
+        self.note_schedule(now, stored.block.tick, stored.block.time_ms);
         self.blocks.insert(digest, stored);
         if view <= self.tip.0 {
             // Finalized before its proposal arrived: it may be the block a commit waits for.

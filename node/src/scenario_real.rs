@@ -32,6 +32,15 @@ struct Proc {
     err: Arc<Mutex<String>>,
 }
 
+impl Proc {
+    /// The last lines the node wrote to stderr.
+    fn err_tail(&self) -> String {
+        let err = self.err.lock().map(|s| s.clone()).unwrap_or_default();
+        let lines: Vec<&str> = err.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         if let Some(c) = self.child.as_mut() {
@@ -231,8 +240,21 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     let status = |i: usize| clients[i].get::<Status>("/v1/status").ok().flatten();
     // Wait for the nodes to serve (the first tick is the start of the scenario's time).
     let t0 = Instant::now();
-    while !(0..n).filter(|i| !joiners.contains_key(i)).all(|i| status(i).is_some()) {
-        anyhow::ensure!(t0.elapsed() < Duration::from_secs(60), "the nodes did not start within 60 s");
+    loop {
+        let waiting: Vec<usize> = (0..n).filter(|i| !joiners.contains_key(i) && status(*i).is_none()).collect();
+        if waiting.is_empty() {
+            break;
+        }
+        // A node that stopped (a port taken, say) will not serve: say why now, not in a minute.
+        for &i in &waiting {
+            if let Some(code) = procs[i].child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                anyhow::bail!("node {i} stopped before it served ({code}):\n{}", procs[i].err_tail());
+            }
+        }
+        if t0.elapsed() >= Duration::from_secs(60) {
+            let why: Vec<String> = waiting.iter().map(|i| format!("node {i}:\n{}", procs[*i].err_tail())).collect();
+            anyhow::bail!("nodes {waiting:?} did not start within 60 s\n{}", why.join("\n"));
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 
