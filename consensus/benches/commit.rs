@@ -49,8 +49,6 @@ struct Cluster {
     now: u64,
     next_event: u64,
     committed: u64,
-    /// When the next proposal is due.
-    next_due: u64,
 }
 
 fn key(i: usize) -> SigningKey {
@@ -75,7 +73,7 @@ impl Cluster {
                 Validator::new(cfg, key(i), keys.clone(), 0)
             })
             .collect();
-        Cluster { vs, now: 0, next_event: 0, committed: 0, next_due: PERIOD }
+        Cluster { vs, now: 0, next_event: 0, committed: 0 }
     }
 
     /// A client event of a signed sim event's size (~108 bytes), unique.
@@ -153,33 +151,44 @@ impl Cluster {
             }
         }
         self.quiet();
-        // The leader's proposal falls due: the clock moves there, every other timer firing on
+        // The leader proposes when its tick is due on its own schedule (kept from the chain's
+        // BFT times). The clock moves to the leader's next timer, every other timer firing on
         // the way, and each validator settles the last commit first (its pool forgets the
-        // committed events at its next input), so only the proposal is timed.
-        while self.now + PERIOD / 16 < self.next_due {
-            self.now += PERIOD / 16;
-            self.timers();
-            self.quiet();
-        }
-        self.now = self.next_due - 1;
-        for v in &mut self.vs {
-            v.submit_events(self.now, Vec::<Vec<u8>>::new());
-        }
-        self.quiet();
-        self.now = self.next_due;
+        // committed events at its next input), so only the proposal is timed; a timer of the
+        // leader's that is not its proposal is handled and the clock moves on.
         let leader = self.vs[0].leader(self.vs[0].view()).0 as usize;
-        let t = Instant::now();
-        self.vs[leader].handle_timeout(self.now);
-        let proposal = self.mail();
-        p.propose = t.elapsed();
-        let Some(Message::Authenticated { inner, .. }) =
-            proposal.first().and_then(|(_, _, bytes)| Message::decode(bytes, 1 << 24).ok())
-        else {
-            panic!("the leader proposed");
+        let (proposal, inner) = loop {
+            let due = self.vs[leader].poll_timeout().expect("the leader has a timer");
+            assert!(due < self.now + 4 * PERIOD, "the leader's proposal is due within a few periods");
+            while self.now + PERIOD / 16 < due {
+                self.now += PERIOD / 16;
+                self.timers();
+                self.quiet();
+            }
+            self.now = self.now.max(due - 1);
+            for v in &mut self.vs {
+                v.submit_events(self.now, Vec::<Vec<u8>>::new());
+            }
+            self.quiet();
+            self.now = self.now.max(due);
+            let t = Instant::now();
+            self.vs[leader].handle_timeout(self.now);
+            let out = self.mail();
+            p.propose = t.elapsed();
+            match out.first().and_then(|(_, _, bytes)| Message::decode(bytes, 1 << 24).ok()) {
+                Some(Message::Authenticated { inner, .. }) if matches!(*inner, Signed::ProposeIds { .. }) => {
+                    break (out, inner);
+                }
+                _ => {
+                    for m in out {
+                        self.deliver(m);
+                    }
+                    self.quiet();
+                }
+            }
         };
-        let Signed::ProposeIds { block, ids, .. } = *inner else { panic!("a compact proposal") };
+        let Signed::ProposeIds { ids, .. } = *inner else { panic!("a compact proposal") };
         assert_eq!(ids.len(), EVENTS, "the tick's events");
-        self.next_due = block.time_ms * 1_000 + PERIOD;
         let follower = (leader + 1) % N;
         let mut rest = Vec::new();
         for m in proposal {
