@@ -32,6 +32,12 @@ pub struct NodeConfig {
     /// Write a snapshot every this many ticks.
     #[serde(default = "default_snapshot_every")]
     pub snapshot_every: u64,
+    /// Threads a tick's parallel stages (scripts, physics islands, leaf hashing) split their
+    /// work over, 1..=64. The results never depend on it (DESIGN §5). Default: one per core,
+    /// at most 8. On a machine whose cores are all busy with other nodes, 1 is faster (a
+    /// hand-over to a second thread costs a wake-up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim_workers: Option<u32>,
     /// The genesis world (a seeded demo world for now).
     #[serde(default)]
     pub world: WorldConfig,
@@ -221,6 +227,9 @@ impl NodeConfig {
         for (i, b) in self.raynet.bootstrap.iter().enumerate() {
             parse_join(b).with_context(|| format!("raynet.bootstrap[{i}]"))?;
         }
+        if let Some(w) = self.sim_workers {
+            anyhow::ensure!((1..=64).contains(&w), "sim_workers must be 1..=64, not {w}");
+        }
         anyhow::ensure!(
             (50..=60_000).contains(&self.raynet.round_ms),
             "raynet.round_ms must be 50..=60000, not {}",
@@ -252,6 +261,11 @@ impl NodeConfig {
             .map(Some)
     }
 
+    /// Threads for the tick's parallel stages: `sim_workers`, or one per core, at most 8.
+    pub fn sim_workers(&self) -> u32 {
+        self.sim_workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(8) as u32))
+    }
+
     /// Where the HTTP service listens.
     pub fn http_addr(&self) -> SocketAddr {
         self.http.unwrap_or_else(|| SocketAddr::new(self.listen.ip(), self.listen.port().wrapping_add(1000)))
@@ -277,7 +291,8 @@ impl NodeConfig {
              # [[validators]]: the sim's nodes, in index order, the same on every node; `observer = true`\n\
              # marks a node that follows (and serves clients) until the admin admits its key.\n\
              # [[sims]]: in a world of several sims, the other sims (sim_id, validators' keys; their\n\
-             # addresses are found through Raynet). [raynet]: bootstrap = [\"KEY@HOST:PORT\", ...], round_ms.\n\n{body}"
+             # addresses are found through Raynet). [raynet]: bootstrap = [\"KEY@HOST:PORT\", ...], round_ms.\n\
+             # sim_workers = N: threads for a tick's parallel stages (default: one per core, at most 8).\n\n{body}"
         )
     }
 }
@@ -367,6 +382,19 @@ address = "127.0.0.1:7003"
         let mut c: NodeConfig = toml::from_str(GOOD).unwrap();
         c.validators.truncate(1);
         assert!(c.check().unwrap_err().to_string().contains("at least 4"));
+        let c: NodeConfig = toml::from_str(&GOOD.replace("tick_rate_hz = 30", "sim_workers = 0")).unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("sim_workers must be 1..=64, not 0"));
+    }
+
+    #[test]
+    fn sim_workers_default_to_the_cores_and_can_be_set() {
+        let c: NodeConfig = toml::from_str(GOOD).unwrap();
+        let cores = std::thread::available_parallelism().unwrap().get().min(8) as u32;
+        assert_eq!((c.sim_workers, c.sim_workers()), (None, cores));
+        let one: NodeConfig = toml::from_str(&GOOD.replace("tick_rate_hz = 30", "sim_workers = 1")).unwrap();
+        one.check().unwrap();
+        assert_eq!(one.sim_workers(), 1);
+        assert_eq!(toml::from_str::<NodeConfig>(&one.commented()).unwrap(), one, "what init writes reads back");
     }
 
     #[test]

@@ -157,6 +157,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
                 .collect(),
             // The other sims' nodes are found through Raynet, starting from the first node.
             raynet: RaynetConfig { bootstrap: seed.clone(), ..RaynetConfig::default() },
+            sim_workers: None,
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }

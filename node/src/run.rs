@@ -72,6 +72,10 @@ pub struct RunArgs {
     /// Bots' signed events per tick, instead of the config's `bots.events_per_tick`.
     #[arg(long, env = "METATOPIA_BOTS")]
     pub bots: Option<u32>,
+    /// Threads for a tick's parallel stages, instead of the config's `sim_workers` (default:
+    /// one per core, at most 8); for every directory of the process.
+    #[arg(long, env = "METATOPIA_SIM_WORKERS", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub sim_workers: Option<u32>,
     /// Stop after this tick has executed.
     #[arg(long)]
     pub ticks: Option<u64>,
@@ -113,6 +117,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
             join: None,
             sims: Vec::new(),
             raynet: Default::default(),
+            sim_workers: None,
         };
         metatopia_node::store::write_atomic(&path, cfg.commented().as_bytes())?;
         println!("wrote {}: add the sim's other validators (at least 4 in all) before `metatopia run`", path.display());
@@ -378,6 +383,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     if let Some(b) = args.bots {
         cfg.bots.events_per_tick = b;
     }
+    if let Some(w) = args.sim_workers {
+        cfg.sim_workers = Some(w);
+    }
     let key = dir.key()?;
     let keys = cfg.keys()?;
     let me = match keys.iter().position(|k| *k == key.verifying_key()) {
@@ -420,7 +428,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         let loaded = std::fs::read(&path)
             .map_err(anyhow::Error::from)
             .and_then(|b| Snapshot::decode(&b, 1 << 30).map_err(anyhow::Error::from))
-            .and_then(|s| metatopia_sim::Sim::restore(s, host(), physics(), 2).map_err(anyhow::Error::from));
+            .and_then(|s| {
+                metatopia_sim::Sim::restore(s, host(), physics(), cfg.sim_workers()).map_err(anyhow::Error::from)
+            });
         match loaded {
             Ok(s) => {
                 sim = Some(s);
@@ -431,7 +441,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     }
     let sim = match sim {
         Some(s) => s,
-        None => metatopia_sim::Sim::new(demo.world.clone(), host(), physics(), 2)
+        None => metatopia_sim::Sim::new(demo.world.clone(), host(), physics(), cfg.sim_workers())
             .context("loading the genesis world's physics")?,
     };
     let anchor_ms = consensus.genesis_time_ms;
@@ -451,7 +461,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     }
     .following_tick_rate();
     anyhow::ensure!(cfg.world.time_scale >= 1, "world.time_scale must be at least 1");
-    let mut core: Core = NodeCore::new(validator, sim, 2)
+    let mut core: Core = NodeCore::new(validator, sim, cfg.sim_workers())
         .with_time_scale(cfg.world.time_scale, anchor_ms)
         .defer_execution()
         .verify_ahead()
@@ -471,7 +481,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     }
     let root = core.root();
     println!(
-        "{tag}node {me} of {} ({}): {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}",
+        "{tag}node {me} of {} ({}): {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}; sim workers {}",
         keys.len(),
         if core.agreement().index().is_some() {
             "a validator"
@@ -482,7 +492,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         },
         core.sim().world().sim(),
         core.sim().world().objects().len(),
-        core.sim().world().tick()
+        core.sim().world().tick(),
+        core.sim().workers()
     );
 
     let mut peers: Vec<PeerAddr> = cfg
@@ -1223,6 +1234,7 @@ mod tests {
             join: None,
             sims: Vec::new(),
             raynet: Default::default(),
+            sim_workers: None,
         };
         let (demo, _) = demo_of(&cfg).unwrap();
         let set = &demo.world.governance().validators;
@@ -1260,6 +1272,7 @@ mod tests {
             join: None,
             sims: Vec::new(),
             raynet: Default::default(),
+            sim_workers: None,
         };
         let e = format!("{:#}", demo_of(&cfg).unwrap_err());
         assert!(e.contains("sim 1 is a neighbour") && e.contains("[[sims]]"), "{e}");

@@ -73,6 +73,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
             join: None,
             sims: Vec::new(),
             raynet: Default::default(),
+            sim_workers: None,
         };
         write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
     }
@@ -156,8 +157,14 @@ fn interrupt(node: &mut Node) {
 fn four_validators_and_an_observer_run_1000_ticks_with_identical_roots() {
     let dirs = setup_with("thousand", 5, 1, 25);
     let roots: Roots = Arc::default();
-    let mut nodes: Vec<Node> =
-        dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &["--ticks", "1000"])).collect();
+    // Each node splits a tick's parallel stages over its own number of threads: the roots
+    // must not care (DESIGN §5).
+    let workers = ["1", "2", "3", "1", "4"];
+    let mut nodes: Vec<Node> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| start(i, d, &roots, &["--ticks", "1000", "--sim-workers", workers[i]]))
+        .collect();
     let t0 = Instant::now();
     for (i, n) in nodes.iter_mut().enumerate() {
         let status = loop {
@@ -176,6 +183,10 @@ fn four_validators_and_an_observer_run_1000_ticks_with_identical_roots() {
         assert_eq!(highest(&roots, i), Some(999), "node {i} reached tick 999");
     }
     assert_eq!(assert_same_roots(&roots), 4 * 100, "all 100 reports of all five nodes compared");
+    for (i, n) in nodes.iter().enumerate() {
+        let out = n.stdout.lock().unwrap();
+        assert!(out.contains(&format!("; sim workers {}\n", workers[i])), "node {i}: {out}");
+    }
     assert!(nodes[4].stdout.lock().unwrap().contains("an observer"), "node 4 follows without voting");
     assert!(nodes[0].stdout.lock().unwrap().contains("a validator"));
     // Snapshots were written along the way.

@@ -95,6 +95,7 @@ impl Cluster {
                     bootstrap: vec![format!("{}@{}", validators[0].key, validators[0].address)],
                     ..RaynetConfig::default()
                 },
+                sim_workers: None,
             };
             write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
         }
