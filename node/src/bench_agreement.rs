@@ -24,9 +24,12 @@ pub struct AgreementArgs {
     /// Tick rate.
     #[arg(long, default_value_t = 60)]
     rate_hz: u32,
-    /// Ticks to measure (after a one-second warm-up).
+    /// Ticks to measure (after the warm-up).
     #[arg(long, default_value_t = 600)]
     ticks: u64,
+    /// Ticks run before measuring (default: one second's worth).
+    #[arg(long)]
+    warmup_ticks: Option<u64>,
     /// Signed events submitted per tick.
     #[arg(long, default_value_t = 1_000)]
     events_per_tick: usize,
@@ -80,7 +83,7 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     let n = args.validators;
     let keys: Vec<SigningKey> = (0..n).map(|i| demo_key(777, u64::from(i))).collect();
     let vks: Vec<VerifyingKey> = keys.iter().map(|k| k.verifying_key()).collect();
-    let total_ticks = args.ticks + u64::from(args.rate_hz) + 5;
+    let total_ticks = args.ticks + warmup_ticks(&args) + 5;
     println!(
         "bench agreement: {n} validators on loopback ({}), {} Hz, {} signed events per tick, {} ticks measured, {} proposals",
         if args.transport == "libp2p" { "the node's libp2p mesh" } else { "plain TCP" },
@@ -239,6 +242,11 @@ fn pin_to(core: usize) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = core;
+}
+
+/// Ticks before the measured ones.
+fn warmup_ticks(args: &AgreementArgs) -> u64 {
+    args.warmup_ticks.unwrap_or(u64::from(args.rate_hz))
 }
 
 fn config_for(args: &AgreementArgs) -> Config {
@@ -550,7 +558,7 @@ async fn validator_loop(
 fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
     let proposed = shared.proposed.lock().expect("not poisoned").clone();
     let committed = shared.committed.lock().expect("not poisoned").clone();
-    let warmup = Duration::from_secs(1);
+    let warmup = Duration::from_micros(warmup_ticks(args) * 1_000_000 / u64::from(args.rate_hz));
     let mut lat: Vec<f64> = shared
         .finalized
         .lock()
