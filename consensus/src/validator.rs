@@ -357,15 +357,15 @@ impl std::ops::Deref for Blocks {
 }
 
 impl Blocks {
+    /// (A digest covers its block's tick, so a digest inserted again keeps its index entry.)
     fn insert(&mut self, digest: Digest, stored: Stored) {
         self.by_tick.insert((stored.block.tick, digest));
-        if let Some(old) = self.by_digest.insert(digest, stored) {
-            // (The same digest is the same block: the same tick. Kept exact regardless.)
-            let tick = self.by_digest[&digest].block.tick;
-            if old.block.tick != tick {
-                self.by_tick.remove(&(old.block.tick, digest));
-            }
-        }
+        self.by_digest.insert(digest, stored);
+    }
+
+    /// The highest tick of a known block.
+    fn newest_tick(&self) -> Option<u64> {
+        self.by_tick.last().map(|(t, _)| *t)
     }
 
     /// Forget the blocks of ticks below `tick`.
@@ -1774,7 +1774,7 @@ impl Validator {
 
     fn prune(&mut self) {
         // (A joining node that outputs nothing yet keeps the newest blocks only.)
-        let newest = || self.held.then(|| self.blocks.values().map(|s| s.block.tick).max()).flatten();
+        let newest = || self.held.then(|| self.blocks.newest_tick()).flatten();
         let Some(out) = self.output_tick.or_else(newest) else { return };
         let keep_from = out.saturating_sub(self.cfg.keep_blocks);
         self.blocks.prune_below(keep_from);
