@@ -45,6 +45,20 @@ where
     out
 }
 
+/// Run `f` on every job, `workers` at a time at most (in any order: each job owns what it
+/// writes, so the order cannot change a result).
+pub fn for_each<J, F>(jobs: Vec<J>, workers: u32, f: F)
+where
+    J: Send,
+    F: Fn(J) + Sync + Send,
+{
+    if workers <= 1 || jobs.len() <= 1 {
+        jobs.into_iter().for_each(f);
+    } else {
+        jobs.into_par_iter().with_max_len(1).for_each(f);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -809,11 +809,11 @@ impl World {
         c.scripts.ensure_slots(self.next_slot);
         c.accounts.ensure_slots(self.next_account_slot);
 
+        // Objects are most of a tick's changes: their leaves and paths are split over the
+        // workers by subtree (ids order by slot, then generation).
         let dirty: Vec<ObjectId> = std::mem::take(&mut c.dirty_objects).into_iter().collect();
-        let leaves = hash_leaves(&dirty, workers, &self.objects);
-        for (id, leaf) in dirty.iter().zip(leaves) {
-            c.objects.set(id.slot(), leaf);
-        }
+        let objects = &self.objects;
+        c.objects.update(&dirty, workers, |id| id.slot(), |part| leaf_hashes(part, objects));
         let dirty: Vec<ObjectId> = std::mem::take(&mut c.dirty_scripts).into_iter().collect();
         let leaves = hash_leaves(&dirty, workers, &self.scripts);
         for (id, leaf) in dirty.iter().zip(leaves) {
@@ -902,35 +902,37 @@ where
     K: Copy + Ord + Sync,
     T: LeafBytes + Sync,
 {
-    let hash_chunk = |chunk: &[K]| -> Vec<Hash32> {
-        // All the chunk's leaves are encoded into one buffer, then hashed side by side in
-        // SIMD lanes (`wide`); vacant slots are EMPTY, not a hash.
-        let mut buf = Vec::with_capacity(128 * chunk.len());
-        let mut ends = Vec::with_capacity(chunk.len());
-        let mut present = Vec::with_capacity(chunk.len());
-        for key in chunk {
-            if let Some(v) = map.get(key) {
-                v.leaf_bytes(&mut buf);
-                ends.push(buf.len());
-                present.push(true);
-            } else {
-                present.push(false);
-            }
+    crate::par::map_chunks(keys, workers, 512, |chunk| leaf_hashes(chunk, map))
+}
+
+/// Leaf hashes of the values under the given keys (EMPTY for keys not in `map`), on this
+/// thread: all the leaves are encoded into one buffer, then hashed side by side in SIMD lanes
+/// (`wide`).
+fn leaf_hashes<K: Ord, T: LeafBytes>(chunk: &[K], map: &BTreeMap<K, T>) -> Vec<Hash32> {
+    let mut buf = Vec::with_capacity(128 * chunk.len());
+    let mut ends = Vec::with_capacity(chunk.len());
+    let mut present = Vec::with_capacity(chunk.len());
+    for key in chunk {
+        if let Some(v) = map.get(key) {
+            v.leaf_bytes(&mut buf);
+            ends.push(buf.len());
+            present.push(true);
+        } else {
+            present.push(false);
         }
-        let mut start = 0;
-        let leaves: Vec<&[u8]> = ends
-            .iter()
-            .map(|&end| {
-                let leaf = &buf[start..end];
-                start = end;
-                leaf
-            })
-            .collect();
-        let mut hashes = wide::keyed_hash_many(&merkle::keys::LEAF, &leaves).into_iter();
-        present
-            .iter()
-            .map(|&p| if p { Hash32(hashes.next().unwrap_or(merkle::EMPTY)) } else { Hash32(merkle::EMPTY) })
-            .collect()
-    };
-    crate::par::map_chunks(keys, workers, 512, hash_chunk)
+    }
+    let mut start = 0;
+    let leaves: Vec<&[u8]> = ends
+        .iter()
+        .map(|&end| {
+            let leaf = &buf[start..end];
+            start = end;
+            leaf
+        })
+        .collect();
+    let mut hashes = wide::keyed_hash_many(&merkle::keys::LEAF, &leaves).into_iter();
+    present
+        .iter()
+        .map(|&p| if p { Hash32(hashes.next().unwrap_or(merkle::EMPTY)) } else { Hash32(merkle::EMPTY) })
+        .collect()
 }
