@@ -35,8 +35,15 @@ pub struct Config {
     pub max_pool_events: usize,
     /// Committed event ids remembered (for dedup) this many ticks.
     pub dedup_window_ticks: u64,
-    /// Finalized blocks kept to answer fetches from laggards.
+    /// Finalized blocks kept to answer fetches from laggards: the newest `keep_blocks`...
     pub keep_blocks: u64,
+    /// ... and of those no more than `keep_bytes` of blocks (their events, ids and headers),
+    /// dropping the oldest first; the newest `keep_blocks_min` are kept whatever their size.
+    /// A laggard further behind takes a snapshot (the node's catch-up), not every block.
+    pub keep_bytes: u64,
+    /// The newest finalized blocks kept whatever `keep_bytes` says: a laggard a few ticks
+    /// behind (a lost message, a short stall) catches up by fetching them.
+    pub keep_blocks_min: u64,
     /// BFT time of genesis, in milliseconds.
     pub genesis_time_ms: u64,
     /// Distinguishes chains (a sim id): part of the genesis digest.
@@ -80,6 +87,8 @@ impl Default for Config {
             max_pool_events: 100_000,
             dedup_window_ticks: 300,
             keep_blocks: 2_048,
+            keep_bytes: 256 << 20,
+            keep_blocks_min: 64,
             genesis_time_ms: 0,
             chain_id: 0,
             sig_cache: Default::default(),
@@ -330,12 +339,16 @@ impl Prepared {
 struct Stored {
     block: std::sync::Arc<Block>,
     ids: std::sync::Arc<Vec<Digest>>,
+    /// What holding it costs, about: its events' bytes, 64 a event (its id, its pointer and
+    /// the pointer's count) and 512 for the header and certificate.
+    bytes: u64,
 }
 
 impl Stored {
     /// `ids[i]` is `event_id(&block.events[i])`.
     fn with_ids(block: Block, ids: Vec<Digest>) -> Stored {
-        Stored { block: std::sync::Arc::new(block), ids: std::sync::Arc::new(ids) }
+        let bytes = block.events.iter().map(|e| e.len() as u64 + 64).sum::<u64>() + 512;
+        Stored { block: std::sync::Arc::new(block), ids: std::sync::Arc::new(ids), bytes }
     }
 }
 
@@ -346,6 +359,8 @@ impl Stored {
 struct Blocks {
     by_digest: BTreeMap<Digest, Stored>,
     by_tick: BTreeSet<(u64, Digest)>,
+    /// The sum of the blocks' `Stored::bytes`.
+    bytes: u64,
 }
 
 impl std::ops::Deref for Blocks {
@@ -360,7 +375,10 @@ impl Blocks {
     /// (A digest covers its block's tick, so a digest inserted again keeps its index entry.)
     fn insert(&mut self, digest: Digest, stored: Stored) {
         self.by_tick.insert((stored.block.tick, digest));
-        self.by_digest.insert(digest, stored);
+        self.bytes += stored.bytes;
+        if let Some(old) = self.by_digest.insert(digest, stored) {
+            self.bytes -= old.bytes;
+        }
     }
 
     /// The highest tick of a known block.
@@ -372,7 +390,25 @@ impl Blocks {
     fn prune_below(&mut self, tick: u64) {
         let kept = self.by_tick.split_off(&(tick, Digest::default()));
         for (_, d) in std::mem::replace(&mut self.by_tick, kept) {
-            self.by_digest.remove(&d);
+            self.remove(&d);
+        }
+    }
+
+    /// Forget the oldest blocks, of ticks below `below` only, while they hold more than
+    /// `budget` bytes.
+    fn prune_to_budget(&mut self, budget: u64, below: u64) {
+        while self.bytes > budget
+            && let Some(&(tick, d)) = self.by_tick.first()
+            && tick < below
+        {
+            self.by_tick.pop_first();
+            self.remove(&d);
+        }
+    }
+
+    fn remove(&mut self, digest: &Digest) {
+        if let Some(old) = self.by_digest.remove(digest) {
+            self.bytes -= old.bytes;
         }
     }
 }
@@ -1778,6 +1814,7 @@ impl Validator {
         let Some(out) = self.output_tick.or_else(newest) else { return };
         let keep_from = out.saturating_sub(self.cfg.keep_blocks);
         self.blocks.prune_below(keep_from);
+        self.blocks.prune_to_budget(self.cfg.keep_bytes, out.saturating_sub(self.cfg.keep_blocks_min));
         let tip_view = self.tip.0;
         let horizon = View(tip_view.0.saturating_sub(64));
         self.views.retain(|v, _| *v >= horizon);
@@ -1975,6 +2012,45 @@ mod tests {
             assert_eq!(oldest, out - KEEP, "{ticks:?}");
             assert!((oldest..=out).all(|t| ticks.contains(&t)), "{ticks:?}");
             assert!(v.blocks.len() as u64 <= KEEP + 4, "{} blocks held", v.blocks.len());
+        }
+    }
+
+    #[test]
+    fn committed_blocks_are_dropped_oldest_first_beyond_keep_bytes_but_the_newest_are_kept() {
+        const KEEP: u64 = 120;
+        const MIN: u64 = 40;
+        // A tight budget holds the newest `keep_blocks_min` whatever their size; a looser one
+        // as many of the newest as fit.
+        for budget in [1, 100 * 1_600] {
+            let mut vs = four();
+            for v in &mut vs {
+                v.cfg.keep_blocks = KEEP;
+                v.cfg.keep_bytes = budget;
+                v.cfg.keep_blocks_min = MIN;
+            }
+            for k in 0..160u64 {
+                vs[(k % 4) as usize].submit_events(k * PERIOD, vec![vec![k as u8; 1_000]]);
+                run(&mut vs, k * PERIOD);
+            }
+            for v in &vs {
+                let out = v.output_tick.expect("ticks were output");
+                assert!(out >= 150, "output up to tick {out}");
+                let held: u64 = v.blocks.values().map(|s| s.bytes).sum();
+                assert_eq!(v.blocks.bytes, held, "the running total is the blocks' sum");
+                let ticks: Vec<u64> = v.blocks.values().map(|s| s.block.tick).collect();
+                let oldest = v.blocks.by_tick.first().expect("blocks are kept").0;
+                assert!((oldest..=out).all(|t| ticks.contains(&t)), "the newest are kept without gaps: {ticks:?}");
+                assert!(oldest <= out - MIN, "the newest {MIN} are kept: {oldest}..{out}");
+                assert!(oldest > out - KEEP, "the budget dropped blocks that keep_blocks would keep: {oldest}..{out}");
+                if budget == 1 {
+                    assert_eq!(oldest, out - MIN);
+                } else {
+                    // Within the budget, and short of it by less than one more block's size.
+                    let up_to_out: u64 = v.blocks.values().filter(|s| s.block.tick <= out).map(|s| s.bytes).sum();
+                    assert!(up_to_out <= budget, "{up_to_out} bytes held up to the output tick");
+                    assert!(v.blocks.bytes + 4 * 1_064 + 512 > budget, "{} bytes held, more fit", v.blocks.bytes);
+                }
+            }
         }
     }
 

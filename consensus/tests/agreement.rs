@@ -214,9 +214,10 @@ fn assert_all_safe_and_live(results: &[(u64, common::RunResult)], n: u16) {
     let crashes = schedules.iter().filter(|s| !s.crashes.is_empty()).count();
     let lossy = schedules.iter().filter(|s| s.net.loss_ppm > 0).count();
     let pruning = schedules.iter().filter(|s| s.setup.keep_blocks.is_some()).count();
+    let budget = schedules.iter().filter(|s| s.setup.keep_bytes_min_blocks.is_some()).count();
     let worst = results.iter().filter_map(|(_, r)| r.resume_after_heal).max().unwrap_or(0);
     eprintln!(
-        "n={n}: {} seeds: {byz} with Byzantine validators, {twins} with twins, {parts} with partitions, {crashes} with crashes, {lossy} lossy, {pruning} keeping 32 blocks; worst resume after heal {} ms",
+        "n={n}: {} seeds: {byz} with Byzantine validators, {twins} with twins, {parts} with partitions, {crashes} with crashes, {lossy} lossy, {pruning} keeping 32 blocks, {budget} keeping 24 by bytes; worst resume after heal {} ms",
         results.len(),
         worst / MS
     );

@@ -38,6 +38,11 @@ pub struct NodeConfig {
     /// hand-over to a second thread costs a wake-up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sim_workers: Option<u32>,
+    /// Finalized blocks this node keeps in memory for peers that fall a little behind, in MiB
+    /// (1..=65536; default 256): the newest 2,048 ticks' blocks, fewer when they hold more than
+    /// this (always the newest 64). A peer further behind catches up from a snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_history_mib: Option<u64>,
     /// The genesis world (a seeded demo world for now).
     #[serde(default)]
     pub world: WorldConfig,
@@ -230,6 +235,9 @@ impl NodeConfig {
         if let Some(w) = self.sim_workers {
             anyhow::ensure!((1..=64).contains(&w), "sim_workers must be 1..=64, not {w}");
         }
+        if let Some(m) = self.block_history_mib {
+            anyhow::ensure!((1..=65_536).contains(&m), "block_history_mib must be 1..=65536, not {m}");
+        }
         anyhow::ensure!(
             (50..=60_000).contains(&self.raynet.round_ms),
             "raynet.round_ms must be 50..=60000, not {}",
@@ -266,6 +274,11 @@ impl NodeConfig {
         self.sim_workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(8) as u32))
     }
 
+    /// The bytes of finalized blocks kept for peers a little behind (`block_history_mib`).
+    pub fn block_history_bytes(&self) -> u64 {
+        self.block_history_mib.map_or(metatopia_consensus::Config::default().keep_bytes, |m| m << 20)
+    }
+
     /// Where the HTTP service listens.
     pub fn http_addr(&self) -> SocketAddr {
         self.http.unwrap_or_else(|| SocketAddr::new(self.listen.ip(), self.listen.port().wrapping_add(1000)))
@@ -292,7 +305,8 @@ impl NodeConfig {
              # marks a node that follows (and serves clients) until the admin admits its key.\n\
              # [[sims]]: in a world of several sims, the other sims (sim_id, validators' keys; their\n\
              # addresses are found through Raynet). [raynet]: bootstrap = [\"KEY@HOST:PORT\", ...], round_ms.\n\
-             # sim_workers = N: threads for a tick's parallel stages (default: one per core, at most 8).\n\n{body}"
+             # sim_workers = N: threads for a tick's parallel stages (default: one per core, at most 8).\n\
+             # block_history_mib = N: finalized blocks kept in memory for peers a little behind (default 256).\n\n{body}"
         )
     }
 }
@@ -384,6 +398,14 @@ address = "127.0.0.1:7003"
         assert!(c.check().unwrap_err().to_string().contains("at least 4"));
         let c: NodeConfig = toml::from_str(&GOOD.replace("tick_rate_hz = 30", "sim_workers = 0")).unwrap();
         assert!(c.check().unwrap_err().to_string().contains("sim_workers must be 1..=64, not 0"));
+        let c: NodeConfig = toml::from_str(&GOOD.replace("tick_rate_hz = 30", "block_history_mib = 0")).unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("block_history_mib must be 1..=65536, not 0"));
+        let c: NodeConfig = toml::from_str(&GOOD.replace("tick_rate_hz = 30", "block_history_mib = 64")).unwrap();
+        c.check().unwrap();
+        assert_eq!(c.block_history_bytes(), 64 << 20);
+        assert_eq!(toml::from_str::<NodeConfig>(&c.commented()).unwrap(), c, "what init writes reads back");
+        let c: NodeConfig = toml::from_str(GOOD).unwrap();
+        assert_eq!(c.block_history_bytes(), metatopia_consensus::Config::default().keep_bytes);
     }
 
     #[test]

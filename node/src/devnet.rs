@@ -158,6 +158,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             // The other sims' nodes are found through Raynet, starting from the first node.
             raynet: RaynetConfig { bootstrap: seed.clone(), ..RaynetConfig::default() },
             sim_workers: None,
+            block_history_mib: None,
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }

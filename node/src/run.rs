@@ -118,6 +118,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
             sims: Vec::new(),
             raynet: Default::default(),
             sim_workers: None,
+            block_history_mib: None,
         };
         metatopia_node::store::write_atomic(&path, cfg.commented().as_bytes())?;
         println!("wrote {}: add the sim's other validators (at least 4 in all) before `metatopia run`", path.display());
@@ -408,6 +409,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         // Execution may trail agreement by at most this many ticks; then ticks slow down.
         max_exec_lag: Some(4),
         max_event_bytes: metatopia_node::core::MAX_BLOCK_EVENT_BYTES as usize,
+        keep_bytes: cfg.block_history_bytes(),
         ..Config::default()
     };
 
@@ -1235,6 +1237,7 @@ mod tests {
             sims: Vec::new(),
             raynet: Default::default(),
             sim_workers: None,
+            block_history_mib: None,
         };
         let (demo, _) = demo_of(&cfg).unwrap();
         let set = &demo.world.governance().validators;
@@ -1273,6 +1276,7 @@ mod tests {
             sims: Vec::new(),
             raynet: Default::default(),
             sim_workers: None,
+            block_history_mib: None,
         };
         let e = format!("{:#}", demo_of(&cfg).unwrap_err());
         assert!(e.contains("sim 1 is a neighbour") && e.contains("[[sims]]"), "{e}");

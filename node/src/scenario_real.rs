@@ -196,6 +196,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             // The other sims' nodes are found through Raynet, starting from sim 1's first node.
             raynet: RaynetConfig { bootstrap: seed.clone(), ..RaynetConfig::default() },
             sim_workers: None,
+            block_history_mib: None,
         };
         write_atomic(&d.config_path(), cfg.commented().as_bytes())?;
     }

@@ -74,6 +74,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
             sims: Vec::new(),
             raynet: Default::default(),
             sim_workers: None,
+            block_history_mib: None,
         };
         write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
     }

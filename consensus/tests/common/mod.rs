@@ -159,11 +159,21 @@ pub struct Setup {
     pub planted_bug: bool,
     /// Finalized blocks each validator keeps (`Config::keep_blocks`), when not the default.
     pub keep_blocks: Option<u64>,
+    /// A one-byte `Config::keep_bytes`, so the validators keep only their newest this many
+    /// finalized blocks (`Config::keep_blocks_min`).
+    pub keep_bytes_min_blocks: Option<u64>,
 }
 
 impl Setup {
     pub fn honest(n: u16) -> Setup {
-        Setup { n, roles: vec![Role::Honest; n as usize], twin_of: None, planted_bug: false, keep_blocks: None }
+        Setup {
+            n,
+            roles: vec![Role::Honest; n as usize],
+            twin_of: None,
+            planted_bug: false,
+            keep_blocks: None,
+            keep_bytes_min_blocks: None,
+        }
     }
 
     pub fn f(&self) -> u16 {
@@ -182,6 +192,10 @@ pub fn build(setup: &Setup, seed: u64, net: NetConfig, cache: &Arc<SigCache>) ->
     cfg.planted_bug_weak_quorum = setup.planted_bug;
     if let Some(keep) = setup.keep_blocks {
         cfg.keep_blocks = keep;
+    }
+    if let Some(min) = setup.keep_bytes_min_blocks {
+        cfg.keep_bytes = 1;
+        cfg.keep_blocks_min = min;
     }
     let (n, twin_of) = (setup.n, setup.twin_of);
     let make = move |id: NodeId, role: Role, now: Time, saved: Option<Vec<u8>>| -> Node {
@@ -332,11 +346,15 @@ pub fn random_schedule(seed: u64, n: u16, planted_bug: bool) -> Schedule {
     let mut rng = DetRng::from_u64(seed ^ 0xfa17);
     let mut setup = Setup::honest(n);
     setup.planted_bug = planted_bug;
-    // One seed in four keeps only 32 finalized blocks (1.6 s of ticks; a run is 80), so old
-    // blocks are dropped while laggards still catch up by fetching. Taken from the seed, not
-    // the RNG, so every other draw of a seed's schedule stays what it was.
-    if seed % 4 == 3 {
-        setup.keep_blocks = Some(32);
+    // One seed in eight keeps only 32 finalized blocks (1.6 s of ticks; a run is 80), so old
+    // blocks are dropped while laggards still catch up by fetching; another one in eight
+    // prunes by `keep_bytes`: a budget of one byte keeps the newest `keep_blocks_min` (24).
+    // Taken from the seed, not the RNG, so every other draw of a seed's schedule stays what
+    // it was.
+    match seed % 8 {
+        3 => setup.keep_blocks = Some(32),
+        7 => setup.keep_bytes_min_blocks = Some(24),
+        _ => {}
     }
     let f = setup.f();
     let heal = 2 * SEC;

@@ -96,6 +96,7 @@ impl Cluster {
                     ..RaynetConfig::default()
                 },
                 sim_workers: None,
+                block_history_mib: None,
             };
             write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
         }
