@@ -22,7 +22,10 @@
 //! - **R4 (timeout).** If the current view has no proposal after `leader_timeout`, or no
 //!   notarization after `notarize_timeout`, the validator nullifies it; on `q` nullify votes
 //!   (a nullification) everyone enters `v + 1`. A crashed, slow or lying leader costs one
-//!   timeout. While stuck, a validator re-sends its votes and its latest certificates.
+//!   timeout. While stuck, a validator re-sends its votes and its latest certificates; it
+//!   also sends its latest certificates with each nullify vote of a view it timed out (so a
+//!   restarted peer learns the last finalization even while the views time out one after
+//!   another and never stay stuck long enough for a re-send).
 //! - **R5 (commit).** On `q` finalize votes for `(v, B)`, `B` and its ancestors are committed.
 //!
 //! Safety: an honest validator never both finalizes and nullifies a view, and never notarizes

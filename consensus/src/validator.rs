@@ -339,7 +339,7 @@ impl Prepared {
 struct Stored {
     block: std::sync::Arc<Block>,
     ids: std::sync::Arc<Vec<Digest>>,
-    /// What holding it costs, about: its events' bytes, 64 a event (its id, its pointer and
+    /// What holding it costs, about: its events' bytes, 64 for each event (its id, its pointer and
     /// the pointer's count) and 512 for the header and certificate.
     bytes: u64,
 }
@@ -794,8 +794,12 @@ impl Validator {
             self.last_retry = now;
             self.out.push_back(Output::Broadcast(Message::Vote(vote.clone())));
             self.on_vote(now, vote);
-            // Stuck: also the votes of certificates missing behind this view (when the views
-            // time out together they never stay stuck long enough for `resend`).
+            // Stuck: also the votes of certificates missing behind this view, and the latest
+            // certificates (when the views time out together they never stay stuck long
+            // enough for `resend`: a peer that missed the last finalization while the others
+            // went on nullifying views, say one restarted while no leader could propose, would
+            // never learn it).
+            self.resend_certificates();
             self.resend_repair();
         } else if (s.my_nullify.is_some() || self.me.is_none())
             && !finished
@@ -821,15 +825,23 @@ impl Validator {
                 self.out.push_back(Output::Broadcast(Message::Vote(v.clone())));
             }
         }
+        self.resend_certificates();
+        self.resend_repair();
+    }
+
+    /// Broadcast the latest notarization, nullification and finalization held here (those
+    /// whose signatures are checked), so a peer that missed them can catch up: it fetches the
+    /// finalized block and its ancestors, and learns a parent to build on.
+    fn resend_certificates(&mut self) {
         let latest = [
-            self.notarized.last_key_value().map(|(_, c)| c.clone()),
-            self.nullified.last_key_value().map(|(_, c)| c.clone()),
-            self.finalized.last_key_value().map(|(_, c)| c.clone()),
+            self.notarized.last_key_value().map(|(_, c)| c),
+            self.nullified.last_key_value().map(|(_, c)| c),
+            self.finalized.last_key_value().map(|(_, c)| c),
         ];
-        for c in latest.into_iter().flatten() {
+        let send: Vec<Certificate> = latest.into_iter().flatten().filter(|c| !self.has_unchecked(c)).cloned().collect();
+        for c in send {
             self.out.push_back(Output::Broadcast(Message::Certificate(c)));
         }
-        self.resend_repair();
     }
 
     /// Re-send this validator's votes of the certificates it lost or never saved

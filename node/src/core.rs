@@ -292,6 +292,8 @@ pub struct NodeCore<A, H, P> {
     served: BTreeMap<ValidatorIndex, Micros>,
     /// Commits waiting for [`NodeCore::execute_deferred`] (when execution is deferred).
     deferred: Option<VecDeque<Box<Commit>>>,
+    /// Deferred commits of ticks above this wait ([`NodeCore::execute_until`]).
+    exec_limit: Option<u64>,
     /// Signature verdicts: recorded at the door, computed ahead for gossiped and proposed events.
     verifier: crate::verify::Verifier,
     /// This node's key, to sign its sim's mail for neighbour sims while it is a validator.
@@ -331,6 +333,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             judge_from: 0,
             served: BTreeMap::new(),
             deferred: None,
+            exec_limit: None,
             verifier: crate::verify::Verifier::cache(),
             mail_key: None,
             logged_to: 0,
@@ -360,17 +363,31 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         self
     }
 
-    /// Whether commits wait for [`NodeCore::execute_deferred`].
-    pub fn has_deferred(&self) -> bool {
-        self.deferred.as_ref().is_some_and(|d| !d.is_empty())
+    /// Execute deferred commits up to tick `last` and no further (a node asked to stop there):
+    /// later commits are still logged as agreement hands them out, but wait. A node started at
+    /// or past `last` executes one tick.
+    pub fn execute_until(mut self, last: Option<u64>) -> Self {
+        self.exec_limit = last.map(|t| t.max(self.sim.world().tick().0));
+        self
     }
 
-    /// Execute the deferred commits, in order, then give agreement its turn (a leader held back
-    /// by execution proposes now).
+    /// Whether commits wait for [`NodeCore::execute_deferred`] (within the limit).
+    pub fn has_deferred(&self) -> bool {
+        self.next_deferred().is_some()
+    }
+
+    fn next_deferred(&self) -> Option<&Commit> {
+        let c = self.deferred.as_ref()?.front()?;
+        self.exec_limit.is_none_or(|last| c.block.tick <= last).then_some(&**c)
+    }
+
+    /// Execute the deferred commits, in order (up to the limit), then give agreement its turn
+    /// (a leader held back by execution proposes now).
     pub fn execute_deferred(&mut self, now: Micros) {
         self.now = now;
         let mut executed = false;
-        while let Some(c) = self.deferred.as_mut().and_then(VecDeque::pop_front) {
+        while self.next_deferred().is_some() {
+            let Some(c) = self.deferred.as_mut().and_then(VecDeque::pop_front) else { break };
             self.execute(&c);
             executed = true;
         }

@@ -76,8 +76,12 @@ pub struct RunArgs {
     /// one per core, at most 8); for every directory of the process.
     #[arg(long, env = "METATOPIA_SIM_WORKERS", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub sim_workers: Option<u32>,
-    /// Stop after this tick has executed.
-    #[arg(long)]
+    /// Stop once the sim is at tick N (tick N-1 executed; one tick more if it started there
+    /// already). The node executes nothing further but stays up, agreeing and answering
+    /// fetches, until every validator of the sim has executed that tick too (at most 30 s), so
+    /// a sim stopped whole leaves no slower node stranded. Commits that arrive meanwhile are
+    /// logged and executed at the next start.
+    #[arg(long, value_name = "N")]
     pub ticks: Option<u64>,
     /// Print a status line every this many ticks (default: once a second).
     #[arg(long)]
@@ -466,6 +470,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut core: Core = NodeCore::new(validator, sim, cfg.sim_workers())
         .with_time_scale(cfg.world.time_scale, anchor_ms)
         .defer_execution()
+        .execute_until(args.ticks.map(|n| n.saturating_sub(1)))
         .verify_ahead()
         .with_mail_key(key.clone());
     // Written before every vote leaves (read above, before this opens it).
@@ -601,6 +606,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     // Clients' route questions waiting for a neighbour's answer, or for a Raynet lookup's.
     let mut locating: Vec<Locating> = Vec::new();
     let mut finding: Vec<Finding> = Vec::new();
+    // Set once the requested ticks have executed: the node stays up until its sim's validators
+    // all have too (see `Finishing`).
+    let mut finishing: Option<Finishing> = None;
     let outcome: anyhow::Result<&str> = loop {
         let deadline = core.poll_timeout().unwrap_or(u64::MAX);
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()).min(1_000_000));
@@ -835,8 +843,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             dilation
                         );
                     }
-                    if args.ticks.is_some_and(|n| tick.0 + 1 >= n) {
-                        stop = Some(Ok("after the requested ticks"));
+                    if finishing.is_none() && args.ticks.is_some_and(|n| tick.0 + 1 >= n) {
+                        finishing = Some(Finishing::new(tick.0));
                     }
                 }
                 CoreOutput::PeerDiverged { tick, validator } => {
@@ -910,6 +918,11 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         }) {
             metrics::gauge!("metatopia_peers", "sim" => meter.sim.clone()).set(f64::from(meter.status.peers));
         }
+        if let Some(f) = finishing.as_mut()
+            && f.done(core.agreement(), &tag)
+        {
+            stop = Some(Ok("after the requested ticks"));
+        }
         if let Some(s) = stop {
             break s;
         }
@@ -926,6 +939,49 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
 
 /// Sims asked at most where an avatar is.
 const MAX_LOCATE_SIMS: usize = 64;
+
+/// How long a node that has executed its requested ticks waits for the sim's other
+/// validators to execute them too.
+const FINISH_WAIT: Duration = Duration::from_secs(30);
+
+/// A node asked to stop after a tick (`--ticks`) stops only once every validator of its sim has
+/// executed that tick too (each reported that tick's root in its votes), or after
+/// [`FINISH_WAIT`]. Meanwhile it executes nothing more but still agrees, votes and answers
+/// fetches. Stopping at once stranded a slower node of a sim stopped whole: once a quorum of
+/// its peers had gone, the commits it still needed could no longer be certified, and it waited
+/// forever (a node replaying a long log while its peers ran their last few ticks).
+struct Finishing {
+    tick: u64,
+    deadline: std::time::Instant,
+    said: bool,
+}
+
+impl Finishing {
+    fn new(tick: u64) -> Finishing {
+        Finishing { tick, deadline: std::time::Instant::now() + FINISH_WAIT, said: false }
+    }
+
+    /// Whether to stop now: every validator reported the root of the last tick (or the wait ran out).
+    fn done(&mut self, agreement: &impl metatopia_node::core::Agreement, tag: &str) -> bool {
+        let (seen, of) = (agreement.peer_roots(self.tick).len(), agreement.validators());
+        if seen >= of {
+            return true;
+        }
+        if std::time::Instant::now() >= self.deadline {
+            eprintln!(
+                "{tag}warning: stopping after tick {} although only {seen} of the sim's {of} validators were seen to execute it (waited {} s)",
+                self.tick,
+                FINISH_WAIT.as_secs()
+            );
+            return true;
+        }
+        if !self.said {
+            self.said = true;
+            println!("{tag}executed tick {}: waiting for the sim's other validators to execute it too", self.tick);
+        }
+        false
+    }
+}
 
 /// The node's Raynet peer on the mesh: its card (a point of its sim's square), its neighbour
 /// sims (their squares and genesis validators, from the world's genesis) and its contacts (its

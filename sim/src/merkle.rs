@@ -183,7 +183,7 @@ impl SlotTree {
             jobs.push((p * span, levels, &items[start..end]));
             start = end;
         }
-        debug_assert_eq!(start, items.len(), "every slot below the capacity");
+        assert_eq!(start, items.len(), "every slot below the capacity");
         crate::par::for_each(jobs, workers, |(base, mut levels, part)| {
             if part.is_empty() {
                 return;
