@@ -943,42 +943,52 @@ const MAX_LOCATE_SIMS: usize = 64;
 /// How long a node that has executed its requested ticks waits for the sim's other
 /// validators to execute them too.
 const FINISH_WAIT: Duration = Duration::from_secs(30);
+/// How long it stays after that: more than two view timeouts, so that its own votes saying it
+/// is done too reach its peers (its peers' reports can all be in before it votes once more, and
+/// a node that stopped at once left its last peer waiting the whole `FINISH_WAIT`).
+const FINISH_LINGER: Duration = Duration::from_millis(1_000);
 
 /// A node asked to stop after a tick (`--ticks`) stops only once every validator of its sim has
 /// executed that tick too (each reported that tick's root in its votes), or after
-/// [`FINISH_WAIT`]. Meanwhile it executes nothing more but still agrees, votes and answers
-/// fetches. Stopping at once stranded a slower node of a sim stopped whole: once a quorum of
-/// its peers had gone, the commits it still needed could no longer be certified, and it waited
-/// forever (a node replaying a long log while its peers ran their last few ticks).
+/// [`FINISH_WAIT`], and then [`FINISH_LINGER`] later. Meanwhile it executes nothing more but
+/// still agrees, votes and answers fetches. Stopping at once stranded a slower node of a sim
+/// stopped whole: once a quorum of its peers had gone, the commits it still needed could no
+/// longer be certified, and it waited forever (a node replaying a long log while its peers ran
+/// their last few ticks).
 struct Finishing {
     tick: u64,
     deadline: std::time::Instant,
     said: bool,
+    leaving: Option<std::time::Instant>,
 }
 
 impl Finishing {
     fn new(tick: u64) -> Finishing {
-        Finishing { tick, deadline: std::time::Instant::now() + FINISH_WAIT, said: false }
+        Finishing { tick, deadline: std::time::Instant::now() + FINISH_WAIT, said: false, leaving: None }
     }
 
-    /// Whether to stop now: every validator reported the root of the last tick (or the wait ran out).
+    /// Whether to stop now.
     fn done(&mut self, agreement: &impl metatopia_node::core::Agreement, tag: &str) -> bool {
-        let (seen, of) = (agreement.peer_roots(self.tick).len(), agreement.validators());
-        if seen >= of {
-            return true;
+        let now = std::time::Instant::now();
+        if let Some(at) = self.leaving {
+            return now >= at;
         }
-        if std::time::Instant::now() >= self.deadline {
+        let (seen, of) = (agreement.peer_roots(self.tick).len(), agreement.validators());
+        if seen < of && now < self.deadline {
+            if !self.said {
+                self.said = true;
+                println!("{tag}executed tick {}: waiting for the sim's other validators to execute it too", self.tick);
+            }
+            return false;
+        }
+        if seen < of {
             eprintln!(
                 "{tag}warning: stopping after tick {} although only {seen} of the sim's {of} validators were seen to execute it (waited {} s)",
                 self.tick,
                 FINISH_WAIT.as_secs()
             );
-            return true;
         }
-        if !self.said {
-            self.said = true;
-            println!("{tag}executed tick {}: waiting for the sim's other validators to execute it too", self.tick);
-        }
+        self.leaving = Some(now + FINISH_LINGER);
         false
     }
 }

@@ -2,15 +2,44 @@
 
 use std::process::Command;
 
+/// The longest any one `metatopia` command of a test may take: one that never ends fails its
+/// test (with what it printed) instead of hanging the whole suite.
+const CLI_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Run the `metatopia` binary: success, stdout, stderr.
 #[allow(dead_code)]
 pub fn cli(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_metatopia")).args(args).env("RUST_LOG", "warn").output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_metatopia"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let read = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+    };
+    let out = read(Box::new(child.stdout.take().unwrap()));
+    let err = read(Box::new(child.stderr.take().unwrap()));
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > CLI_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            let (o, e) = (out.join().unwrap(), err.join().unwrap());
+            panic!("`metatopia {}` did not end within {CLI_LIMIT:?}:\n{o}\n{e}", args.join(" "));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    (status.success(), out.join().unwrap(), err.join().unwrap())
 }
 
 /// A node process, killed when dropped.
