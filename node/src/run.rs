@@ -470,7 +470,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut core: Core = NodeCore::new(validator, sim, cfg.sim_workers())
         .with_time_scale(cfg.world.time_scale, anchor_ms)
         .defer_execution()
-        .execute_until(args.ticks.map(|n| n.saturating_sub(1)))
         .verify_ahead()
         .with_mail_key(key.clone());
     // Written before every vote leaves (read above, before this opens it).
@@ -486,6 +485,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         core.replay(rec).map_err(|e| anyhow::anyhow!("replaying the log: {e}"))?;
         replayed += 1;
     }
+    // From where the log left it: a node already at or past the requested tick executes one.
+    core = core.execute_until(args.ticks.map(|n| n.saturating_sub(1)));
     let root = core.root();
     println!(
         "{tag}node {me} of {} ({}): {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}; sim workers {}",
