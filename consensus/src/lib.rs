@@ -59,6 +59,9 @@
 //!   signer's, which the MAC shows the receiver; signatures make certificates transferable.
 //! - A vote for a (view, kind, block) already certified here is verified a quarter period
 //!   later (it only carries a root report and possible evidence), off the commit's path.
+//! - Crash recovery: every vote cast is durable before it is sent ([`Validator::persist`]), and
+//!   a restored validator counts its own restored votes in its tallies again, as when it cast
+//!   them (with f validators down, every vote of the others and its own is needed).
 //! - Validator-set changes (governance, at epoch boundaries) happen above this crate: an epoch
 //!   is a new `Validator` with the new set, started at the boundary tick.
 

@@ -506,6 +506,19 @@ impl Validator {
         for (view, (n, x, f)) in p.votes {
             let lead = Some(v.leader(view)) == v.me;
             let s = v.views.entry(view).or_default();
+            // Its own votes count in its tallies, as when they were cast: a validator that
+            // counted only its peers' after a restart needed one vote more than there could be
+            // with f validators down (three restored with their nullify votes of one view, the
+            // fourth down, each saw two and that view never ended).
+            for vote in [&n, &x, &f].into_iter().flatten() {
+                let tally = match vote.kind {
+                    VoteKind::Notarize => s.notarize.entry(vote.digest).or_default(),
+                    VoteKind::Nullify => &mut s.nullify,
+                    VoteKind::Finalize => s.finalize.entry(vote.digest).or_default(),
+                };
+                tally.insert(vote.signer, vote.clone());
+                s.first.insert((vote.kind, vote.signer), vote.clone());
+            }
             s.my_notarize = n;
             s.my_nullify = x;
             s.my_finalize = f;
@@ -638,6 +651,49 @@ impl Validator {
     /// The state roots other validators reported for `tick` in their votes (recent ticks).
     pub fn peer_roots(&self, tick: u64) -> Option<&BTreeMap<ValidatorIndex, Digest>> {
         self.peer_roots.get(&tick)
+    }
+
+    /// One line on where agreement stands, for an operator whose sim has stopped committing:
+    /// the view and its leader, the finalized tip, and for each view from the tip on this
+    /// validator's votes (`N`otarize, nu`X`lify, `F`inalize), the certificates it holds
+    /// (`n`, `x`, `f`) and the votes it has counted (notarize per digest, nullify, finalize).
+    pub fn describe(&self) -> String {
+        use std::fmt::Write as _;
+        let tip_tick = self.blocks.get(&self.tip.1).map(|s| s.block.tick);
+        let mut s = format!(
+            "view {} (leader {}), finalized view {} (tick {}), committed tick {}, pool {}",
+            self.view.0,
+            self.leader(self.view).0,
+            self.tip.0.0,
+            tip_tick.map_or("-".to_owned(), |t| t.to_string()),
+            self.output_tick.map_or("-".to_owned(), |t| t.to_string()),
+            self.pool.len()
+        );
+        let flag = |b: bool, c: char| if b { c } else { '.' };
+        for (view, v) in self.views.range(self.tip.0..) {
+            let notarize: Vec<usize> = v.notarize.values().map(BTreeMap::len).collect();
+            let finalize: usize = v.finalize.values().map(BTreeMap::len).sum();
+            let _ = write!(
+                s,
+                "; view {}: mine {}{}{}, certs {}{}{}, proposal {}, votes n{notarize:?} x{} f{finalize}",
+                view.0,
+                flag(v.my_notarize.is_some(), 'N'),
+                flag(v.my_nullify.is_some(), 'X'),
+                flag(v.my_finalize.is_some(), 'F'),
+                flag(self.notarized.contains_key(view), 'n'),
+                flag(self.nullified.contains_key(view), 'x'),
+                flag(self.finalized.contains_key(view), 'f'),
+                if v.proposal.is_some() { "yes" } else { "no" },
+                v.nullify.len(),
+            );
+        }
+        if !self.repair.is_empty() {
+            let _ = write!(s, "; repairing {:?}", self.repair.iter().map(|(k, v)| (k, v.0)).collect::<Vec<_>>());
+        }
+        if !self.fetching.is_empty() {
+            let _ = write!(s, "; fetching {} blocks", self.fetching.len());
+        }
+        s
     }
 
     /// The tick of the last committed block handed out.

@@ -77,6 +77,10 @@ pub trait Agreement {
     fn peer_roots(&self, _tick: u64) -> Vec<(ValidatorIndex, Digest)> {
         Vec::new()
     }
+    /// Where agreement stands, in one line, for a warning when commits stop.
+    fn describe(&self) -> String {
+        String::new()
+    }
     /// A message of validator epoch `epoch` (a single-epoch agreement only knows epoch 0).
     fn handle_epoch_message(&mut self, now: Micros, from: ValidatorIndex, epoch: u64, msg: Message) {
         if epoch == 0 {
@@ -124,6 +128,9 @@ impl Agreement for Validator {
     }
     fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
         Validator::peer_roots(self, tick).map(|m| m.iter().map(|(v, d)| (*v, *d)).collect()).unwrap_or_default()
+    }
+    fn describe(&self) -> String {
+        Validator::describe(self)
     }
 }
 

@@ -377,6 +377,9 @@ impl Agreement for Epochs {
         let v = &self.current.validator;
         (self.current.epoch, v.view().0, v.committed_tick())
     }
+    fn describe(&self) -> String {
+        format!("epoch {}: {}", self.current.epoch, self.current.validator.describe())
+    }
     fn join_state(&self) -> Option<Vec<u8>> {
         let s = EpochStart { def: EpochDef::of(&self.current), view: self.current.validator.view().0 };
         postcard::to_allocvec(&s).ok()

@@ -610,6 +610,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     // Set once the requested ticks have executed: the node stays up until its sim's validators
     // all have too (see `Finishing`).
     let mut finishing: Option<Finishing> = None;
+    let mut stall = Stall::new();
     let outcome: anyhow::Result<&str> = loop {
         let deadline = core.poll_timeout().unwrap_or(u64::MAX);
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()).min(1_000_000));
@@ -919,6 +920,19 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         }) {
             metrics::gauge!("metatopia_peers", "sim" => meter.sim.clone()).set(f64::from(meter.status.peers));
         }
+        if committed {
+            stall.committed();
+        } else if finishing.is_none()
+            && let Some(quiet) = stall.due()
+        {
+            eprintln!(
+                "{tag}warning: no tick committed for {} s ({} of {} peers connected): {}",
+                quiet.as_secs(),
+                mesh.connected(),
+                metatopia_node::core::Agreement::validators(core.agreement()).saturating_sub(1),
+                metatopia_node::core::Agreement::describe(core.agreement())
+            );
+        }
         if let Some(f) = finishing.as_mut()
             && f.done(core.agreement(), &tag)
         {
@@ -936,6 +950,36 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let how = outcome?;
     println!("{tag}stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
     Ok(())
+}
+
+/// How long without a commit before a node says where its agreement stands (and again each
+/// time as long again passes).
+const STALL_WARN: Duration = Duration::from_secs(10);
+
+/// Commits stopped: when to say so.
+struct Stall {
+    since: std::time::Instant,
+    next: std::time::Instant,
+}
+
+impl Stall {
+    fn new() -> Stall {
+        let now = std::time::Instant::now();
+        Stall { since: now, next: now + STALL_WARN }
+    }
+
+    fn committed(&mut self) {
+        *self = Stall::new();
+    }
+
+    /// How long commits have stopped, when it is time to warn again.
+    fn due(&mut self) -> Option<Duration> {
+        let now = std::time::Instant::now();
+        (now >= self.next).then(|| {
+            self.next = now + STALL_WARN;
+            now - self.since
+        })
+    }
 }
 
 /// Sims asked at most where an avatar is.

@@ -89,7 +89,8 @@ fn start(i: usize, dir: &Path, roots: &Roots, extra: &[&str]) -> Node {
         .arg("--data-dir")
         .arg(dir)
         .args(extra)
-        .env("RUST_LOG", "warn")
+        // METATOPIA_TEST_LOG=debug (say) shows what the nodes log when a test fails.
+        .env("RUST_LOG", std::env::var("METATOPIA_TEST_LOG").unwrap_or_else(|_| "warn".into()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -396,9 +397,11 @@ fn a_tampered_snapshot_is_refused_with_a_clear_error_and_the_log_rebuilds_the_st
 /// (executing nothing more), it catches up from them, and all four stop at the same tick with
 /// the same root. (Peers that stopped at once left it waiting forever for commits no quorum
 /// could certify any more; and peers that only timed out views never sent it the finalization
-/// it lacked: the CI hang of the tampered-snapshot test.)
+/// it lacked: the CI hang of the tampered-snapshot test.) Before that, the three peers restart
+/// without node 0, each with the votes it cast as the first run stopped: they commit only if
+/// each counts its own restored votes (they did not, and in about one run in three all three
+/// had nullified the view they stopped in and never committed again).
 #[test]
-#[ignore = "flaky under the full suite: in 1 run of 3 the three peers did not reach tick 79 within 120 s without node 0 (not yet understood); run by hand: cargo test -p metatopia-node --test processes -- --ignored a_node_started_after"]
 fn a_node_started_after_its_peers_finished_is_not_stranded_when_the_sim_stops_whole() {
     let dirs = setup("late", 4, 50);
     let first: Vec<_> =
@@ -409,9 +412,15 @@ fn a_node_started_after_its_peers_finished_is_not_stranded_when_the_sim_stops_wh
     let ticks = ["--report-every", "50", "--ticks", "80"];
     let roots = Roots::default();
     let peers: Vec<Node> = (1..4).map(|i| start(i, &dirs[i], &roots, &ticks)).collect();
-    wait_for("the peers to execute their ticks and wait", Duration::from_secs(120), || {
-        peers.iter().all(|n| n.stdout.lock().unwrap().contains("executed tick 79: waiting"))
-    });
+    let t0 = Instant::now();
+    while !peers.iter().all(|n| n.stdout.lock().unwrap().contains("executed tick 79: waiting")) {
+        if t0.elapsed() > Duration::from_secs(120) {
+            let said: Vec<String> =
+                peers.iter().map(|n| format!("{}\n{}", n.stdout.lock().unwrap(), n.stderr.lock().unwrap())).collect();
+            panic!("the peers did not all execute tick 79 within 120 s:\n{}", said.join("\n----\n"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let late = start(0, &dirs[0], &roots, &ticks);
     let mut outs = vec![finish(0, late, Duration::from_secs(120))];
     outs.extend(peers.into_iter().enumerate().map(|(i, n)| finish(i + 1, n, Duration::from_secs(120))));
