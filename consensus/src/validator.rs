@@ -670,7 +670,13 @@ impl Validator {
             self.pool.len()
         );
         let flag = |b: bool, c: char| if b { c } else { '.' };
-        for (view, v) in self.views.range(self.tip.0..) {
+        // The newest views only: views that keep timing out pile up behind a stall.
+        const SHOWN: usize = 8;
+        let open = self.views.range(self.tip.0..).count();
+        if open > SHOWN {
+            let _ = write!(s, "; {} earlier views not shown", open - SHOWN);
+        }
+        for (view, v) in self.views.range(self.tip.0..).skip(open.saturating_sub(SHOWN)) {
             let notarize: Vec<usize> = v.notarize.values().map(BTreeMap::len).collect();
             let finalize: usize = v.finalize.values().map(BTreeMap::len).sum();
             let _ = write!(
@@ -2017,6 +2023,26 @@ mod tests {
                 vs[to].handle_message(now, ValidatorIndex(from as u16), m);
             }
         }
+    }
+
+    /// A validator that timed out its view alone (no peer heard it) and was restored counts its
+    /// own nullify vote again: with one validator down, the view needs it and both others'.
+    #[test]
+    fn a_restored_validator_counts_its_own_votes_and_describes_where_it_stands() {
+        let mut vs = four();
+        let v = &mut vs[2]; // not view 1's leader
+        let view = v.view;
+        v.handle_timeout(10_000_001);
+        while v.poll_output().is_some() {}
+        let mine = format!("view {}: mine .X., certs ..., proposal no, votes n[] x1 f0", view.0);
+        let said = v.describe();
+        assert!(said.starts_with(&format!("view {} (leader {})", view.0, v.leader(view).0)), "{said}");
+        assert!(said.contains(&mine), "{said}");
+        let restored = Validator::restore(v.cfg.clone(), v.key.clone(), v.keys.clone(), 20_000_000, &v.persist())
+            .expect("its own state");
+        let said = restored.describe();
+        assert!(said.contains(&mine), "restored without its own vote counted: {said}");
+        assert_eq!(restored.views[&view].nullify.keys().copied().collect::<Vec<_>>(), vec![ValidatorIndex(2)]);
     }
 
     #[test]
