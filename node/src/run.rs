@@ -926,10 +926,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             && let Some(quiet) = stall.due()
         {
             eprintln!(
-                "{tag}warning: no tick committed for {} s ({} of {} peers connected): {}",
+                "{tag}warning: no tick committed for {} s ({} peers connected, {} validators in the sim): {}",
                 quiet.as_secs(),
                 mesh.connected(),
-                metatopia_node::core::Agreement::validators(core.agreement()).saturating_sub(1),
+                metatopia_node::core::Agreement::validators(core.agreement()),
                 metatopia_node::core::Agreement::describe(core.agreement())
             );
         }

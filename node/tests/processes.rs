@@ -432,6 +432,27 @@ fn a_node_started_after_its_peers_finished_is_not_stranded_when_the_sim_stops_wh
     assert!(finals.iter().all(|r| *r == finals[0]), "{finals:?}");
 }
 
+/// A validator alone (its three peers never start) cannot commit: after 10 s it says so, and
+/// where its agreement stands, instead of sitting silent.
+#[test]
+fn a_validator_without_a_quorum_says_where_its_agreement_stands() {
+    let dirs = setup("alone", 4, 50);
+    let node = start(0, &dirs[0], &Roots::default(), &[]);
+    let t0 = Instant::now();
+    let said = loop {
+        let e = node.stderr.lock().unwrap().clone();
+        if e.contains("warning: no tick committed for 10 s") {
+            break e;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no stall warning within 60 s:\n{e}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let line = said.lines().find(|l| l.contains("no tick committed")).unwrap();
+    assert!(line.contains("(0 peers connected, 4 validators in the sim): epoch 0: view "), "{line}");
+    // Alone, it timed out its view and nullified it, and counted only its own vote.
+    assert!(line.contains(": mine .X.") && line.contains(" x1 "), "{line}");
+}
+
 fn http_of(dir: &Path) -> String {
     let cfg = metatopia_node::config::NodeConfig::load(&DataDir::open(dir).unwrap().config_path()).unwrap();
     cfg.http_addr().to_string()
