@@ -186,6 +186,32 @@ fn a_sim_stopped_whole_resumes_without_one_validator_after_all_nullified_alone()
     }
 }
 
+/// Known gap, open: a validator that was down when the whole sim stopped cannot catch up after
+/// the restart. A restored validator keeps only the blocks it has not yet handed out (the
+/// node keeps the rest in its commit log, but does not serve fetches from it), so once every
+/// validator has restarted nobody holds the blocks between the laggard's last commit and the
+/// others': it fetches one for ever. The random schedules of the sweeps, with a whole stop
+/// added at a time taken from the seed (one seed in eight of 1,000 had it), found it in these
+/// two; the others resumed. Fix: serve fetches from the commit log, or give a restored
+/// validator its newest finalized blocks back from it; or a laggard takes a snapshot.
+#[test]
+#[ignore = "known gap: no validator keeps the blocks a laggard lacks after a whole-sim stop (see its doc)"]
+fn a_laggard_catches_up_after_the_whole_sim_stopped() {
+    let cache = Arc::new(SigCache::new());
+    for (n, seed) in [(4u16, 106u64), (7, 10_025)] {
+        let mut s = random_schedule(seed, n, false);
+        common::add_whole_stop(&mut s, seed);
+        let r = run_schedule(&s, seed, 2 * SEC, &cache);
+        assert!(r.violations.is_empty(), "n={n} seed {seed}: {:?}", r.violations);
+        assert!(
+            r.resume_after_heal.is_some_and(|t| t <= RESUME_BOUND),
+            "n={n} seed {seed}: commits did not resume on every honest validator\n{:?}\n{}",
+            s,
+            r.stuck.join("\n")
+        );
+    }
+}
+
 #[test]
 fn a_diverged_state_root_is_detected_by_peers_within_a_tick() {
     let cache = Arc::new(SigCache::new());
@@ -266,9 +292,10 @@ fn assert_all_safe_and_live(results: &[(u64, common::RunResult)], n: u16) {
         let resume = r.resume_after_heal.unwrap_or(u64::MAX);
         assert!(
             resume <= RESUME_BOUND,
-            "n={n} seed {seed}: commits resumed {} ms after heal\n{:?}",
+            "n={n} seed {seed}: commits resumed {} ms after heal\n{:?}\n{}",
             resume / MS,
-            random_schedule(*seed, n, false)
+            random_schedule(*seed, n, false),
+            r.stuck.join("\n")
         );
     }
 }

@@ -340,6 +340,8 @@ pub struct Schedule {
     pub crashes: Vec<(Time, Time, NodeId)>,
     pub skews: Vec<(NodeId, i64)>,
     pub heal: Time,
+    /// Every node stopped at once at this time (a sim stopped whole), and started again.
+    pub whole_stop: Option<Time>,
 }
 
 pub fn random_schedule(seed: u64, n: u16, planted_bug: bool) -> Schedule {
@@ -398,7 +400,19 @@ pub fn random_schedule(seed: u64, n: u16, planted_bug: bool) -> Schedule {
         }
     }
     let skews = (0..u32::from(n)).map(|i| (i, rng.range_i64(-100_000, 100_000))).collect();
-    Schedule { setup, net, partitions, crashes, skews, heal }
+    Schedule { setup, net, partitions, crashes, skews, heal, whole_stop: None }
+}
+
+/// Also stop the whole sim at once (every node) and start it again 30-230 ms later, as an
+/// operator would, at a time taken from the seed; a validator that a crash of the schedule has
+/// down then stays down until it was due back, so the others resume without it.
+pub fn add_whole_stop(s: &mut Schedule, seed: u64) {
+    let at = s.heal / 4 + seed.wrapping_mul(7_919) % (s.heal / 2);
+    let back = at + 30 * MS + seed.wrapping_mul(104_729) % (200 * MS);
+    let nodes = u32::from(s.setup.n) + u32::from(s.setup.twin_of.is_some());
+    let down: BTreeSet<NodeId> = s.crashes.iter().filter(|(a, b, _)| *a <= at && at < *b).map(|c| c.2).collect();
+    s.crashes.extend((0..nodes).filter(|i| !down.contains(i)).map(|i| (at, back, i)));
+    s.whole_stop = Some(at);
 }
 
 /// The result of one seed.
@@ -412,6 +426,8 @@ pub struct RunResult {
     pub resume_after_heal: Option<Time>,
     pub trace: [u8; 32],
     pub evidence: u32,
+    /// Where each honest validator's agreement stands at the end, when commits did not resume.
+    pub stuck: Vec<String>,
 }
 
 /// Run a schedule: faults until `heal`, then `after` more of a healthy network, with events
@@ -454,7 +470,19 @@ pub fn run_schedule(s: &Schedule, seed: u64, after: Time, cache: &Arc<SigCache>)
         .iter()
         .filter_map(|n| n.commits.iter().rev().find(|(at, _)| *at <= s.heal).map(|(_, c)| c.block.tick))
         .max();
+    let stuck = if resume.is_some() {
+        Vec::new()
+    } else {
+        honest
+            .iter()
+            .filter_map(|n| match &n.actor {
+                Actor::Honest(v) => Some(format!("validator {}: {}", n.index.0, v.describe())),
+                Actor::Byz(_) => None,
+            })
+            .collect()
+    };
     RunResult {
+        stuck,
         violations: checker.violations.clone(),
         ticks_at_heal,
         ticks_at_end: checker.highest_tick(),
