@@ -432,6 +432,41 @@ fn a_node_started_after_its_peers_finished_is_not_stranded_when_the_sim_stops_wh
     assert!(finals.iter().all(|r| *r == finals[0]), "{finals:?}");
 }
 
+/// Known gap, open (the agreement suite's `a_laggard_catches_up_after_the_whole_sim_stopped`
+/// on real processes): node 1 is down while the others run 80 ticks and stop; then all four
+/// start again. The others restored only the blocks they had not yet executed, and the node
+/// serves no fetch from its commit log, so nobody has the ticks node 1 lacks.
+#[test]
+#[ignore = "known gap: a validator down when its sim stopped whole cannot catch up after the restart"]
+fn a_validator_down_when_its_sim_stopped_whole_catches_up_after_the_restart() {
+    let dirs = setup("laggard", 4, 50);
+    let all: Vec<_> =
+        dirs.iter().cloned().enumerate().map(|(i, d)| std::thread::spawn(move || run_to_end(i, &d, 40))).collect();
+    for h in all {
+        h.join().unwrap();
+    }
+    // Without node 1 (they stop after waiting for it: a warning, not a failure).
+    let three: Vec<_> = [0usize, 2, 3]
+        .into_iter()
+        .map(|i| {
+            let d = dirs[i].clone();
+            std::thread::spawn(move || run_to_end(i, &d, 120))
+        })
+        .collect();
+    for h in three {
+        h.join().unwrap();
+    }
+    let roots = Roots::default();
+    let ticks = ["--report-every", "50", "--ticks", "160"];
+    let nodes: Vec<Node> = (0..4).map(|i| start(i, &dirs[i], &roots, &ticks)).collect();
+    let outs: Vec<(String, String)> =
+        nodes.into_iter().enumerate().map(|(i, n)| finish(i, n, Duration::from_secs(180))).collect();
+    for (i, (o, e)) in outs.iter().enumerate() {
+        assert!(o.contains("stopped after the requested ticks at tick 160;"), "node {i}: {o}\n{e}");
+        assert!(!e.contains("warning: stopping after tick"), "node {i} gave up waiting: {o}\n{e}");
+    }
+}
+
 /// A validator alone (its three peers never start) cannot commit: after 10 s it says so, and
 /// where its agreement stands, instead of sitting silent.
 #[test]
