@@ -339,6 +339,18 @@ fn run_to_end(i: usize, dir: &Path, ticks: u64) -> (String, String) {
     finish(i, node, Duration::from_secs(300))
 }
 
+/// Run the nodes `which` of `dirs` at once until each has executed `ticks` ticks and stopped.
+fn run_all_to_end(dirs: &[PathBuf], which: &[usize], ticks: u64) -> Vec<(String, String)> {
+    let hs: Vec<_> = which
+        .iter()
+        .map(|&i| {
+            let d = dirs[i].clone();
+            std::thread::spawn(move || run_to_end(i, &d, ticks))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 fn final_root(stdout: &str) -> &str {
     stdout.lines().find_map(|l| l.split("final root ").nth(1)).expect("a final root")
 }
@@ -346,15 +358,7 @@ fn final_root(stdout: &str) -> &str {
 #[test]
 fn a_tampered_snapshot_is_refused_with_a_clear_error_and_the_log_rebuilds_the_state() {
     let dirs = setup("tamper", 4, 50);
-    let runs = |ticks: u64| -> Vec<(String, String)> {
-        let hs: Vec<_> = dirs
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(i, d)| std::thread::spawn(move || run_to_end(i, &d, ticks)))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    };
+    let runs = |ticks: u64| run_all_to_end(&dirs, &[0, 1, 2, 3], ticks);
     let first = runs(200);
     let roots: Vec<&str> = first.iter().map(|(o, _)| final_root(o)).collect();
     assert!(roots.iter().all(|r| *r == roots[0]), "{roots:?}");
@@ -404,11 +408,7 @@ fn a_tampered_snapshot_is_refused_with_a_clear_error_and_the_log_rebuilds_the_st
 #[test]
 fn a_node_started_after_its_peers_finished_is_not_stranded_when_the_sim_stops_whole() {
     let dirs = setup("late", 4, 50);
-    let first: Vec<_> =
-        dirs.iter().cloned().enumerate().map(|(i, d)| std::thread::spawn(move || run_to_end(i, &d, 40))).collect();
-    for h in first {
-        h.join().unwrap();
-    }
+    run_all_to_end(&dirs, &[0, 1, 2, 3], 40);
     let ticks = ["--report-every", "50", "--ticks", "80"];
     let roots = Roots::default();
     let peers: Vec<Node> = (1..4).map(|i| start(i, &dirs[i], &roots, &ticks)).collect();
@@ -440,22 +440,9 @@ fn a_node_started_after_its_peers_finished_is_not_stranded_when_the_sim_stops_wh
 #[ignore = "known gap: a validator down when its sim stopped whole cannot catch up after the restart"]
 fn a_validator_down_when_its_sim_stopped_whole_catches_up_after_the_restart() {
     let dirs = setup("laggard", 4, 50);
-    let all: Vec<_> =
-        dirs.iter().cloned().enumerate().map(|(i, d)| std::thread::spawn(move || run_to_end(i, &d, 40))).collect();
-    for h in all {
-        h.join().unwrap();
-    }
+    run_all_to_end(&dirs, &[0, 1, 2, 3], 40);
     // Without node 1 (they stop after waiting for it: a warning, not a failure).
-    let three: Vec<_> = [0usize, 2, 3]
-        .into_iter()
-        .map(|i| {
-            let d = dirs[i].clone();
-            std::thread::spawn(move || run_to_end(i, &d, 120))
-        })
-        .collect();
-    for h in three {
-        h.join().unwrap();
-    }
+    run_all_to_end(&dirs, &[0, 2, 3], 120);
     let roots = Roots::default();
     let ticks = ["--report-every", "50", "--ticks", "160"];
     let nodes: Vec<Node> = (0..4).map(|i| start(i, &dirs[i], &roots, &ticks)).collect();
