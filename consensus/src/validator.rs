@@ -158,6 +158,17 @@ struct ViewState {
     proposed: bool,
 }
 
+impl ViewState {
+    /// The tally a vote of `kind` for `digest` counts in.
+    fn tally_mut(&mut self, kind: VoteKind, digest: Digest) -> &mut BTreeMap<ValidatorIndex, Vote> {
+        match kind {
+            VoteKind::Notarize => self.notarize.entry(digest).or_default(),
+            VoteKind::Nullify => &mut self.nullify,
+            VoteKind::Finalize => self.finalize.entry(digest).or_default(),
+        }
+    }
+}
+
 /// A validator's own notarize, nullify and finalize votes in one view.
 type MyVotes = (Option<Vote>, Option<Vote>, Option<Vote>);
 
@@ -511,12 +522,7 @@ impl Validator {
             // with f validators down (three restored with their nullify votes of one view, the
             // fourth down, each saw two and that view never ended).
             for vote in [&n, &x, &f].into_iter().flatten() {
-                let tally = match vote.kind {
-                    VoteKind::Notarize => s.notarize.entry(vote.digest).or_default(),
-                    VoteKind::Nullify => &mut s.nullify,
-                    VoteKind::Finalize => s.finalize.entry(vote.digest).or_default(),
-                };
-                tally.insert(vote.signer, vote.clone());
+                s.tally_mut(vote.kind, vote.digest).insert(vote.signer, vote.clone());
                 s.first.insert((vote.kind, vote.signer), vote.clone());
             }
             s.my_notarize = n;
@@ -1564,13 +1570,8 @@ impl Validator {
         if self.conflicts(&vote) {
             return;
         }
-        let s = self.views.entry(view).or_default();
         let (kind, digest) = (vote.kind, vote.digest);
-        let tally = match kind {
-            VoteKind::Notarize => s.notarize.entry(digest).or_default(),
-            VoteKind::Nullify => &mut s.nullify,
-            VoteKind::Finalize => s.finalize.entry(digest).or_default(),
-        };
+        let tally = self.views.entry(view).or_default().tally_mut(kind, digest);
         tally.insert(vote.signer, vote);
         if tally.len() >= self.quorum {
             let cert = Certificate { kind, view, digest, votes: tally.values().take(self.quorum).cloned().collect() };
