@@ -22,6 +22,27 @@ struct Node {
     stderr: Arc<Mutex<String>>,
 }
 
+impl Node {
+    /// Everything the node printed so far: its standard output, then its standard error.
+    fn said(&self) -> String {
+        format!("{}\n{}", self.stdout.lock().unwrap(), self.stderr.lock().unwrap())
+    }
+}
+
+/// Wait until what `nodes` printed satisfies `ok`, and return it; fail after `limit` with all
+/// of it.
+fn wait_for_output(what: &str, limit: Duration, nodes: &[&Node], ok: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let t0 = Instant::now();
+    loop {
+        let said: Vec<String> = nodes.iter().map(|n| n.said()).collect();
+        if ok(&said) {
+            return said;
+        }
+        assert!(t0.elapsed() < limit, "timed out waiting for {what}:\n{}", said.join("\n----\n"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A failing test must not leave its nodes running.
 impl Drop for Node {
     fn drop(&mut self) {
@@ -318,12 +339,7 @@ fn finish(i: usize, mut node: Node, limit: Duration) -> (String, String) {
             break s;
         }
         // A node that never stops must fail the test, not hang the suite.
-        assert!(
-            t0.elapsed() < limit,
-            "node {i} did not stop within {limit:?}:\n{}\n{}",
-            node.stdout.lock().unwrap(),
-            node.stderr.lock().unwrap()
-        );
+        assert!(t0.elapsed() < limit, "node {i} did not stop within {limit:?}:\n{}", node.said());
         std::thread::sleep(Duration::from_millis(50));
     };
     // The readers see the pipes close just after the exit.
@@ -412,15 +428,10 @@ fn a_node_started_after_its_peers_finished_is_not_stranded_when_the_sim_stops_wh
     let ticks = ["--report-every", "50", "--ticks", "80"];
     let roots = Roots::default();
     let peers: Vec<Node> = (1..4).map(|i| start(i, &dirs[i], &roots, &ticks)).collect();
-    let t0 = Instant::now();
-    while !peers.iter().all(|n| n.stdout.lock().unwrap().contains("executed tick 79: waiting")) {
-        if t0.elapsed() > Duration::from_secs(120) {
-            let said: Vec<String> =
-                peers.iter().map(|n| format!("{}\n{}", n.stdout.lock().unwrap(), n.stderr.lock().unwrap())).collect();
-            panic!("the peers did not all execute tick 79 within 120 s:\n{}", said.join("\n----\n"));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let waiting: Vec<&Node> = peers.iter().collect();
+    wait_for_output("the peers to execute tick 79 and wait", Duration::from_secs(120), &waiting, |said| {
+        said.iter().all(|s| s.contains("executed tick 79: waiting"))
+    });
     let late = start(0, &dirs[0], &roots, &ticks);
     let mut outs = vec![finish(0, late, Duration::from_secs(120))];
     outs.extend(peers.into_iter().enumerate().map(|(i, n)| finish(i + 1, n, Duration::from_secs(120))));
@@ -460,16 +471,10 @@ fn a_validator_down_when_its_sim_stopped_whole_catches_up_after_the_restart() {
 fn a_validator_without_a_quorum_says_where_its_agreement_stands() {
     let dirs = setup("alone", 4, 50);
     let node = start(0, &dirs[0], &Roots::default(), &[]);
-    let t0 = Instant::now();
-    let said = loop {
-        let e = node.stderr.lock().unwrap().clone();
-        if e.contains("warning: no tick committed for 10 s") {
-            break e;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "no stall warning within 60 s:\n{e}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let line = said.lines().find(|l| l.contains("no tick committed")).unwrap();
+    let said = wait_for_output("the stall warning", Duration::from_secs(60), &[&node], |said| {
+        said[0].contains("warning: no tick committed for 10 s")
+    });
+    let line = said[0].lines().find(|l| l.contains("no tick committed")).unwrap();
     assert!(line.contains("(0 peers connected, 4 validators in the sim): epoch 0: view "), "{line}");
     // Alone, it timed out its view and nullified it, and counted only its own vote.
     assert!(line.contains(": mine .X.") && line.contains(" x1 "), "{line}");
