@@ -61,7 +61,10 @@
 //!   later (it only carries a root report and possible evidence), off the commit's path.
 //! - Crash recovery: every vote cast is durable before it is sent ([`Validator::persist`]), and
 //!   a restored validator counts its own restored votes in its tallies again, as when it cast
-//!   them (with f validators down, every vote of the others and its own is needed).
+//!   them (with f validators down, every vote of the others and its own is needed). The
+//!   persisted state keeps only the blocks not yet handed out; the blocks handed out before
+//!   are given back from the application's commit log ([`Validator::recall`]), so that after
+//!   a whole sim stopped, a validator that was down then can still fetch the blocks it lacks.
 //! - Validator-set changes (governance, at epoch boundaries) happen above this crate: an epoch
 //!   is a new `Validator` with the new set, started at the boundary tick.
 
@@ -74,8 +77,8 @@ pub mod types;
 mod validator;
 
 pub use types::{
-    Block, Certificate, CertificateError, DecodeError, Digest, EventBytes, Mac, Message, Micros, Parent, RootReport,
-    Sig, SigCache, Signed, ValidatorIndex, View, Vote, VoteKind, event_id, pair_key,
+    Block, Certificate, CertificateError, DecodeError, Digest, EventBytes, Logged, Mac, Message, Micros, Parent,
+    RootReport, Sig, SigCache, Signed, ValidatorIndex, View, Vote, VoteKind, event_id, pair_key,
 };
 pub use validator::{
     Anchor, Commit, Config, Evidence, Output, ProposalError, Validator, epoch_digest, genesis_digest, seed_of,

@@ -135,6 +135,18 @@ impl Block {
     }
 }
 
+/// What an application's commit log keeps of a committed block: with the notarization of the
+/// block before it, enough to rebuild the block ([`crate::Validator::recall`]).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Logged {
+    pub tick: u64,
+    pub time_ms: u64,
+    #[serde(with = "byte_strings")]
+    pub events: Vec<EventBytes>,
+    /// The block's notarization, as its commit carried it ([`crate::Commit::certificate`]).
+    pub notarization: Certificate,
+}
+
 /// Lists of byte strings (client events) encoded with `serialize_bytes`: postcard writes the same
 /// bytes as for a sequence of `u8` (a length, then the bytes), but copies each string at once
 /// instead of making one serde call per byte (that was 11% of a validator's time).

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::pool::{Batch, Pool};
 use crate::types::{
-    Block, Certificate, Digest, EventBytes, Mac, Message, Micros, Parent, RootReport, Signed, ValidatorIndex, View,
-    Vote, VoteKind, event_ids, pair_key,
+    Block, Certificate, Digest, EventBytes, Logged, Mac, Message, Micros, Parent, RootReport, Signed, ValidatorIndex,
+    View, Vote, VoteKind, event_ids, pair_key,
 };
 
 /// Tuning. Times are in microseconds of the caller's clock.
@@ -39,7 +39,8 @@ pub struct Config {
     pub keep_blocks: u64,
     /// ... and of those no more than `keep_bytes` of blocks (their events, ids and headers),
     /// dropping the oldest first; the newest `keep_blocks_min` are kept whatever their size.
-    /// A laggard further behind takes a snapshot (the node's catch-up), not every block.
+    /// A laggard further behind takes a snapshot (the node's catch-up), not every block. A
+    /// restarted validator gets the blocks it handed out back ([`Validator::recall`]).
     pub keep_bytes: u64,
     /// The newest finalized blocks kept whatever `keep_bytes` says: a laggard a few ticks
     /// behind (a lost message, a short stall) catches up by fetching them.
@@ -570,6 +571,59 @@ impl Validator {
         Ok(v)
     }
 
+    /// Blocks this validator handed out as committed before a restart, oldest first, from the
+    /// application's commit log: kept again (as if never pruned) to answer peers' fetches.
+    /// [`Validator::persist`] keeps only the blocks not yet handed out, so without this, once
+    /// a whole sim had stopped, no validator would hold the blocks that one down at the time
+    /// still needs, and it could never commit again.
+    ///
+    /// Each block is rebuilt from its record and the notarization of the block before it (an
+    /// epoch's first block, from the genesis or the anchor), and kept only when its digest and
+    /// view are its notarization's. Records of ticks not handed out yet, before this epoch, or
+    /// more than `keep_blocks` below the committed tick are skipped, and the byte budget
+    /// applies as to any finalized block. Returns how many blocks were kept.
+    pub fn recall(&mut self, logged: impl IntoIterator<Item = Logged>) -> usize {
+        let Some(out) = self.output_tick else { return 0 };
+        let first_tick = self.cfg.anchor.as_ref().map_or(0, |a| a.block.tick + 1);
+        let keep_from = out.saturating_sub(self.cfg.keep_blocks).max(first_tick);
+        let mut prev: Option<(u64, Certificate)> = None;
+        let mut kept = 0;
+        for rec in logged {
+            let parent = if rec.tick == first_tick {
+                let anchor = self.cfg.anchor.as_ref().map(|a| a.notarization.clone());
+                Some((Parent { view: View(0), digest: self.root_parent() }, anchor))
+            } else {
+                prev.take()
+                    .filter(|(tick, _)| tick + 1 == rec.tick)
+                    .map(|(_, c)| (Parent { view: c.view, digest: c.digest }, Some(c)))
+            };
+            let n = rec.notarization;
+            if let Some((parent, parent_certificate)) = parent
+                && (keep_from..=out).contains(&rec.tick)
+                && n.kind == VoteKind::Notarize
+                && !self.blocks.contains_key(&n.digest)
+            {
+                let block = Block {
+                    view: n.view,
+                    leader: self.leader(n.view),
+                    parent,
+                    tick: rec.tick,
+                    time_ms: rec.time_ms,
+                    events: rec.events,
+                    parent_certificate,
+                };
+                let ids = event_ids(&block.events);
+                if block.digest_with_ids(&ids) == n.digest {
+                    self.blocks.insert(n.digest, Stored::with_ids(block, ids));
+                    kept += 1;
+                }
+            }
+            prev = Some((rec.tick, n));
+        }
+        self.prune();
+        kept
+    }
+
     /// The state that must be durable before this step's outputs are sent.
     pub fn persist(&self) -> Vec<u8> {
         let from = self.tip.0;
@@ -657,6 +711,17 @@ impl Validator {
     /// The state roots other validators reported for `tick` in their votes (recent ticks).
     pub fn peer_roots(&self, tick: u64) -> Option<&BTreeMap<ValidatorIndex, Digest>> {
         self.peer_roots.get(&tick)
+    }
+
+    /// The newest tick that f+1 other validators (at least one honest) report having executed,
+    /// in their votes' root reports: how far the sim is, as seen from a node that lags.
+    pub fn peers_executed(&self) -> Option<u64> {
+        let f = (self.keys.len() - 1) / 3;
+        self.peer_roots
+            .iter()
+            .rev()
+            .find(|(_, by)| by.keys().filter(|v| Some(**v) != self.me).count() > f)
+            .map(|(t, _)| *t)
     }
 
     /// One line on where agreement stands, for an operator whose sim has stopped committing:
@@ -2108,6 +2173,66 @@ mod tests {
             assert!((oldest..=out).all(|t| ticks.contains(&t)), "{ticks:?}");
             assert!(v.blocks.len() as u64 <= KEEP + 4, "{} blocks held", v.blocks.len());
         }
+    }
+
+    #[test]
+    fn a_restored_validator_recalls_the_blocks_it_handed_out_from_its_commit_log() {
+        let mut vs = four();
+        for k in 0..30u64 {
+            vs[(k % 4) as usize].submit_events(k * PERIOD, vec![format!("event {k}").into_bytes()]);
+            run(&mut vs, k * PERIOD);
+        }
+        let v = &vs[0];
+        let out = v.output_tick.expect("ticks were output");
+        assert!(out >= 20, "output up to tick {out}");
+        // The chain as a commit log holds it: each block with the notarization its child carries.
+        let at = |t: u64| {
+            let (_, d) = v.blocks.by_tick.iter().find(|(tick, _)| *tick == t).expect("one block a tick");
+            (*v.blocks[d].block).clone()
+        };
+        let chain: Vec<Block> = (0..=out + 1).map(at).collect();
+        let log: Vec<Logged> = chain
+            .windows(2)
+            .map(|w| Logged {
+                tick: w[0].tick,
+                time_ms: w[0].time_ms,
+                events: w[0].events.clone(),
+                notarization: w[1].parent_certificate.clone().expect("a notarized parent"),
+            })
+            .collect();
+        let key = SigningKey::from_bytes(&[1; 32]);
+        let restore = || Validator::restore(v.cfg.clone(), key.clone(), v.keys.clone(), 0, &v.persist()).unwrap();
+
+        let mut r = restore();
+        // Restored, it holds only the blocks not handed out before (from the output tick on).
+        assert!(chain[..out as usize].iter().all(|b| !r.blocks.contains_key(&b.digest())));
+        assert_eq!(r.recall(log.clone()), out as usize, "every block below the output tick");
+        for b in &chain {
+            assert_eq!(r.blocks.get(&b.digest()).map(|s| &*s.block), Some(b), "tick {}", b.tick);
+        }
+        // It answers a fetch of the oldest, as before the restart.
+        r.handle_message(0, ValidatorIndex(1), Message::Fetch(chain[0].digest()));
+        let answer = std::iter::from_fn(|| r.poll_output()).find_map(|o| match o {
+            Output::Send(ValidatorIndex(1), Message::Block { block, .. }) => Some(block),
+            _ => None,
+        });
+        assert_eq!(answer.as_ref(), Some(&chain[0]));
+
+        // A record that does not hash to its notarization is not kept, nor one whose parent's
+        // record is missing (its parent's notarization is unknown); the others are.
+        let mut r = restore();
+        let mut bad = log.clone();
+        bad[5].events.push(EventBytes::from(&b"not what was committed"[..]));
+        bad.remove(10);
+        assert_eq!(r.recall(bad), out as usize - 3);
+        let has = |t: usize| r.blocks.contains_key(&chain[t].digest());
+        assert!(!has(5) && !has(10) && !has(11), "a forged record, a missing one and the one after it");
+        assert!(has(4) && has(6) && has(9) && has(12));
+        // Only the newest `keep_blocks` are kept.
+        let mut r = restore();
+        r.cfg.keep_blocks = 8;
+        assert_eq!(r.recall(log), 8);
+        assert!((out - 8..=out).all(|t| r.blocks.contains_key(&chain[t as usize].digest())));
     }
 
     #[test]

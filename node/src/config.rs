@@ -40,7 +40,8 @@ pub struct NodeConfig {
     pub sim_workers: Option<u32>,
     /// Finalized blocks this node keeps in memory for peers that fall a little behind, in MiB
     /// (1..=65536; default 256): the newest 2,048 ticks' blocks, fewer when they hold more than
-    /// this (always the newest 64). A peer further behind catches up from a snapshot.
+    /// this (always the newest 64), read back from the commit log after a restart. A peer
+    /// further behind (64 ticks, for 10 s) catches up from a snapshot its peers certify.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_history_mib: Option<u64>,
     /// The genesis world (a seeded demo world for now).

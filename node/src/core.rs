@@ -64,6 +64,11 @@ pub trait Agreement {
     fn commit_from(&mut self, _now: Micros, _tick: u64) {}
     /// A joining node: no commits until [`Agreement::commit_from`].
     fn hold(&mut self, _now: Micros) {}
+    /// After a restart: the blocks handed out before, from the commit log (oldest first), kept
+    /// again to answer peers' fetches ([`Validator::recall`]). Returns how many were kept.
+    fn recall(&mut self, _logged: Vec<metatopia_consensus::Logged>) -> usize {
+        0
+    }
     /// Events waiting in the pool.
     fn pool_len(&self) -> usize {
         0
@@ -76,6 +81,11 @@ pub trait Agreement {
     /// The roots other validators reported for `tick`.
     fn peer_roots(&self, _tick: u64) -> Vec<(ValidatorIndex, Digest)> {
         Vec::new()
+    }
+    /// The newest tick f+1 other validators report having executed
+    /// ([`Validator::peers_executed`]).
+    fn peers_executed(&self) -> Option<u64> {
+        None
     }
     /// Where agreement stands, in one line, for a warning when commits stop.
     fn describe(&self) -> String {
@@ -131,6 +141,18 @@ impl Agreement for Validator {
     }
     fn describe(&self) -> String {
         Validator::describe(self)
+    }
+    fn recall(&mut self, logged: Vec<metatopia_consensus::Logged>) -> usize {
+        Validator::recall(self, logged)
+    }
+    fn peers_executed(&self) -> Option<u64> {
+        Validator::peers_executed(self)
+    }
+    fn hold(&mut self, now: Micros) {
+        self.join_at(now, metatopia_consensus::View(0));
+    }
+    fn commit_from(&mut self, now: Micros, tick: u64) {
+        Validator::commit_from(self, now, tick);
     }
 }
 
@@ -241,8 +263,19 @@ pub struct CoreStats {
     /// Objects that left this sim for a neighbour, and that arrived from one.
     pub departures: u64,
     pub arrivals: u64,
+    /// Times this node found itself stranded far behind its peers and took a snapshot.
+    pub stranded: u64,
 }
 
+/// Log records handed back to the agreement after a restart ([`NodeCore::recall`]): twice
+/// the blocks it keeps by default (`keep_blocks`, 2,048; a node does not change it).
+const RECALL_RECORDS: usize = 4_096;
+/// A node this many ticks behind what f+1 other validators report having executed...
+const STRANDED_TICKS: u64 = 64;
+/// ...for this long takes a snapshot they certify: the blocks it lacks may be pruned from
+/// every peer (they keep 2,048 ticks), so fetching them could go on for ever. A node that
+/// catches up by fetching a few hundred blocks does so well within this.
+const STRANDED_US: Micros = 10_000_000;
 /// Ask again for snapshots this often while resyncing.
 const RESYNC_RETRY_US: Micros = 1_000_000;
 /// Serve a peer at most one snapshot this often.
@@ -258,6 +291,9 @@ struct Resync {
     /// A node joining a running sim (it asks with `JoinRequest`, and starts its agreement from
     /// the first answer) rather than one that diverged.
     join: Option<JoinState>,
+    /// The agreement outputs no commits until the snapshot is in (a node that joins, or one
+    /// stranded behind blocks no peer keeps), then commits from the snapshot's tick on.
+    held: bool,
     next_request: Micros,
     buffered: BTreeMap<u64, Batch>,
     /// The newest snapshot each peer sent: the number of ticks it executed, and the snapshot.
@@ -307,6 +343,8 @@ pub struct NodeCore<A, H, P> {
     mail_key: Option<metatopia_sim::SigningKey>,
     /// Ticks below this have been handed to the log (or were in the state it started from).
     logged_to: u64,
+    /// Since when this node has been `STRANDED_TICKS` behind its peers.
+    behind_since: Option<Micros>,
 }
 
 impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for NodeCore<A, H, P> {
@@ -344,6 +382,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             verifier: crate::verify::Verifier::cache(),
             mail_key: None,
             logged_to: 0,
+            behind_since: None,
         }
     }
 
@@ -535,6 +574,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     pub fn handle_timeout(&mut self, now: Micros) {
         self.now = now;
         self.agreement.handle_timeout(now);
+        self.check_stranded(now);
         if let Some(r) = self.resync.as_mut()
             && now >= r.next_request
         {
@@ -551,6 +591,34 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// A node far behind its peers for long (`STRANDED_TICKS`, `STRANDED_US`) stops waiting
+    /// for the blocks it lacks and takes a snapshot f+1 other validators certify: its
+    /// agreement outputs nothing until then, and commits from the snapshot's tick on. (A
+    /// validator down longer than its peers keep blocks, or whose missing blocks were
+    /// committed before a whole stop by validators whose logs have since been compacted.)
+    fn check_stranded(&mut self, now: Micros) {
+        let at = self.sim.world().tick().0;
+        // (A node that executed all it was asked to, `execute_until`, is not behind: it waits.)
+        let behind = self.resync.is_none()
+            && self.desynced.is_none()
+            && self.exec_limit.is_none_or(|last| at <= last)
+            && self.agreement.peers_executed().is_some_and(|t| t > at + STRANDED_TICKS);
+        if !behind {
+            self.behind_since = None;
+            return;
+        }
+        let since = *self.behind_since.get_or_insert(now);
+        if now.saturating_sub(since) < STRANDED_US {
+            return;
+        }
+        self.behind_since = None;
+        let peers = self.agreement.peers_executed().unwrap_or(0);
+        tracing::warn!(at, peers, "far behind the peers for 10 s: taking a snapshot they certify");
+        self.agreement.hold(now);
+        self.resync = Some(Resync { held: true, next_request: now, ..Resync::default() });
+        self.stats.stranded += 1;
     }
 
     /// Whether this node is getting a certified snapshot after diverging.
@@ -593,7 +661,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// Its agreement outputs no commits until then, and starts from the first peer's answer.
     pub fn joining(mut self) -> Self {
         self.agreement.hold(self.now);
-        self.resync = Some(Resync { join: Some(JoinState::Asking), ..Resync::default() });
+        self.resync = Some(Resync { join: Some(JoinState::Asking), held: true, ..Resync::default() });
         self
     }
 
@@ -634,7 +702,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 continue;
             }
             let r = self.resync.take().unwrap_or_default();
-            if r.join.is_some() {
+            if r.held {
                 self.agreement.commit_from(self.now, tick);
             }
             self.desynced = None;
@@ -786,6 +854,24 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             }
             None => self.run_batch(batch, true),
         }
+    }
+
+    /// After a restart: hand the agreement the blocks it committed before, from the newest
+    /// `RECALL_RECORDS` records of the commit log, so that it answers peers' fetches of them
+    /// (after a whole sim stopped, a validator that was down then needs them from someone).
+    /// Returns how many blocks the agreement kept; records whose certificate does not decode
+    /// are skipped (the agreement rebuilds each block and checks it against its notarization).
+    pub fn recall(&mut self, records: &[crate::store::LogRecord]) -> usize {
+        let newest = &records[records.len().saturating_sub(RECALL_RECORDS)..];
+        let logged = newest
+            .iter()
+            .filter_map(|r| {
+                let notarization = postcard::from_bytes(&r.certificate).ok()?;
+                let events = r.events.iter().map(|e| metatopia_consensus::EventBytes::from(e.as_slice())).collect();
+                Some(metatopia_consensus::Logged { tick: r.tick, time_ms: r.time_ms, events, notarization })
+            })
+            .collect();
+        self.agreement.recall(logged)
     }
 
     /// Re-execute a logged tick (after a restart, before consensus resumes). Returns the root.

@@ -409,6 +409,12 @@ impl Agreement for Epochs {
         self.current.validator.commit_from(now, tick);
         self.drain();
     }
+    fn recall(&mut self, logged: Vec<metatopia_consensus::Logged>) -> usize {
+        self.current.validator.recall(logged)
+    }
+    fn peers_executed(&self) -> Option<u64> {
+        self.current.validator.peers_executed()
+    }
     fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
         let inst = &self.current;
         inst.validator

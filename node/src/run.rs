@@ -485,6 +485,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         core.replay(rec).map_err(|e| anyhow::anyhow!("replaying the log: {e}"))?;
         replayed += 1;
     }
+    // The blocks committed before, for peers that fetch them (the agreement's own state keeps
+    // only those not handed out yet).
+    let recalled = core.recall(&recovery.records);
+    tracing::info!(recalled, "blocks from the commit log kept to answer peers' fetches");
     // From where the log left it: a node already at or past the requested tick executes one.
     core = core.execute_until(args.ticks.map(|n| n.saturating_sub(1)));
     let root = core.root();
@@ -867,6 +871,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     (last_report, last_report_tick) = (std::time::Instant::now(), tick);
                     // The state the log replays on top of after a restart.
                     dir.write_snapshot(tick, &snapshot)?;
+                    // A snapshot can bring a node to the tick it was asked to stop after.
+                    if finishing.is_none() && tick > 0 && args.ticks.is_some_and(|n| tick >= n) {
+                        finishing = Some(Finishing::new(tick - 1));
+                    }
                     if joined {
                         println!(
                             "{tag}joined: took the state of tick {tick} that {certified_by} validators certify; following"

@@ -480,6 +480,7 @@ pub fn run(
                 }
                 log.push(CoreOutput::Committed(Box::new(rec.clone())));
             }
+            core.recall(&saved.log);
             let mut p = CoreProcess::new(core, nodes_of.clone());
             p.log = log;
             p

@@ -104,6 +104,9 @@ pub fn run(
                 }
                 log.push(CoreOutput::Committed(Box::new(rec.clone())));
             }
+            if let Some(s) = &saved {
+                core.recall(&s.log);
+            }
             let base = sims.nodes(k).start;
             let nodes_of = (0..sims.n).map(|i| (i, vec![base + NodeId::from(i)])).collect();
             let place = place_of(&world_spec, k as u32, &[]);

@@ -132,13 +132,31 @@ impl Agreement for Actor {
         }
     }
     fn commit_from(&mut self, now: Micros, tick: u64) {
-        if let Actor::Epochs(e) = self {
-            e.commit_from(now, tick);
+        match self {
+            Actor::Honest(v) => Agreement::commit_from(v.as_mut(), now, tick),
+            Actor::Epochs(e) => e.commit_from(now, tick),
+            Actor::Byz(..) => {}
         }
     }
     fn hold(&mut self, now: Micros) {
-        if let Actor::Epochs(e) = self {
-            e.hold(now);
+        match self {
+            Actor::Honest(v) => Agreement::hold(v.as_mut(), now),
+            Actor::Epochs(e) => e.hold(now),
+            Actor::Byz(..) => {}
+        }
+    }
+    fn recall(&mut self, logged: Vec<metatopia_consensus::Logged>) -> usize {
+        match self {
+            Actor::Honest(v) => v.recall(logged),
+            Actor::Epochs(e) => e.recall(logged),
+            Actor::Byz(..) => 0,
+        }
+    }
+    fn peers_executed(&self) -> Option<u64> {
+        match self {
+            Actor::Honest(v) => v.peers_executed(),
+            Actor::Epochs(e) => e.peers_executed(),
+            Actor::Byz(..) => None,
         }
     }
 }

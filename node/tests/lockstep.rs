@@ -8,8 +8,8 @@ use std::sync::Arc;
 use metatopia_consensus::mocks::{Behaviour, Byzantine};
 use metatopia_consensus::{Config, SigCache, SigningKey, Validator, ValidatorIndex};
 use metatopia_node::core::{CoreOutput, NodeCore};
-use metatopia_node::simnet::{Actor, CoreProcess};
-use metatopia_scenarios::{Cluster, NetConfig, NodeId, Partition, Time};
+use metatopia_node::simnet::{Actor, CoreProcess, Saved};
+use metatopia_scenarios::{Cluster, Fault, NetConfig, NodeId, Partition, Time};
 use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen, demo_world};
 use metatopia_sim::kinematic::KinematicPhysics;
 use metatopia_sim::rules::RuleHost;
@@ -36,12 +36,24 @@ fn cluster(
     seed: u64,
     net: NetConfig,
     byzantine: &BTreeMap<u16, Behaviour>,
-    world_of: impl Fn(u16) -> DemoWorld,
+    world_of: impl Fn(u16) -> DemoWorld + 'static,
+) -> Cluster<Node> {
+    cluster_with(n, seed, net, byzantine, world_of, |_| {})
+}
+
+/// [`cluster`] with the agreement's configuration changed by `tune`.
+fn cluster_with(
+    n: u16,
+    seed: u64,
+    net: NetConfig,
+    byzantine: &BTreeMap<u16, Behaviour>,
+    world_of: impl Fn(u16) -> DemoWorld + 'static,
+    tune: impl Fn(&mut Config),
 ) -> Cluster<Node> {
     let keys: Vec<_> = (0..n).map(|i| key(i).verifying_key()).collect();
     let nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>> = Arc::new((0..n).map(|i| (i, vec![u32::from(i)])).collect());
     let cache = Arc::new(SigCache::default());
-    let cfg = Config {
+    let mut cfg = Config {
         period_us: 50 * MS,
         leader_timeout_us: 250 * MS,
         notarize_timeout_us: 500 * MS,
@@ -50,6 +62,7 @@ fn cluster(
         max_exec_lag: Some(4),
         ..Config::default()
     };
+    tune(&mut cfg);
     let nodes = (0..n)
         .map(|i| {
             let actor = match byzantine.get(&i) {
@@ -64,7 +77,24 @@ fn cluster(
             CoreProcess::new(NodeCore::new(actor, sim, 1), nodes_of.clone())
         })
         .collect();
-    Cluster::new(seed, net, nodes)
+    let mut c = Cluster::new(seed, net, nodes);
+    // An honest node restarts from its saved agreement state and its commit log, as a real one.
+    c.set_restarter(Box::new(move |id, now, saved| {
+        let i = id as u16;
+        let saved: Saved = saved.and_then(|b| postcard::from_bytes(&b).ok()).unwrap_or_default();
+        let v = match &saved.consensus {
+            Some(b) => Validator::restore(cfg.clone(), key(i), keys.clone(), now, b).expect("its own saved state"),
+            None => Validator::new(cfg.clone(), key(i), keys.clone(), now),
+        };
+        let sim = Sim::new(world_of(i).world, RuleHost::default(), KinematicPhysics::default(), 1).unwrap();
+        let mut core = NodeCore::new(Actor::Honest(Box::new(v)), sim, 1);
+        for rec in &saved.log {
+            core.replay(rec).expect("its own log replays");
+        }
+        core.recall(&saved.log);
+        CoreProcess::new(core, nodes_of.clone())
+    }));
+    c
 }
 
 /// Run for `secs` of virtual time with bots (on `bot_node`) submitting signed events every tick.
@@ -195,4 +225,44 @@ fn a_node_whose_state_diverges_detects_it_reports_and_resyncs_from_a_certified_s
             assert_eq!(r, honest, "node 3 after its resync, tick {t}");
         }
     }
+}
+
+/// A validator down longer than its peers keep blocks (32 ticks here) cannot fetch its way
+/// back: the blocks it lacks are gone everywhere, and it would wait for them for ever. Once it
+/// has been more than 64 ticks behind what f+1 peers report executing for 10 s, it takes a
+/// snapshot that f+1 of them certify and runs in step from there.
+#[test]
+fn a_validator_down_longer_than_its_peers_keep_blocks_catches_up_from_a_certified_snapshot() {
+    let net = NetConfig { delay_min_us: 300, delay_max_us: 5 * MS, loss_ppm: 0, duplicate_ppm: 0 };
+    let mut c = cluster_with(4, 23, net, &BTreeMap::new(), |_| demo(1), |cfg| cfg.keep_blocks = 32);
+    c.schedule_fault(SEC / 2, Fault::Crash(3));
+    c.schedule_fault(4 * SEC + SEC / 2, Fault::Restart(3));
+    run_with_bots(&mut c, 0, 30, 4);
+    let all = roots(&c, 4);
+    let p = c.node(3).unwrap();
+    assert_lockstep(&all, &[0, 1, 2], 300);
+    let (tick, certified_by, joined) = p
+        .log
+        .iter()
+        .find_map(|o| match o {
+            CoreOutput::Resynced { tick, certified_by, joined, .. } => Some((*tick, *certified_by, *joined)),
+            _ => None,
+        })
+        .expect("node 3 took a snapshot");
+    assert!(!joined && certified_by >= 2, "a validator's catch-up, certified by f+1 = 2 others: {certified_by}");
+    assert_eq!(p.core.stats().stranded, 1);
+    // Node 3 stopped at about tick 8; it waits until its peers are 64 ticks further, then 10 s.
+    assert!(tick > 72, "the snapshot of tick {tick}");
+    let after: Vec<_> = all[3].range(Tick(tick)..).collect();
+    assert!(after.len() > 20, "node 3 executed {} ticks after taking tick {tick}", after.len());
+    for (t, r) in &after {
+        assert_eq!(all[0].get(t), Some(*r), "node 3 after its catch-up, tick {t}");
+    }
+    let newest = |m: &BTreeMap<Tick, Hash32>| m.keys().next_back().map_or(0, |t| t.0);
+    assert!(
+        newest(&all[3]) + 8 >= newest(&all[0]),
+        "node 3 at {} keeps up with node 0 at {}",
+        newest(&all[3]),
+        newest(&all[0])
+    );
 }

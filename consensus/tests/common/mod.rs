@@ -2,12 +2,13 @@
 //! the deterministic cluster, random fault schedules, and the invariants checked every step.
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use metatopia_consensus::mocks::{Behaviour, Byzantine};
 use metatopia_consensus::{
-    Commit, Config, Digest, Message, Micros, Output, SigCache, SigningKey, Validator, ValidatorIndex, VerifyingKey,
+    Commit, Config, Digest, Logged, Message, Micros, Output, SigCache, SigningKey, Validator, ValidatorIndex,
+    VerifyingKey,
 };
 use metatopia_scenarios::{Cluster, Fault, NetConfig, NodeId, Outbox, Partition, Process, Time};
 use metatopia_sim::rng::DetRng;
@@ -48,7 +49,21 @@ pub struct Node {
     pub incarnation: u32,
     /// State root stand-in: a hash chain over committed digests, reported back to consensus.
     pub app_root: Digest,
+    /// The agreement's persisted state, written at every step.
     saved: Vec<u8>,
+    /// The commit log an application keeps (its newest `LOG_KEEP` records): given back to a
+    /// restarted validator ([`Validator::recall`]) as a node does from its log on disk.
+    log: VecDeque<Logged>,
+}
+
+/// Records a validator's commit log keeps.
+const LOG_KEEP: usize = 4_096;
+
+/// What survives a crash: the agreement's state and the commit log.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Disk {
+    state: Vec<u8>,
+    log: VecDeque<Logged>,
 }
 
 pub fn config(sig_cache: &Arc<SigCache>) -> Config {
@@ -84,6 +99,15 @@ impl Node {
                     h.update(&c.digest.0);
                     self.app_root = Digest(*h.finalize().as_bytes());
                     let (tick, root) = (c.block.tick, self.app_root);
+                    if self.log.len() == LOG_KEEP {
+                        self.log.pop_front();
+                    }
+                    self.log.push_back(Logged {
+                        tick,
+                        time_ms: c.block.time_ms,
+                        events: c.block.events.clone(),
+                        notarization: c.certificate.clone(),
+                    });
                     self.commits.push((now, *c));
                     if let Actor::Honest(v) = &mut self.actor {
                         v.report_root(tick, root);
@@ -141,7 +165,8 @@ impl Process for Node {
     }
 
     fn persisted(&self) -> Option<Vec<u8>> {
-        (!self.saved.is_empty()).then(|| self.saved.clone())
+        let disk = Disk { state: self.saved.clone(), log: self.log.clone() };
+        (!self.saved.is_empty()).then(|| postcard::to_allocvec(&disk).expect("encoding into a Vec"))
     }
 
     fn fingerprint(msg: &Message) -> [u8; 32] {
@@ -162,6 +187,9 @@ pub struct Setup {
     /// A one-byte `Config::keep_bytes`, so the validators keep only their newest this many
     /// finalized blocks (`Config::keep_blocks_min`).
     pub keep_bytes_min_blocks: Option<u64>,
+    /// A restarted validator gets its committed blocks back from its commit log
+    /// ([`Validator::recall`]), as a node does; `false` shows what goes wrong without.
+    pub recall: bool,
 }
 
 impl Setup {
@@ -173,6 +201,7 @@ impl Setup {
             planted_bug: false,
             keep_blocks: None,
             keep_bytes_min_blocks: None,
+            recall: true,
         }
     }
 
@@ -197,15 +226,22 @@ pub fn build(setup: &Setup, seed: u64, net: NetConfig, cache: &Arc<SigCache>) ->
         cfg.keep_bytes = 1;
         cfg.keep_blocks_min = min;
     }
-    let (n, twin_of) = (setup.n, setup.twin_of);
+    let (n, twin_of, recall) = (setup.n, setup.twin_of, setup.recall);
     let make = move |id: NodeId, role: Role, now: Time, saved: Option<Vec<u8>>| -> Node {
         let index = if id == u32::from(n) { twin_of.expect("twin") } else { id as u16 };
         let k = key(index);
-        let actor = match (role, saved) {
+        let disk: Option<Disk> = saved.map(|b| postcard::from_bytes(&b).expect("own disk"));
+        let log = disk.as_ref().map(|d| d.log.clone()).unwrap_or_default();
+        let actor = match (role, disk) {
             (Role::Byzantine(b), _) => Actor::Byz(Box::new(Byzantine::new(cfg.clone(), k, keys.clone(), now, b))),
-            (_, Some(bytes)) => Actor::Honest(Box::new(
-                Validator::restore(cfg.clone(), k, keys.clone(), now, &bytes).expect("own persisted state"),
-            )),
+            (_, Some(disk)) => {
+                let mut v =
+                    Validator::restore(cfg.clone(), k, keys.clone(), now, &disk.state).expect("own persisted state");
+                if recall {
+                    v.recall(disk.log);
+                }
+                Actor::Honest(Box::new(v))
+            }
             (_, None) => Actor::Honest(Box::new(Validator::new(cfg.clone(), k, keys.clone(), now))),
         };
         // What a crash would leave on disk right now: the state the node starts from (a node
@@ -225,6 +261,7 @@ pub fn build(setup: &Setup, seed: u64, net: NetConfig, cache: &Arc<SigCache>) ->
             incarnation: 0,
             app_root: Digest::default(),
             saved,
+            log,
         }
     };
     let mut roles = setup.roles.clone();
@@ -400,13 +437,22 @@ pub fn random_schedule(seed: u64, n: u16, planted_bug: bool) -> Schedule {
         }
     }
     let skews = (0..u32::from(n)).map(|i| (i, rng.range_i64(-100_000, 100_000))).collect();
-    Schedule { setup, net, partitions, crashes, skews, heal, whole_stop: None }
+    let mut s = Schedule { setup, net, partitions, crashes, skews, heal, whole_stop: None };
+    // One seed in eight (by a hash of the seed, apart from the pruning above) also stops the
+    // whole sim once; after the other draws, so they stay what they were.
+    if seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 61 == 0 {
+        add_whole_stop(&mut s, seed);
+    }
+    s
 }
 
 /// Also stop the whole sim at once (every node) and start it again 30-230 ms later, as an
 /// operator would, at a time taken from the seed; a validator that a crash of the schedule has
 /// down then stays down until it was due back, so the others resume without it.
 pub fn add_whole_stop(s: &mut Schedule, seed: u64) {
+    if s.whole_stop.is_some() {
+        return;
+    }
     let at = s.heal / 4 + seed.wrapping_mul(7_919) % (s.heal / 2);
     let back = at + 30 * MS + seed.wrapping_mul(104_729) % (200 * MS);
     let nodes = u32::from(s.setup.n) + u32::from(s.setup.twin_of.is_some());
