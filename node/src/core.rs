@@ -593,17 +593,19 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         }
     }
 
-    /// A node far behind its peers for long (`STRANDED_TICKS`, `STRANDED_US`) stops waiting
-    /// for the blocks it lacks and takes a snapshot f+1 other validators certify: its
-    /// agreement outputs nothing until then, and commits from the snapshot's tick on. (A
-    /// validator down longer than its peers keep blocks, or whose missing blocks were
-    /// committed before a whole stop by validators whose logs have since been compacted.)
+    /// A node whose agreement is far behind its peers for long (`STRANDED_TICKS`,
+    /// `STRANDED_US`) stops waiting for the blocks it lacks and takes a snapshot f+1 other
+    /// validators certify: its agreement outputs nothing until then, and commits from the
+    /// snapshot's tick on. (A validator down longer than its peers keep blocks: the blocks it
+    /// lacks are gone everywhere.) A node whose agreement keeps up while its execution lags
+    /// is not stranded: its commits are all here.
     fn check_stranded(&mut self, now: Micros) {
-        let at = self.sim.world().tick().0;
+        let executed = self.sim.world().tick().0;
+        let at = executed.max(self.agreement.position().2.map_or(0, |t| t + 1));
         // (A node that executed all it was asked to, `execute_until`, is not behind: it waits.)
         let behind = self.resync.is_none()
             && self.desynced.is_none()
-            && self.exec_limit.is_none_or(|last| at <= last)
+            && self.exec_limit.is_none_or(|last| executed <= last)
             && self.agreement.peers_executed().is_some_and(|t| t > at + STRANDED_TICKS);
         if !behind {
             self.behind_since = None;

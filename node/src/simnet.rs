@@ -152,6 +152,20 @@ impl Agreement for Actor {
             Actor::Byz(..) => 0,
         }
     }
+    fn position(&self) -> (u64, u64, Option<u64>) {
+        match self {
+            Actor::Honest(v) => Agreement::position(v.as_ref()),
+            Actor::Epochs(e) => e.position(),
+            Actor::Byz(..) => (0, 0, None),
+        }
+    }
+    fn describe(&self) -> String {
+        match self {
+            Actor::Honest(v) => v.describe(),
+            Actor::Epochs(e) => e.describe(),
+            Actor::Byz(..) => String::new(),
+        }
+    }
     fn peers_executed(&self) -> Option<u64> {
         match self {
             Actor::Honest(v) => v.peers_executed(),
