@@ -91,6 +91,16 @@ pub trait Agreement {
     fn describe(&self) -> String {
         String::new()
     }
+    /// Whether f+1 validators of this node's set speak for a later validator epoch: its own
+    /// epoch is over, and peers may no longer answer for it.
+    fn behind_epoch(&self) -> bool {
+        false
+    }
+    /// Stranded in an epoch its peers have left: output no commits, and take a later epoch
+    /// from a peer's [`Agreement::join_state`] as a joining node does.
+    fn rejoin(&mut self, now: Micros) {
+        self.hold(now);
+    }
     /// A message of validator epoch `epoch` (a single-epoch agreement only knows epoch 0).
     fn handle_epoch_message(&mut self, now: Micros, from: ValidatorIndex, epoch: u64, msg: Message) {
         if epoch == 0 {
@@ -598,15 +608,18 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// validators certify: its agreement outputs nothing until then, and commits from the
     /// snapshot's tick on. (A validator down longer than its peers keep blocks: the blocks it
     /// lacks are gone everywhere.) A node whose agreement keeps up while its execution lags
-    /// is not stranded: its commits are all here.
+    /// is not stranded: its commits are all here. A node left in a validator epoch that f+1 of
+    /// its set have left (peers answer only for their current and previous epochs) joins
+    /// theirs instead, as a new node does, from a snapshot 2f+1 certify.
     fn check_stranded(&mut self, now: Micros) {
         let executed = self.sim.world().tick().0;
         let at = executed.max(self.agreement.position().2.map_or(0, |t| t + 1));
         // (A node that executed all it was asked to, `execute_until`, is not behind: it waits.)
+        let behind_epoch = self.agreement.behind_epoch();
         let behind = self.resync.is_none()
             && self.desynced.is_none()
             && self.exec_limit.is_none_or(|last| executed <= last)
-            && self.agreement.peers_executed().is_some_and(|t| t > at + STRANDED_TICKS);
+            && (behind_epoch || self.agreement.peers_executed().is_some_and(|t| t > at + STRANDED_TICKS));
         if !behind {
             self.behind_since = None;
             return;
@@ -617,10 +630,18 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         }
         self.behind_since = None;
         let peers = self.agreement.peers_executed().unwrap_or(0);
+        self.stats.stranded += 1;
+        if behind_epoch {
+            // Its peers have left its validator epoch: it joins theirs, as a new node does.
+            tracing::warn!(at, "left behind in a past validator epoch for 10 s: joining the peers' epoch");
+            self.agreement.rejoin(now);
+            self.resync =
+                Some(Resync { join: Some(JoinState::Asking), held: true, next_request: now, ..Default::default() });
+            return;
+        }
         tracing::warn!(at, peers, "far behind the peers for 10 s: taking a snapshot they certify");
         self.agreement.hold(now);
         self.resync = Some(Resync { held: true, next_request: now, ..Resync::default() });
-        self.stats.stranded += 1;
     }
 
     /// Whether this node is getting a certified snapshot after diverging.

@@ -122,6 +122,9 @@ pub struct Epochs {
     /// Each epoch runs at the sim's `tick_rate_hz` setting as of its start (a real node);
     /// otherwise at `cfg.period_us` throughout (the simulated cluster's scenarios).
     follow_rate: bool,
+    /// Stranded in an epoch its peers have left ([`Agreement::rejoin`]): it takes only a later
+    /// epoch from a peer's answer, never its own again (it may have voted there).
+    rejoining: bool,
 }
 
 impl std::fmt::Debug for Epochs {
@@ -167,6 +170,7 @@ impl Epochs {
             out: VecDeque::new(),
             last_root: None,
             follow_rate: false,
+            rejoining: false,
         }
     }
 
@@ -205,6 +209,7 @@ impl Epochs {
             out: VecDeque::new(),
             last_root: None,
             follow_rate: false,
+            rejoining: false,
         })
     }
 
@@ -386,12 +391,16 @@ impl Agreement for Epochs {
     }
     fn join_from(&mut self, now: Micros, state: &[u8]) -> bool {
         let Ok(s) = postcard::from_bytes::<EpochStart>(state) else { return false };
+        if self.rejoining && s.def.epoch <= self.current.epoch {
+            return false;
+        }
         let (epoch, last_tick, period_us) = (s.def.epoch, s.def.last_tick, s.def.period_us);
         let Some((keys, c)) = s.def.config(&self.cfg).filter(|(k, _)| k.len() >= 4 && period_us > 0) else {
             return false;
         };
         let mut validator = Validator::new(c, self.key.clone(), keys.clone(), now);
         validator.join_at(now, metatopia_consensus::View(s.view));
+        self.rejoining = false;
         tracing::info!(epoch, view = s.view, validators = keys.len(), "joining: following the sim's current epoch");
         self.current = Instance { epoch, keys, validator, last_tick, period_us };
         self.previous = None;
@@ -414,6 +423,21 @@ impl Agreement for Epochs {
     }
     fn peers_executed(&self) -> Option<u64> {
         self.current.validator.peers_executed()
+    }
+    fn behind_epoch(&self) -> bool {
+        let f = (self.current.keys.len() - 1) / 3;
+        let ahead: std::collections::BTreeSet<ValidatorIndex> = self
+            .early
+            .iter()
+            .map(|(from, _, _)| self.current.local(&self.peers, *from))
+            .filter(|v| usize::from(v.0) < self.current.keys.len())
+            .collect();
+        ahead.len() > f
+    }
+    fn rejoin(&mut self, now: Micros) {
+        self.rejoining = true;
+        self.previous = None;
+        self.hold(now);
     }
     fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
         let inst = &self.current;

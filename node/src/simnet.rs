@@ -166,6 +166,15 @@ impl Agreement for Actor {
             Actor::Byz(..) => String::new(),
         }
     }
+    fn behind_epoch(&self) -> bool {
+        matches!(self, Actor::Epochs(e) if e.behind_epoch())
+    }
+    fn rejoin(&mut self, now: Micros) {
+        match self {
+            Actor::Epochs(e) => e.rejoin(now),
+            other => other.hold(now),
+        }
+    }
     fn peers_executed(&self) -> Option<u64> {
         match self {
             Actor::Honest(v) => v.peers_executed(),

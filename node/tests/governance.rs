@@ -420,3 +420,39 @@ fn without_the_admission_the_same_two_crashes_stop_the_sim() {
     c.run_until(t, |_| {});
     assert!(tick_of(&c, 1) <= before + 1, "went from {before} to {} without a quorum", tick_of(&c, 1));
 }
+
+/// A validator cut off for eight seconds (four epochs of 40 ticks) is left in an epoch its
+/// peers have left: they answer only for their current and previous epochs, so it could never
+/// catch up (it stayed at tick 18 in epoch 0 for good). After 10 s with f+1 of its set speaking
+/// for a later epoch, it joins theirs as a new node does (a later epoch only: it may have voted
+/// in its own) from a snapshot 2f+1 certify, and runs in step from there.
+#[test]
+fn a_validator_left_behind_several_epochs_rejoins_its_peers_epoch() {
+    let (mut c, _) = epoch_cluster(33);
+    c.add_partition(metatopia_scenarios::Partition {
+        from: 1_000 * MS,
+        until: 9_000 * MS,
+        groups: vec![[3].into_iter().collect(), [0, 1, 2, 4].into_iter().collect()],
+    });
+    let t = c.now() + 30_000 * MS;
+    c.run_until(t, |_| {});
+    let p = c.node(3).unwrap();
+    assert_eq!(p.core.stats().stranded, 1);
+    let joined = p.log.iter().find_map(|o| match o {
+        metatopia_node::core::CoreOutput::Resynced { tick, certified_by, joined, .. } => {
+            Some((*tick, *certified_by, *joined))
+        }
+        _ => None,
+    });
+    let (tick, certified_by, joined) = joined.expect("node 3 took its peers' state");
+    assert!(joined && certified_by >= 3, "joined from a snapshot 2f+1 = 3 certify: {certified_by}");
+    assert_eq!(epochs_of(&c, 3).epoch(), epochs_of(&c, 0).epoch());
+    assert!(epochs_of(&c, 3).index().is_some(), "node 3 votes again");
+    let (mine, theirs) = (p.executed_roots(), c.node(0).unwrap().executed_roots());
+    let after: Vec<_> = mine.range(Tick(tick)..).collect();
+    assert!(after.len() > 50, "node 3 executed {} ticks after tick {tick}", after.len());
+    for (t, r) in after {
+        assert_eq!(theirs.get(t), Some(r), "node 3 at tick {t}");
+    }
+    assert!(tick_of(&c, 3) + 4 >= tick_of(&c, 0), "node 3 at {}, node 0 at {}", tick_of(&c, 3), tick_of(&c, 0));
+}
