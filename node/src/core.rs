@@ -615,11 +615,11 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         let executed = self.sim.world().tick().0;
         let at = executed.max(self.agreement.position().2.map_or(0, |t| t + 1));
         // (A node that executed all it was asked to, `execute_until`, is not behind: it waits.)
-        let behind_epoch = self.agreement.behind_epoch();
-        let behind = self.resync.is_none()
-            && self.desynced.is_none()
-            && self.exec_limit.is_none_or(|last| executed <= last)
-            && (behind_epoch || self.agreement.peers_executed().is_some_and(|t| t > at + STRANDED_TICKS));
+        let running =
+            self.resync.is_none() && self.desynced.is_none() && self.exec_limit.is_none_or(|last| executed <= last);
+        let behind_epoch = running && self.agreement.behind_epoch();
+        let behind =
+            running && (behind_epoch || self.agreement.peers_executed().is_some_and(|t| t > at + STRANDED_TICKS));
         if !behind {
             self.behind_since = None;
             return;

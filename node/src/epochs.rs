@@ -426,13 +426,14 @@ impl Agreement for Epochs {
     }
     fn behind_epoch(&self) -> bool {
         let f = (self.current.keys.len() - 1) / 3;
-        let ahead: std::collections::BTreeSet<ValidatorIndex> = self
-            .early
-            .iter()
-            .map(|(from, _, _)| self.current.local(&self.peers, *from))
-            .filter(|v| usize::from(v.0) < self.current.keys.len())
-            .collect();
-        ahead.len() > f
+        let mut ahead = std::collections::BTreeSet::new();
+        for (from, _, _) in &self.early {
+            let v = self.current.local(&self.peers, *from);
+            if usize::from(v.0) < self.current.keys.len() && ahead.insert(v) && ahead.len() > f {
+                return true;
+            }
+        }
+        false
     }
     fn rejoin(&mut self, now: Micros) {
         self.rejoining = true;
