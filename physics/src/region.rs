@@ -253,6 +253,11 @@ pub struct Region {
     next_nonce: u64,
     /// The hash of the whole carried state at the last multiple of [`FULL_ROOT_EVERY`] ticks.
     full_digest: Hash32,
+    /// The carried state changed after `full_digest` was taken at a full-hash tick (a body
+    /// renamed or removed by the sim after the step): `full_digest` is out of date until the
+    /// next step refreshes it, and [`Region::root`] and [`Region::save`] hash afresh meanwhile.
+    /// Not state: a restored region's digest is always current.
+    full_stale: bool,
     /// The newest feed tick applied, per neighbour.
     last_feed: BTreeMap<RegionId, u64>,
     /// Messages delivered for the next step (not state: the node re-delivers after a restart).
@@ -332,6 +337,7 @@ impl Region {
             stopping: BTreeSet::new(),
             next_nonce: 0,
             full_digest: Hash32([0; 32]),
+            full_stale: false,
             last_feed: BTreeMap::new(),
             inbox: Vec::new(),
         })
@@ -365,6 +371,7 @@ impl Region {
             stopping: saved.stopping,
             next_nonce: saved.next_nonce,
             full_digest: saved.full_digest,
+            full_stale: false,
             last_feed: saved.last_feed,
             inbox: Vec::new(),
         };
@@ -471,6 +478,7 @@ impl Region {
             return;
         }
         let Some(b) = self.bodies.remove(&from) else { return };
+        self.touched();
         if let Some(rb) = self.world.bodies.get_mut(b.handle) {
             rb.user_data = u128::from(to.0);
             let colliders: Vec<ColliderHandle> = rb.colliders().to_vec();
@@ -497,6 +505,7 @@ impl Region {
 
     /// Remove a body and whatever this region knew of it.
     pub fn despawn(&mut self, object: ObjectId) {
+        self.touched();
         if let Some(b) = self.bodies.remove(&object) {
             self.remove_rapier(b.handle);
         }
@@ -511,6 +520,7 @@ impl Region {
         if !shape.is_valid() {
             return;
         }
+        self.touched();
         if let Some(old) = self.bodies.remove(&object) {
             self.remove_rapier(old.handle);
         }
@@ -600,6 +610,10 @@ impl Region {
     /// Handle the inbox, apply the tick's commands in order, advance `dt` seconds, then decide
     /// handoffs and write the ghost feeds.
     pub fn step(&mut self, commands: &[PhysicsCommand], dt: Fx) -> StepOutput {
+        if self.full_stale {
+            self.full_digest = self.full_hash();
+            self.full_stale = false;
+        }
         let mut out = StepOutput::default();
         let mut inbox = std::mem::take(&mut self.inbox);
         inbox.sort_by_key(Envelope::order_key);
@@ -618,6 +632,8 @@ impl Region {
         self.handoffs(&mut out);
         self.retransmit(&mut out);
         self.feeds(&mut out);
+        // Changes made inside the step (rezzes) are the step's own: the next full hash covers them.
+        self.full_stale = false;
         if self.tick.is_multiple_of(FULL_ROOT_EVERY) {
             self.full_digest = self.full_hash();
         }
@@ -1014,7 +1030,22 @@ impl Region {
     /// The carried state: rapier's world (bodies, colliders, islands, broad and narrow phase,
     /// contacts), the ownership table, handoffs in flight, targets and feed ticks.
     pub fn save(&self) -> Vec<u8> {
-        self.encode(self.full_digest)
+        self.encode(self.current_full_digest())
+    }
+
+    /// A change made between steps (by the sim, after the step that took the full hash):
+    /// at a full-hash tick the digest must cover it, or a snapshot taken at this tick would
+    /// not match its own full hash.
+    fn touched(&mut self) {
+        if self.tick > 0 && self.tick.is_multiple_of(FULL_ROOT_EVERY) {
+            self.full_stale = true;
+        }
+    }
+
+    /// The full digest as of now: the stored one, or, after a change at a full-hash tick, the
+    /// hash of the state as it is.
+    fn current_full_digest(&self) -> Hash32 {
+        if self.full_stale { self.full_hash() } else { self.full_digest }
     }
 
     fn encode(&self, full_digest: Hash32) -> Vec<u8> {
@@ -1051,7 +1082,7 @@ impl Region {
         let mut h = blake3::Hasher::new_keyed(&keys::SUBSYSTEM);
         h.update(b"metatopia/physics/root/v1");
         h.update(&self.tick.to_le_bytes());
-        h.update(&self.full_digest.0);
+        h.update(&self.current_full_digest().0);
         h.update(&(self.bodies.len() as u64).to_le_bytes());
         // One buffer, one hasher call: 4,000 small updates cost more than the hashing.
         let mut buf = Vec::with_capacity(self.bodies.len() * 46);

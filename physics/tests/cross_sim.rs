@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use metatopia_physics::RegionStage;
+use metatopia_physics::region::FULL_ROOT_EVERY;
 use metatopia_sim::genesis::attach_script;
 use metatopia_sim::links::Neighbour;
 use metatopia_sim::rng::DetRng;
@@ -166,6 +167,8 @@ fn whereabouts(sims: &[Node]) -> BTreeMap<String, (Vec<u32>, Vec<u32>)> {
 
 struct Run {
     roots: Vec<Hash32>,
+    /// Snapshots taken at full-hash ticks in which a body arrived (each one loaded).
+    full_tick_arrival_snapshots: u32,
     arrivals: BTreeMap<String, u32>,
     departures: BTreeMap<String, u32>,
     sims: Vec<Node>,
@@ -186,7 +189,13 @@ fn run_with(
 ) -> Run {
     let mut net = Net { rng: DetRng::from_u64(net_seed), inflight: events };
     let mut names: Vec<String> = whereabouts(&sims).into_keys().collect();
-    let mut r = Run { roots: Vec::new(), arrivals: BTreeMap::new(), departures: BTreeMap::new(), sims: Vec::new() };
+    let mut r = Run {
+        roots: Vec::new(),
+        full_tick_arrival_snapshots: 0,
+        arrivals: BTreeMap::new(),
+        departures: BTreeMap::new(),
+        sims: Vec::new(),
+    };
     for t in 0..ticks {
         if restart_at == Some(t) {
             sims = sims
@@ -217,6 +226,19 @@ fn run_with(
                 *r.departures.entry(name).or_default() += 1;
             }
             r.roots.push(report.root);
+            // Every snapshot a node would take (at multiples of the full-hash period) loads and
+            // gives the same root, a tick whose arrivals renamed bodies after the step included.
+            let tick = s.world().tick().0;
+            if tick.is_multiple_of(FULL_ROOT_EVERY) {
+                let bytes = s.snapshot().encode();
+                let snap = Snapshot::decode(&bytes, MAX_SNAPSHOT_BYTES).unwrap();
+                let mut back = Sim::restore(snap, RuleHost::default(), RegionStage::single(), 1)
+                    .unwrap_or_else(|e| panic!("sim {} tick {tick}: its snapshot does not load: {e}", id.0));
+                assert_eq!(back.root(), report.root, "sim {} tick {tick}", id.0);
+                if !report.arrived.is_empty() {
+                    r.full_tick_arrival_snapshots += 1;
+                }
+            }
             reports.push((id, report));
         }
         for (id, report) in &reports {
@@ -305,6 +327,26 @@ fn a_two_by_two_world_hands_bodies_over_exactly_once_and_deterministically() {
     assert_eq!(a.roots, c.roots, "a restart from snapshots changes nothing");
     let d = run(worlds(2, 2, &bodies), 600, 4, None);
     assert_ne!(a.roots.last(), d.roots.last(), "other network timing, other (still consistent) run");
+}
+
+/// Bodies crossing back and forth between two sims all the time, so that some arrive in a tick
+/// a node snapshots (a multiple of the physics full-hash period): the arrival renames the body
+/// after the step took the full hash, and the snapshot must still load (`run_with` loads every
+/// snapshot at those ticks and compares roots). Before the fix such snapshots were refused as
+/// "does not match its full hash".
+#[test]
+fn snapshots_at_ticks_with_arrivals_load_and_give_the_same_root() {
+    let bodies: Vec<(String, Vec2, Vec2)> = (0..24)
+        .map(|i| {
+            let p = Vec2::from_ints(3 + (i % 12) * 5, 4 + (i / 12) * 20);
+            let v = Vec2::from_ints(if i % 2 == 0 { 25 + i % 5 } else { -25 - i % 5 }, 0);
+            (format!("b{i}"), p, v)
+        })
+        .collect();
+    let r = run(worlds(2, 1, &bodies), 400, 5, None);
+    let crossings: u32 = r.arrivals.values().sum();
+    assert!(crossings >= 20, "only {crossings} crossings");
+    assert!(r.full_tick_arrival_snapshots >= 1, "no snapshot fell in a tick with an arrival ({crossings} crossings)");
 }
 
 proptest::proptest! {
