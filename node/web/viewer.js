@@ -215,14 +215,25 @@ function renderObjects() {
   if (me && $("follow").checked) { state.view.x = +me.position[0]; state.view.y = +me.position[1]; }
   const ul = $("objects");
   const named = list.filter((o) => !o.name.startsWith("prim-")).concat(list.filter((o) => o.name.startsWith("prim-")).slice(0, 200));
-  ul.replaceChildren(...named.map((o) => {
-    const li = document.createElement("li");
-    li.dataset.id = o.id; li.dataset.name = o.name; li.dataset.text = o.text;
-    li.textContent = `${o.avatar ? "☺" : o.scripted ? "✎" : "□"} ${o.name}${o.text ? " — " + o.text : ""}`;
-    if (o.id === state.selected) li.className = "sel";
-    li.onclick = () => select(o.id);
+  // Keep each object's <li> across renders (keyed by id) and touch the DOM only where something
+  // changed: a list rebuilt every tick swallows clicks landing while it is rebuilt.
+  const have = new Map(Array.from(ul.children, (li) => [li.dataset.id, li]));
+  const items = named.map((o) => {
+    let li = have.get(String(o.id));
+    if (!li) {
+      li = document.createElement("li");
+      li.dataset.id = o.id;
+      li.onclick = () => select(o.id);
+    }
+    const text = `${o.avatar ? "☺" : o.scripted ? "✎" : "□"} ${o.name}${o.text ? " — " + o.text : ""}`;
+    if (li.dataset.name !== o.name) li.dataset.name = o.name;
+    if (li.dataset.text !== o.text) li.dataset.text = o.text;
+    if (li.textContent !== text) li.textContent = text;
+    const cls = o.id === state.selected ? "sel" : "";
+    if (li.className !== cls) li.className = cls;
     return li;
-  }));
+  });
+  if (items.length !== ul.children.length || items.some((li, i) => ul.children[i] !== li)) ul.replaceChildren(...items);
   if (state.selected) {
     const o = state.byId.get(state.selected);
     if (o) { $("sel-text").textContent = o.text; $("sel-text").dataset.text = o.text; }
