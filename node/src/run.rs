@@ -873,7 +873,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     dir.write_snapshot(tick, &snapshot)?;
                     // A snapshot can bring a node to the tick it was asked to stop after.
                     if finishing.is_none() && tick > 0 && args.ticks.is_some_and(|n| tick >= n) {
-                        finishing = Some(Finishing::new(tick - 1));
+                        finishing = Some(Finishing::skipped(tick - 1));
                     }
                     if joined {
                         println!(
@@ -1010,6 +1010,9 @@ const FINISH_LINGER: Duration = Duration::from_millis(1_000);
 /// their last few ticks).
 struct Finishing {
     tick: u64,
+    /// This node took a snapshot past `tick` (a certified one: a quorum executed it): it never
+    /// reports that tick's root itself, and counts as having executed it.
+    skipped: bool,
     deadline: std::time::Instant,
     said: bool,
     leaving: Option<std::time::Instant>,
@@ -1017,7 +1020,18 @@ struct Finishing {
 
 impl Finishing {
     fn new(tick: u64) -> Finishing {
-        Finishing { tick, deadline: std::time::Instant::now() + FINISH_WAIT, said: false, leaving: None }
+        Finishing {
+            tick,
+            skipped: false,
+            deadline: std::time::Instant::now() + FINISH_WAIT,
+            said: false,
+            leaving: None,
+        }
+    }
+
+    /// Finishing after a snapshot brought this node past `tick` without executing it.
+    fn skipped(tick: u64) -> Finishing {
+        Finishing { skipped: true, ..Finishing::new(tick) }
     }
 
     /// Whether to stop now.
@@ -1026,7 +1040,8 @@ impl Finishing {
         if let Some(at) = self.leaving {
             return now >= at;
         }
-        let (seen, of) = (agreement.peer_roots(self.tick).len(), agreement.validators());
+        let of = agreement.validators();
+        let seen = (agreement.peer_roots(self.tick).len() + usize::from(self.skipped)).min(of);
         if seen < of && now < self.deadline {
             if !self.said {
                 self.said = true;
@@ -1329,6 +1344,50 @@ async fn fetch_config(dir: &DataDir, args: &RunArgs, join: &str) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An agreement of four validators of which `reported` reported a root for every tick.
+    struct Reported(Vec<u16>);
+
+    impl metatopia_node::core::Agreement for Reported {
+        fn handle_message(&mut self, _: u64, _: metatopia_consensus::ValidatorIndex, _: metatopia_consensus::Message) {}
+        fn handle_timeout(&mut self, _: u64) {}
+        fn submit_events(&mut self, _: u64, _: Vec<Vec<u8>>) {}
+        fn poll_output(&mut self) -> Option<metatopia_consensus::Output> {
+            None
+        }
+        fn poll_timeout(&self) -> Option<u64> {
+            None
+        }
+        fn report_root(&mut self, _: u64, _: metatopia_consensus::Digest) {}
+        fn validators(&self) -> usize {
+            4
+        }
+        fn peer_roots(&self, _tick: u64) -> Vec<(metatopia_consensus::ValidatorIndex, metatopia_consensus::Digest)> {
+            self.0
+                .iter()
+                .map(|v| (metatopia_consensus::ValidatorIndex(*v), metatopia_consensus::Digest([0; 32])))
+                .collect()
+        }
+    }
+
+    /// A node that executed the last tick waits for all four roots; one that a snapshot brought
+    /// past it never reports that root itself, so it waits for the other three only (before,
+    /// it waited the whole `FINISH_WAIT` and warned that a validator had not executed it).
+    #[test]
+    fn a_node_a_snapshot_brought_past_its_last_tick_waits_only_for_its_peers() {
+        let three = Reported(vec![0, 1, 2]);
+        let mut executed = Finishing::new(99);
+        assert!(!executed.done(&three, ""));
+        assert!(executed.leaving.is_none(), "three of four roots seen: still waiting");
+        assert!(!executed.done(&Reported(vec![0, 1, 2, 3]), ""));
+        assert!(executed.leaving.is_some(), "all four seen: leaving after the linger");
+        let mut skipped = Finishing::skipped(99);
+        assert!(!skipped.done(&three, ""));
+        assert!(skipped.leaving.is_some(), "its peers' three roots are all it waits for");
+        let mut early = Finishing::skipped(99);
+        assert!(!early.done(&Reported(vec![0, 1]), ""));
+        assert!(early.leaving.is_none(), "a peer has yet to execute the tick");
+    }
 
     #[test]
     fn observers_are_not_in_the_genesis_validator_set() {
