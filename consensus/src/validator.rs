@@ -237,6 +237,13 @@ pub struct Validator {
     settle_later: Vec<(u64, Digest, std::sync::Arc<Vec<Digest>>)>,
     view: View,
     view_started: Micros,
+    /// Patience: the view timeouts are `1 + patience` times the configured ones. Raised each
+    /// time a view is nullified with more than f views since the last finalized one (so at
+    /// least one honest leader's view failed too: the quorum is slower than the timeouts
+    /// assume), lowered after [`CALM_VIEWS`] finalized views in a row.
+    patience: u64,
+    /// Views finalized since patience last changed.
+    calm: u64,
     /// This validator's schedule of ticks: a tick and the time it was due (see `due`).
     schedule: Option<(u64, Micros)>,
     views: BTreeMap<View, ViewState>,
@@ -310,6 +317,18 @@ const LATE_MAX: usize = 64;
 
 /// Compact proposals waiting for their block, at most.
 const INCOMPLETE_MAX: usize = 16;
+
+/// The most patience (view timeouts at most `1 + MAX_PATIENCE` times the configured ones).
+///
+/// Fixed timeouts lose liveness whenever the quorum is slower than they assume: a sim whose
+/// nodes were starved of CPU (debug builds of a dozen nodes on two busy cores) nullified view
+/// after view with proposals arriving and being notarized too late to finalize, while its
+/// neighbours' mail piled up in its pool and made each next block bigger; it never came back.
+/// Partial synchrony needs timeouts that grow until they exceed the actual delays.
+const MAX_PATIENCE: u64 = 7;
+
+/// Finalized views in a row after which patience is lowered by one.
+const CALM_VIEWS: u64 = 32;
 
 /// Views for which a peer that had to fetch a compact proposal gets full proposals.
 const FULL_VIEWS: u64 = 64;
@@ -472,6 +491,8 @@ impl Validator {
             settle_later: Vec::new(),
             view: View(1),
             view_started: now,
+            patience: 0,
+            calm: 0,
             schedule: None,
             views: BTreeMap::new(),
             blocks,
@@ -697,6 +718,24 @@ impl Validator {
     pub fn quorum(&self) -> usize {
         self.quorum
     }
+
+    /// The faults tolerated: f of n = 3f + 1.
+    fn f(&self) -> usize {
+        (self.keys.len() - 1) / 3
+    }
+
+    /// How long the current view waits for its proposal (`has_proposal` false) or for its
+    /// notarization, with this validator's patience (see [`MAX_PATIENCE`]).
+    fn view_timeout(&self, has_proposal: bool) -> Micros {
+        let base = if has_proposal { self.cfg.notarize_timeout_us } else { self.cfg.leader_timeout_us };
+        base.saturating_mul(1 + self.patience)
+    }
+
+    /// How many times the configured view timeouts this validator waits now (1 unless views
+    /// failed in a row lately).
+    pub fn patience(&self) -> u64 {
+        1 + self.patience
+    }
     pub fn keys(&self) -> &[VerifyingKey] {
         &self.keys
     }
@@ -740,6 +779,9 @@ impl Validator {
             self.output_tick.map_or("-".to_owned(), |t| t.to_string()),
             self.pool.len()
         );
+        if self.patience > 0 {
+            let _ = write!(s, ", view timeouts ×{}", 1 + self.patience);
+        }
         let flag = |b: bool, c: char| if b { c } else { '.' };
         // The newest views only: views that keep timing out pile up behind a stall.
         const SHOWN: usize = 8;
@@ -849,8 +891,7 @@ impl Validator {
             self.last_retry + self.cfg.retry_us
         } else {
             let has_proposal = s.is_some_and(|s| s.proposal.is_some());
-            let deadline = if has_proposal { self.cfg.notarize_timeout_us } else { self.cfg.leader_timeout_us };
-            self.view_started + deadline
+            self.view_started + self.view_timeout(has_proposal)
         };
         if let Some(at) = self.propose_at() {
             t = t.min(at);
@@ -915,8 +956,8 @@ impl Validator {
         self.try_propose(now);
         let view = self.view;
         let finished = self.finished();
+        let deadline = self.view_timeout(self.views.get(&view).is_some_and(|s| s.proposal.is_some()));
         let s = self.views.entry(view).or_default();
-        let deadline = if s.proposal.is_some() { self.cfg.notarize_timeout_us } else { self.cfg.leader_timeout_us };
         if let (Some(me), false) = (self.me, finished)
             && s.my_nullify.is_none()
             && now >= self.view_started + deadline
@@ -1782,6 +1823,11 @@ impl Validator {
                 }
                 self.nullified.insert(view, c.clone());
                 self.pass_on(&c);
+                // More than f views in a row without a finalization: not only faulty leaders'.
+                if view.0.saturating_sub(self.tip.0.0) > self.f() as u64 && self.patience < MAX_PATIENCE {
+                    self.patience += 1;
+                    self.calm = 0;
+                }
                 self.enter_view(now, view.next());
             }
             VoteKind::Finalize => {
@@ -1793,6 +1839,11 @@ impl Validator {
                 self.pass_on(&c);
                 if view > self.tip.0 {
                     self.tip = (view, c.digest);
+                    self.calm += 1;
+                    if self.calm >= CALM_VIEWS && self.patience > 0 {
+                        self.patience -= 1;
+                        self.calm = 0;
+                    }
                 }
                 if !self.blocks.contains_key(&c.digest) {
                     self.fetch_soon(now, c.digest);

@@ -106,6 +106,50 @@ fn a_crashed_leader_costs_at_most_one_timeout_per_view() {
     assert!(checker.highest_tick().unwrap() >= 35, "{:?}", checker.highest_tick());
 }
 
+/// A network slower than the view timeouts assume (one-way delays above the leader timeout):
+/// with fixed timeouts every view was nullified before its proposal arrived and nothing was
+/// ever committed again. Views failing more than f in a row make validators more patient, so
+/// ticks commit on the slow network; back on a fast one, patience falls to nothing and the
+/// cluster commits a tick per period again.
+#[test]
+fn validators_grow_patient_on_a_network_slower_than_their_timeouts_and_recover_after() {
+    let cache = Arc::new(SigCache::new());
+    let setup = Setup::honest(4);
+    let mut cluster = build(&setup, 5, lan(), &cache);
+    let mut checker = Checker::new(4, &cache);
+    let cfg = common::config(&cache);
+    let patience = |c: &metatopia_scenarios::Cluster<common::Node>| -> Vec<u64> {
+        (0..4)
+            .map(|i| match &c.node(i).unwrap().actor {
+                common::Actor::Honest(v) => v.patience(),
+                common::Actor::Byz(_) => unreachable!("all honest"),
+            })
+            .collect()
+    };
+    cluster.run_until(SEC, |c| checker.check(c));
+    let fast = checker.highest_tick().unwrap();
+    assert_eq!(patience(&cluster), [1, 1, 1, 1], "no patience needed on a LAN");
+    // One-way delays of 1.1 to 1.3 leader timeouts: a proposal arrives after its view timed out.
+    let slow = cfg.leader_timeout_us * 11 / 10;
+    cluster.set_net(NetConfig { delay_min_us: slow, delay_max_us: slow * 13 / 11, loss_ppm: 0, duplicate_ppm: 0 });
+    cluster.run_until(21 * SEC, |c| checker.check(c));
+    assert!(checker.violations.is_empty(), "{:?}", checker.violations);
+    let on_slow = checker.highest_tick().unwrap() - fast;
+    assert!(on_slow >= 20, "{on_slow} ticks in 20 s on the slow network");
+    assert!(patience(&cluster).iter().all(|p| (2..=8).contains(p)), "{:?}", patience(&cluster));
+    // Fast again: patience decays, and ticks come one per period.
+    cluster.set_net(lan());
+    let before = checker.highest_tick().unwrap();
+    cluster.run_until(31 * SEC, |c| checker.check(c));
+    assert!(checker.violations.is_empty(), "{:?}", checker.violations);
+    assert_eq!(patience(&cluster), [1, 1, 1, 1], "patience back to none");
+    let at = checker.highest_tick().unwrap();
+    cluster.run_until(33 * SEC, |c| checker.check(c));
+    let last_two_secs = checker.highest_tick().unwrap() - at;
+    assert!(at > before + 100, "{} ticks in the first 10 s back on the LAN", at - before);
+    assert!(last_two_secs >= 36, "{last_two_secs} ticks in 2 s at a 50 ms period");
+}
+
 #[test]
 fn a_restarted_validator_catches_up_and_votes_again() {
     let cache = Arc::new(SigCache::new());

@@ -201,6 +201,10 @@ impl<P: Process> Cluster<P> {
     pub fn is_up(&self, id: NodeId) -> bool {
         self.node(id).is_some()
     }
+    /// The network from now on (messages already in flight keep their delivery times).
+    pub fn set_net(&mut self, net: NetConfig) {
+        self.net = net;
+    }
     pub fn set_skew(&mut self, id: NodeId, skew_us: i64) {
         self.nodes[id as usize].skew_us = skew_us;
         self.schedule_wake(id);
