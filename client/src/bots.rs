@@ -171,8 +171,12 @@ async fn bot(
                     let dist = dx.hypot(dy).max(1e-3);
                     let speed = (dist / period.as_secs_f64().max(0.1)).min(3.0);
                     if roam {
-                        // A roaming walk goes all the way (at most a minute).
-                        next_walk = now + Duration::from_secs_f64((dist / speed).clamp(1.0, 60.0));
+                        // A roaming walk goes all the way (at most a minute), in sim time: in a
+                        // sim running slow (time dilation below 1) it takes longer. Timed in
+                        // wall seconds, a roaming bot of a slowed sim turned back half-way and
+                        // seldom reached a border.
+                        let dilation = c.view().status.as_ref().map_or(1.0, |s| s.dilation).clamp(0.1, 1.0);
+                        next_walk = now + Duration::from_secs_f64((dist / speed / dilation).clamp(1.0, 60.0));
                     }
                     // Client side, so a float is fine here; the event carries exact fixed point.
                     let fx = |v: f64| Fx::from_bits((v * 65_536.0).round() as i64);
