@@ -25,7 +25,11 @@
 //!   timeout. While stuck, a validator re-sends its votes and its latest certificates; it
 //!   also sends its latest certificates with each nullify vote of a view it timed out (so a
 //!   restarted peer learns the last finalization even while the views time out one after
-//!   another and never stay stuck long enough for a re-send).
+//!   another and never stay stuck long enough for a re-send). Timeouts adapt (partial
+//!   synchrony needs them to outgrow the actual delays): a view nullified with more than f
+//!   views since the last finalized one raises the validator's patience by one (timeouts
+//!   `1 + patience` times the configured ones, at most 8), and 32 finalized views in a row
+//!   lower it by one.
 //! - **R5 (commit).** On `q` finalize votes for `(v, B)`, `B` and its ancestors are committed.
 //!
 //! Safety: an honest validator never both finalizes and nullifies a view, and never notarizes

@@ -74,6 +74,14 @@ async fn clients_follow_their_avatar_across_a_border_and_far_bootstraps_route_to
     let mut home = Client::connect(&sim1[2], other.clone()).await.unwrap();
     assert_eq!(home.sim(), 1, "no avatar anywhere yet: the bootstrap's own sim");
     home.login("stay-at-home").await.unwrap();
+    // Sim 3's node asks two of sim 1's nodes: wait until all four have executed the login (on
+    // a loaded machine one can trail the node the client is on by many ticks).
+    let accounts = cluster.status(2).unwrap().accounts;
+    let t1 = std::time::Instant::now();
+    while !(0..4).all(|i| cluster.status(i).is_some_and(|s| s.accounts >= accounts)) {
+        assert!(t1.elapsed() < Duration::from_secs(30), "sim 1's nodes did not all execute the login in 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let far = Client::connect(&sim3[3], other).await.unwrap();
     assert_eq!(far.sim(), 1, "a far bootstrap routes the client to the sim its avatar is in");
     assert!(on(sim1, &far), "on {:?}, not a node of sim 1", far.node());
