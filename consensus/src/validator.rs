@@ -755,7 +755,7 @@ impl Validator {
     /// The newest tick that f+1 other validators (at least one honest) report having executed,
     /// in their votes' root reports: how far the sim is, as seen from a node that lags.
     pub fn peers_executed(&self) -> Option<u64> {
-        let f = (self.keys.len() - 1) / 3;
+        let f = self.f();
         self.peer_roots
             .iter()
             .rev()
