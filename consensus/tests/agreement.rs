@@ -353,7 +353,7 @@ fn assert_all_safe_and_live(results: &[(u64, common::RunResult)], n: u16) {
 #[test]
 #[cfg_attr(
     debug_assertions,
-    ignore = "1,000 seeds take minutes unoptimised: runs in the release pass of the test command"
+    ignore = "1,000 seeds take minutes unoptimised: runs in the optimised pass of the test command"
 )]
 fn random_fault_schedules_n4_700_seeds() {
     let results = random_seeds(4, 0..700, false);
@@ -364,7 +364,7 @@ fn random_fault_schedules_n4_700_seeds() {
 #[test]
 #[cfg_attr(
     debug_assertions,
-    ignore = "1,000 seeds take minutes unoptimised: runs in the release pass of the test command"
+    ignore = "1,000 seeds take minutes unoptimised: runs in the optimised pass of the test command"
 )]
 fn random_fault_schedules_n7_300_seeds() {
     let results = random_seeds(7, 10_000..10_300, false);
@@ -384,7 +384,7 @@ fn the_suite_catches_a_planted_bug() {
         checker.violations.iter().any(|v| v.contains("SAFETY") || v.contains("certificate")),
         "the planted bug went unnoticed"
     );
-    // And the random schedules find it too (a sample here; the release pass runs 200 seeds).
+    // And the random schedules find it too (a sample here; the optimised pass runs 200 seeds).
     let seeds = if cfg!(debug_assertions) { 0..20 } else { 0..200 };
     let results = random_seeds(4, seeds, true);
     let caught = results.iter().filter(|(_, r)| !r.violations.is_empty()).count();
