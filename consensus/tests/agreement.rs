@@ -353,7 +353,7 @@ fn assert_all_safe_and_live(results: &[(u64, common::RunResult)], n: u16) {
 #[test]
 #[cfg_attr(
     debug_assertions,
-    ignore = "1,000 seeds take minutes unoptimised: runs in the optimised pass of the test command"
+    ignore = "1,000 seeds take minutes in a debug build: they run in the optimised pass of the test command"
 )]
 fn random_fault_schedules_n4_700_seeds() {
     let results = random_seeds(4, 0..700, false);
@@ -364,7 +364,7 @@ fn random_fault_schedules_n4_700_seeds() {
 #[test]
 #[cfg_attr(
     debug_assertions,
-    ignore = "1,000 seeds take minutes unoptimised: runs in the optimised pass of the test command"
+    ignore = "1,000 seeds take minutes in a debug build: they run in the optimised pass of the test command"
 )]
 fn random_fault_schedules_n7_300_seeds() {
     let results = random_seeds(7, 10_000..10_300, false);

@@ -1,7 +1,7 @@
 //! 10,000 scripted objects: the same state root with 1 and 8 worker threads, in debug and in
 //! release, pinned as golden roots at ticks 100 and 300. The test command runs both builds: 100
-//! ticks with 8 workers unoptimised (300 took over two minutes there), 300 ticks with 1 and with
-//! 8 workers optimised.
+//! ticks with 8 workers in the debug build (300 took over two minutes there unoptimised), 300
+//! ticks with 1 and with 8 workers optimised.
 
 mod common;
 
@@ -62,7 +62,7 @@ fn run(workers: u32, ticks: u64) -> (String, Option<String>) {
 #[test]
 fn ten_thousand_scripts_same_root_with_1_and_8_workers() {
     let moved = "the golden root moved: determinism broke, or the state format changed";
-    // Unoptimised, 300 ticks of this world take over two minutes: the test command's debug pass
+    // At opt-level 0, 300 ticks of this world took over two minutes: the test command's debug pass
     // checks the debug build against the pin at tick 100; its optimised pass runs 300 ticks with
     // 8 workers and with 1. Together: debug with 8 workers = the pins = release with 1 = with 8.
     if cfg!(debug_assertions) {
