@@ -22,8 +22,8 @@ fn on_touch(who) { this.seen += 1; say(0, `touched ${this.seen}`); }
 fn on_message(from, data) { this.last = data; }
 "#;
 
-const GOLDEN_ROOT_100: &str = "eed15a776b8c160505b3103d13b9139f70861bf0f9e77e135e6b18493b12344e";
-const GOLDEN_ROOT_300: &str = "e75f90c2e89044cf1c79ba11d42be90a5ee8631f8c4bdf6bfab2c8401e7a12dd";
+const GOLDEN_ROOT_100: &str = "cf7f6365cf108ba39396d401bcd2ac0100d70099a25fad95f3f358338922cdd0";
+const GOLDEN_ROOT_300: &str = "63b33de228d9bfe34e39953f2701da326debe2e2460eb4689913301a751add25";
 
 /// The roots after 100 ticks and, if `ticks` is 300, after 300.
 fn run(workers: u32, ticks: u64) -> (String, Option<String>) {

@@ -4,12 +4,13 @@
 //!   (signatures verified ahead, as the node does while events arrive), N worker threads.
 //! - `verify/1k_events/wN`: checking 1,000 ed25519 signatures ahead of the tick, beside
 //!   `verify/raw_dalek_1k/w1` (ed25519-dalek alone checking as many signatures).
-//! - `root/15k_objects_1500_changed/wN`: the incremental state root after 1,500 of 15,000
-//!   objects changed (N worker threads), beside the raw baselines: blake3 over the same 1,500 objects' bytes in
+//! - `root/15k_objects_1500_{moved,recoloured,retexted}/wN`: the incremental state root after
+//!   1,500 of 15,000 objects moved, changed colour, or changed text (N worker threads), beside
+//!   the raw baselines: blake3 over the same 1,500 objects' bytes in
 //!   one call (`baseline_blake3_concat`) and one call per object (`baseline_blake3_each`), and
-//!   this design's floor (`floor_wide_hashes`: the same leaves and as many parent nodes as
+//!   this design's floor (`floor_wide_hashes`: as many leaves and as many 4-ary nodes as
 //!   their paths hold, hashed in lanes with no tree to walk).
-//! - `wide/leaves_1434x110B`, `wide/parents_1300`: the state root's lane-parallel BLAKE3
+//! - `wide/leaves_1434x110B`, `wide/nodes4_1300`: the state root's lane-parallel BLAKE3
 //!   (`metatopia_sim::wide`) beside the `blake3` crate doing the same hashes one at a time.
 
 // Benchmarks measure wall time; the no-clock rule is for the simulation itself.
@@ -93,59 +94,114 @@ fn root(c: &mut Criterion) {
     let mut g = c.benchmark_group("root");
     g.sample_size(50);
     let mut counter = 0u32;
-    for workers in [1u32, 2] {
-        g.bench_function(format!("15k_objects_1500_changed/w{workers}"), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let chosen = pick();
-                    // As in the node: the tick's merge changes the objects and the root follows
-                    // on the same pool thread (`par::on_pool`), so the changed objects are in
-                    // that core's cache. Only the root is timed.
-                    total += metatopia_sim::par::on_pool(workers, || {
-                        for id in chosen {
-                            counter = counter.wrapping_add(1);
-                            world.object_mut(id).unwrap().color = counter;
-                        }
-                        let start = Instant::now();
-                        std::hint::black_box(world.subsystem_roots(Hash32::default(), workers));
-                        start.elapsed()
-                    });
-                }
-                total
-            })
-        });
+    // What a tick changes in 1,500 objects: their motion (the physics stage, `set_motion`),
+    // their colour (a script's update, merged with `put_object`), or their text as well (a
+    // change to the fixed part, whose digest is recomputed too).
+    type Change = fn(&mut metatopia_sim::World, ObjectId, u32);
+    let kinds: [(&str, Change); 3] = [
+        ("moved", |w, id, k| {
+            let o = w.object(id).unwrap();
+            let (p, v) = (o.position, o.velocity);
+            let step =
+                metatopia_sim::Vec2::new(metatopia_sim::Fx::from_bits(i64::from(k % 64)), metatopia_sim::Fx::ZERO);
+            w.set_motion(id, p + step, metatopia_sim::Fx::ZERO, v);
+        }),
+        ("recoloured", |w, id, k| {
+            let mut o = w.object(id).unwrap().clone();
+            o.color = k;
+            w.put_object(o);
+        }),
+        ("retexted", |w, id, k| {
+            let mut o = w.object(id).unwrap().clone();
+            o.text = format!("touched {k}");
+            w.put_object(o);
+        }),
+    ];
+    for (kind, change) in kinds {
+        for workers in [1u32, 2] {
+            g.bench_function(format!("15k_objects_1500_{kind}/w{workers}"), |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let chosen = pick();
+                        // As in the node: the tick's merge changes the objects and the root
+                        // follows on the same pool thread (`par::on_pool`), so the changed
+                        // objects are in that core's cache. Only the root is timed.
+                        total += metatopia_sim::par::on_pool(workers, || {
+                            for id in chosen {
+                                counter = counter.wrapping_add(1);
+                                change(&mut world, id, counter);
+                            }
+                            let start = Instant::now();
+                            std::hint::black_box(world.subsystem_roots(Hash32::default(), workers));
+                            start.elapsed()
+                        });
+                    }
+                    total
+                })
+            });
+        }
     }
     let sample: Vec<Vec<u8>> =
         pick().iter().map(|id| postcard::to_allocvec(world.object(*id).unwrap()).unwrap()).collect();
     let concat: Vec<u8> = sample.concat();
     println!("root baseline: {} objects, {} bytes", sample.len(), concat.len());
-    // The floor of this design: the same leaves, and as many parent nodes as their paths up
-    // the slot tree hold, hashed side by side in lanes (`wide`), with no tree to walk, no map
-    // to look objects up in and nothing to write back.
+    // The floor of this design: as many one-block leaves (a moved object's leaf: its motion
+    // and colour, and the digest of its fixed part), and as many 4-ary nodes as their paths
+    // up the slot tree hold, hashed side by side in lanes (`wide`), with no tree to walk, no
+    // objects to look up and nothing to write back.
     let mut level: Vec<u32> = pick().iter().map(|id| id.slot()).collect();
     level.sort_unstable();
     level.dedup();
-    let cap = (level.last().copied().unwrap_or(0) + 1).next_power_of_two();
-    for s in &mut level {
-        *s += cap;
-    }
-    let mut parents = 0;
-    while level.first().is_some_and(|&p| p > 1) {
+    let cap = metatopia_sim::merkle::SlotTree::capacity_for(world.objects().len() as u32);
+    let mut nodes = 0;
+    let mut width = cap;
+    while width > 1 {
         for p in &mut level {
-            *p /= 2;
+            *p /= 4;
         }
         level.dedup();
-        parents += level.len();
+        nodes += level.len();
+        width /= 4;
     }
-    let refs: Vec<&[u8]> = sample.iter().map(Vec::as_slice).collect();
-    let pairs: Vec<([u8; 32], [u8; 32])> = (0..parents as u32).map(|i| ([i as u8; 32], [7; 32])).collect();
-    println!("root floor: {} leaves, {parents} parent nodes", refs.len());
+    let leaf_bytes: Vec<Vec<u8>> = pick()
+        .iter()
+        .map(|id| {
+            let mut b = Vec::new();
+            world.object(*id).unwrap().leaf_bytes(&[9; 32], &mut b);
+            b
+        })
+        .collect();
+    let blocks: Vec<[u8; 64]> = leaf_bytes
+        .iter()
+        .map(|l| {
+            let mut b = [0u8; 64];
+            b[..l.len().min(64)].copy_from_slice(&l[..l.len().min(64)]);
+            b
+        })
+        .collect();
+    let lens: Vec<u8> = leaf_bytes.iter().map(|l| l.len().min(64) as u8).collect();
+    let children: Vec<[u8; 32]> = (0..4 * nodes as u32).map(|i| [i as u8; 32]).collect();
+    let at: Vec<u32> = (0..nodes as u32).collect();
+    let mut parents = vec![[0u8; 32]; nodes];
+    let leaf_at: Vec<u32> = (0..blocks.len() as u32).collect();
+    let mut leaves = vec![[0u8; 32]; blocks.len()];
+    println!(
+        "root floor: {} leaves of {} bytes on average, {nodes} 4-ary nodes",
+        blocks.len(),
+        leaf_bytes.iter().map(Vec::len).sum::<usize>() / leaf_bytes.len().max(1)
+    );
     g.bench_function("floor_wide_hashes", |b| {
         b.iter(|| {
-            let l = metatopia_sim::wide::keyed_hash_many(&[1; 32], std::hint::black_box(&refs));
-            let p = metatopia_sim::wide::parents_many(&[2; 32], pairs.len(), |i| (&pairs[i].0, &pairs[i].1));
-            (l.len(), p.len())
+            metatopia_sim::wide::keyed_hash_blocks_at(
+                &[1; 32],
+                std::hint::black_box(&blocks),
+                &lens,
+                &leaf_at,
+                &mut leaves,
+            );
+            metatopia_sim::wide::nodes4_at(&[2; 32], &children, &at, &mut parents);
+            (leaves[0][0], parents[0][0])
         })
     });
     g.bench_function("baseline_blake3_concat", |b| b.iter(|| blake3::hash(std::hint::black_box(&concat))));
@@ -172,28 +228,24 @@ fn root(c: &mut Criterion) {
 }
 
 /// The lane-parallel BLAKE3 of `metatopia_sim::wide` beside the `blake3` crate doing the same
-/// hashes one at a time: 1,434 keyed hashes of 110-byte leaves, 1,300 parent nodes.
+/// hashes one at a time: 1,434 keyed hashes of 110-byte leaves, 1,300 4-ary nodes.
 fn wide(c: &mut Criterion) {
     use metatopia_sim::wide;
     let key = [7u8; 32];
     let leaves: Vec<Vec<u8>> = (0..1_434u32).map(|i| (0..110u32).map(|j| (i * 31 + j) as u8).collect()).collect();
     let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
-    let children: Vec<([u8; 32], [u8; 32])> =
-        (0..1_300u32).map(|i| (*blake3::hash(&i.to_le_bytes()).as_bytes(), [i as u8; 32])).collect();
+    let children: Vec<[u8; 32]> = (0..4 * 1_300u32).map(|i| *blake3::hash(&i.to_le_bytes()).as_bytes()).collect();
+    let at: Vec<u32> = (0..1_300).collect();
+    let mut parents = vec![[0u8; 32]; 1_300];
     let mut g = c.benchmark_group("wide");
     g.bench_function("leaves_1434x110B", |b| b.iter(|| wide::keyed_hash_many(&key, std::hint::black_box(&refs))));
     g.bench_function("raw_blake3_leaves_1434x110B", |b| {
         b.iter(|| refs.iter().map(|r| *blake3::keyed_hash(&key, r).as_bytes()).collect::<Vec<_>>())
     });
-    g.bench_function("parents_1300", |b| {
-        b.iter(|| wide::parents_many(&key, children.len(), |i| (&children[i].0, &children[i].1)))
-    });
-    g.bench_function("raw_blake3_parents_1300", |b| {
+    g.bench_function("nodes4_1300", |b| b.iter(|| wide::nodes4_at(&key, &children, &at, &mut parents)));
+    g.bench_function("raw_blake3_nodes4_1300", |b| {
         b.iter(|| {
-            children
-                .iter()
-                .map(|(l, r)| blake3::hazmat::merge_subtrees_non_root(l, r, blake3::hazmat::Mode::KeyedHash(&key)))
-                .collect::<Vec<_>>()
+            children.chunks_exact(4).map(|c| *blake3::keyed_hash(&key, c.as_flattened()).as_bytes()).collect::<Vec<_>>()
         })
     });
     g.finish();

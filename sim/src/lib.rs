@@ -27,6 +27,7 @@ pub mod ids;
 pub mod kinematic;
 pub mod links;
 pub mod merkle;
+pub mod objects;
 pub mod par;
 pub mod pipeline;
 pub mod rng;

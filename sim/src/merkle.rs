@@ -1,8 +1,8 @@
 //! Incremental Merkle trees for the state root (DESIGN §4 step 7).
 //!
-//! A [`SlotTree`] is a complete binary tree over numbered slots (an object's slot, an account's
-//! slot). Its capacity is the next power of two of the slot high-water mark, which is part of
-//! the state, so the root is a pure function of the state. Changing a leaf marks it dirty;
+//! A [`SlotTree`] is a complete 4-ary tree over numbered slots (an object's slot, an account's
+//! slot). Its capacity is the next power of four of the slot high-water mark (at least 4),
+//! which is part of the state, so the root is a pure function of the state. Changing a leaf marks it dirty;
 //! [`SlotTree::root`] rehashes only the dirty leaves' paths, so the cost of a tick's root grows
 //! with the number of slots it changed, not with the world.
 //!
@@ -24,127 +24,176 @@ pub mod keys {
     pub const QUEUED_ID: [u8; 32] = *b"metatopia/queued/id/v1__________";
     pub const RNG: [u8; 32] = *b"metatopia/rng/seed/v1___________";
     pub const MAIL: [u8; 32] = *b"metatopia/mail/digest/v1________";
+    pub const OBJECT_FIXED: [u8; 32] = *b"metatopia/object/fixed/v1_______";
 }
 
-/// An inner node: a blake3 parent-node compression in keyed mode (one compression, and the
-/// PARENT flag separates it from every leaf, which is a keyed root hash under another key).
-fn node_hash(left: &[u8; 32], right: &[u8; 32]) -> [u8; 32] {
-    blake3::hazmat::merge_subtrees_non_root(left, right, blake3::hazmat::Mode::KeyedHash(&keys::NODE))
+/// An inner node: the keyed hash of its four children side by side (128 bytes, two blocks).
+/// Leaves are keyed hashes under another key, so a leaf can never pass for a node.
+fn node_hash(children: &[[u8; 32]; 4]) -> [u8; 32] {
+    *blake3::keyed_hash(&keys::NODE, children.as_flattened()).as_bytes()
 }
 
 /// The value of an empty slot.
 pub const EMPTY: [u8; 32] = [0; 32];
 
-/// A complete binary Merkle tree over slots, updated incrementally.
+/// How many children an inner node has.
+pub const ARITY: u32 = 4;
+
+/// A complete 4-ary Merkle tree over slots, updated incrementally.
+///
+/// Four children a node, not two: a node costs two compressions instead of one, but there are
+/// a third as many of them, and half as many levels to walk. With 1,500 of 16,384 slots
+/// changed, a binary tree rehashes about 5,300 nodes (5,300 compressions), this one about
+/// 2,360 (4,720 compressions): where the changed leaves are dense (the upper levels) one
+/// 4-ary node replaces three binary ones, and where they are sparse it costs the same.
 #[derive(Clone, Debug, Default)]
 pub struct SlotTree {
-    /// Heap layout: node 1 is the root, node i has children 2i and 2i+1, leaves at
-    /// `cap..2*cap`. Index 0 is unused.
+    /// Every level, leaves first: level `j` holds `cap / 4^j` nodes, and node `i` of level
+    /// `j + 1` hashes nodes `4i..4i+4` of level `j`. The root is the last node.
     nodes: Vec<[u8; 32]>,
     cap: u32,
     /// Leaves changed since the last `root()`, unsorted, may repeat.
     dirty: Vec<u32>,
 }
 
+/// The levels of a tree of capacity `cap`, leaves first, as mutable slices of `nodes`.
+fn levels_mut(nodes: &mut [[u8; 32]], cap: usize) -> Vec<&mut [[u8; 32]]> {
+    let mut levels = Vec::new();
+    let mut rest = nodes;
+    let mut width = cap;
+    while width >= 1 {
+        let (level, tail) = rest.split_at_mut(width);
+        levels.push(level);
+        rest = tail;
+        width /= ARITY as usize;
+    }
+    levels
+}
+
+/// Rehash the paths above `changed` (sorted, distinct indices into `levels[0]`), level by
+/// level up to `levels.last()`. A level's changed nodes are independent of one another, so
+/// they are hashed side by side in SIMD lanes ([`wide`]).
+fn rehash_paths(levels: &mut [&mut [[u8; 32]]], mut changed: Vec<u32>) {
+    for up in 1..levels.len() {
+        if changed.is_empty() {
+            return;
+        }
+        for c in changed.iter_mut() {
+            *c /= ARITY;
+        }
+        changed.dedup();
+        let (lower, upper) = levels.split_at_mut(up);
+        wide::nodes4_at(&keys::NODE, lower[up - 1], &changed, upper[0]);
+    }
+}
+
+/// Write the leaves of `items` (sorted by slot; the last of a slot wins) into `levels[0]`,
+/// whose first node is slot `base`, and rehash their paths up to `levels.last()`.
+fn write_and_rehash<T, S, L>(levels: &mut [&mut [[u8; 32]]], base: u32, items: &[T], slot: &S, leaves: &L)
+where
+    S: Fn(&T) -> u32,
+    L: Fn(&[T], &mut [[u8; 32]], u32),
+{
+    if items.is_empty() {
+        return;
+    }
+    leaves(items, levels[0], base);
+    let mut changed: Vec<u32> = items.iter().map(|item| slot(item) - base).collect();
+    changed.dedup();
+    rehash_paths(levels, changed);
+}
+
+/// Rehash every node of the levels above `levels[0]`.
+fn rehash_all(levels: &mut [&mut [[u8; 32]]]) {
+    for up in 1..levels.len() {
+        let (lower, upper) = levels.split_at_mut(up);
+        let all: Vec<u32> = (0..upper[0].len() as u32).collect();
+        wide::nodes4_at(&keys::NODE, lower[up - 1], &all, upper[0]);
+    }
+}
+
 impl SlotTree {
-    /// The capacity a tree must have for a slot high-water mark.
+    /// The capacity a tree must have for a slot high-water mark: a power of four, at least 4.
     pub fn capacity_for(slots: u32) -> u32 {
-        slots.max(1).next_power_of_two()
+        let mut cap = ARITY;
+        while cap < slots {
+            cap *= ARITY;
+        }
+        cap
     }
 
     /// Grow (or build) the tree so it holds `slots` slots. Existing leaves are kept; growth
-    /// rehashes the whole tree once, which amortises over the doublings.
+    /// rehashes the whole tree once, which amortises over the growths.
     pub fn ensure_slots(&mut self, slots: u32) {
         let want = Self::capacity_for(slots);
         if want == self.cap {
             return;
         }
         assert!(want > self.cap, "slot high-water marks never shrink");
-        let old_cap = self.cap as usize;
-        let mut nodes = vec![EMPTY; 2 * want as usize];
-        for i in 0..old_cap {
-            nodes[want as usize + i] = self.nodes[old_cap + i];
-        }
+        let total = (want as usize * 4 - 1) / 3; // cap + cap/4 + ... + 1
+        let mut nodes = vec![EMPTY; total];
+        nodes[..self.cap as usize].copy_from_slice(&self.nodes[..self.cap as usize]);
         self.nodes = nodes;
         self.cap = want;
         self.dirty.clear();
-        self.rehash_all_from(want as usize / 2);
-    }
-
-    /// Rehash every node of the level of width `width` and of every level above it.
-    fn rehash_all_from(&mut self, mut width: usize) {
-        while width >= 1 {
-            let nodes = &self.nodes;
-            let level =
-                wide::parents_many(&keys::NODE, width, |i| (&nodes[2 * (width + i)], &nodes[2 * (width + i) + 1]));
-            self.nodes[width..2 * width].copy_from_slice(&level);
-            width /= 2;
-        }
+        rehash_all(&mut levels_mut(&mut self.nodes, want as usize));
     }
 
     /// Set a slot's leaf value (`EMPTY` clears it). The slot must be below the capacity.
     pub fn set(&mut self, slot: u32, leaf: Hash32) {
         assert!(slot < self.cap, "slot {slot} beyond capacity {}", self.cap);
-        let i = (self.cap + slot) as usize;
+        let i = slot as usize;
         if self.nodes[i] != leaf.0 {
             self.nodes[i] = leaf.0;
             self.dirty.push(slot);
         }
     }
 
-    pub fn get(&self, slot: u32) -> Option<Hash32> {
-        (slot < self.cap).then(|| Hash32(self.nodes[(self.cap + slot) as usize]))
+    /// How many slots the tree holds now (a power of four).
+    pub fn capacity(&self) -> u32 {
+        self.cap
     }
 
-    /// The root, rehashing the paths of the leaves changed since the last call.
-    ///
-    /// A level's changed nodes are independent of one another, so they are hashed side by
-    /// side in SIMD lanes ([`wide`]): about 4x faster than one at a time here. This runs on
-    /// one thread; [`SlotTree::update`] splits the work over subtrees. (Splitting each level
-    /// over threads instead, a fork per level, cost more than it saved on these 2-core
-    /// machines: 338 µs against 285 µs.)
+    pub fn get(&self, slot: u32) -> Option<Hash32> {
+        (slot < self.cap).then(|| Hash32(self.nodes[slot as usize]))
+    }
+
+    fn top(&self) -> Hash32 {
+        Hash32(*self.nodes.last().expect("a built tree has a root"))
+    }
+
+    /// The root, rehashing the paths of the leaves changed since the last call. This runs on
+    /// one thread; [`SlotTree::update`] splits the work over subtrees.
     pub fn root(&mut self) -> Hash32 {
         if self.cap == 0 {
             self.ensure_slots(1);
         }
         if !self.dirty.is_empty() {
-            let mut level: Vec<u32> = self.dirty.drain(..).map(|s| self.cap + s).collect();
-            level.sort_unstable();
-            level.dedup();
-            while level[0] > 1 {
-                for p in level.iter_mut() {
-                    *p /= 2;
-                }
-                level.dedup();
-                let nodes = &self.nodes;
-                let hashed = wide::parents_many(&keys::NODE, level.len(), |i| {
-                    let p = level[i] as usize;
-                    (&nodes[2 * p], &nodes[2 * p + 1])
-                });
-                for (&p, h) in level.iter().zip(hashed) {
-                    self.nodes[p as usize] = h;
-                }
-            }
+            let mut changed = std::mem::take(&mut self.dirty);
+            changed.sort_unstable();
+            changed.dedup();
+            rehash_paths(&mut levels_mut(&mut self.nodes, self.cap as usize), changed);
         }
-        Hash32(self.nodes[1])
+        self.top()
     }
 
     /// Write the leaves of `items` and return the root: the same as [`SlotTree::set`] for each
     /// item in order and then [`SlotTree::root`], with the work split over `workers` threads.
     ///
-    /// `items` are sorted by `slot` (a slot may repeat; its last item wins), and `leaves`
-    /// computes the leaf values of a run of them. The tree below its top `P` nodes (`P` the
-    /// power of two at or above `workers`) is `P` disjoint subtrees; each item falls in one by
-    /// its slot, so each subtree's share of `items` is a contiguous run, and one task per
-    /// subtree computes its leaves and rehashes its own paths up to its top, writing only
-    /// its own nodes. The `P - 1` nodes above them are hashed last. One fork and join for the
-    /// whole update, so a tick's root is split over the cores that ran its merge (the
-    /// levels one at a time were tried first: a fork per level cost more than it saved).
+    /// `items` are sorted by `slot` (a slot may repeat; its last item wins), and
+    /// `leaves(run, level, base)` writes the leaf of each item of a run of them into `level`,
+    /// at its slot less `base` (straight from the hashing's output, with no list between). The tree below its top levels is `P`
+    /// disjoint subtrees (`P` the power of four at or above `workers`); each item falls in one
+    /// by its slot, so each subtree's share of `items` is a contiguous run, and one task per
+    /// subtree computes its leaves and rehashes its own paths up to its top, writing only its
+    /// own nodes. The few nodes above them are hashed last. One fork and join for the whole
+    /// update, so a tick's root is split over the cores that ran its merge (the levels one at
+    /// a time were tried first: a fork per level cost more than it saved).
     pub fn update<T, S, L>(&mut self, items: &[T], workers: u32, slot: S, leaves: L) -> Hash32
     where
         T: Sync,
         S: Fn(&T) -> u32 + Sync,
-        L: Fn(&[T]) -> Vec<Hash32> + Sync,
+        L: Fn(&[T], &mut [[u8; 32]], u32) + Sync,
     {
         /// Below this many items one thread does it all (a fork costs more than it saves).
         const MIN_SPLIT: usize = 128;
@@ -152,96 +201,80 @@ impl SlotTree {
             self.ensure_slots(1);
         }
         debug_assert!(items.windows(2).all(|w| slot(&w[0]) <= slot(&w[1])), "items sorted by slot");
-        let parts = workers.max(1).next_power_of_two().min(self.cap) as usize;
-        if parts == 1 || items.len() < MIN_SPLIT {
-            for (item, leaf) in items.iter().zip(leaves(items)) {
-                self.set(slot(item), leaf);
-            }
-            return self.root();
-        }
         let _ = self.root(); // leaves set one by one before this call
         let cap = self.cap as usize;
+        if workers <= 1 || items.len() < MIN_SPLIT {
+            write_and_rehash(&mut levels_mut(&mut self.nodes, cap), 0, items, &slot, &leaves);
+            return self.top();
+        }
+        let parts = Self::capacity_for(workers).min(self.cap) as usize;
         let span = cap / parts;
-        // Each subtree's nodes, level by level from its top (one node) down to its leaves
-        // (`span` of them): in the heap layout a level of width `w` is `nodes[w..2w]`, and
-        // subtree `p` holds the `p`-th of its `parts` equal pieces.
-        let mut levels: Vec<Vec<&mut [[u8; 32]]>> = (0..parts).map(|_| Vec::new()).collect();
-        let mut rest = &mut self.nodes[parts..];
-        let mut width = parts;
-        while width <= cap {
-            let (level, tail) = rest.split_at_mut(width);
-            rest = tail;
-            for (p, piece) in level.chunks_mut(width / parts).enumerate() {
-                levels[p].push(piece);
+        let mut levels = levels_mut(&mut self.nodes, cap);
+        // The levels at least `parts` wide are split: subtree `p` holds the `p`-th of the
+        // `parts` equal pieces of each, from its leaves up to its top (one node).
+        let split = levels.iter().take_while(|l| l.len() >= parts).count();
+        levels.truncate(split);
+        let mut pieces: Vec<Vec<&mut [[u8; 32]]>> = (0..parts).map(|_| Vec::with_capacity(split)).collect();
+        for level in levels {
+            let width = level.len() / parts;
+            for (p, piece) in level.chunks_mut(width).enumerate() {
+                pieces[p].push(piece);
             }
-            width *= 2;
         }
         let mut jobs = Vec::with_capacity(parts);
         let mut start = 0;
-        for (p, levels) in levels.into_iter().enumerate() {
+        for (p, levels) in pieces.into_iter().enumerate() {
             let end = start + items[start..].partition_point(|it| (slot(it) as usize) < (p + 1) * span);
-            jobs.push((p * span, levels, &items[start..end]));
+            jobs.push(((p * span) as u32, levels, &items[start..end]));
             start = end;
         }
         assert_eq!(start, items.len(), "every slot below the capacity");
         crate::par::for_each(jobs, workers, |(base, mut levels, part)| {
-            if part.is_empty() {
-                return;
-            }
-            let hashed = leaves(part);
-            let Some(bottom) = levels.last_mut() else { return };
-            let mut changed: Vec<u32> = Vec::with_capacity(part.len());
-            for (item, leaf) in part.iter().zip(hashed) {
-                let i = slot(item) as usize - base;
-                if bottom[i] != leaf.0 {
-                    bottom[i] = leaf.0;
-                    changed.push(i as u32);
-                }
-            }
-            changed.dedup();
-            for below in (1..levels.len()).rev() {
-                if changed.is_empty() {
-                    break;
-                }
-                for c in changed.iter_mut() {
-                    *c /= 2;
-                }
-                changed.dedup();
-                let (upper, lower) = levels.split_at_mut(below);
-                let (children, parents) = (&lower[0], &mut upper[below - 1]);
-                let hashed = wide::parents_many(&keys::NODE, changed.len(), |i| {
-                    let q = changed[i] as usize;
-                    (&children[2 * q], &children[2 * q + 1])
-                });
-                for (&q, h) in changed.iter().zip(hashed) {
-                    parents[q as usize] = h;
-                }
-            }
+            write_and_rehash(&mut levels, base, part, &slot, &leaves)
         });
-        self.rehash_all_from(parts / 2);
-        Hash32(self.nodes[1])
+        // The subtrees' tops, then the levels above them.
+        rehash_all(&mut levels_mut(&mut self.nodes, cap).split_off(split - 1));
+        self.top()
     }
 
-    /// The sibling path of a slot, bottom up: a proof that its leaf is under `root()`.
-    /// Call `root()` first so the path is current.
+    /// The siblings of a slot's path, bottom up, three a level: a proof that its leaf is
+    /// under `root()`. Call `root()` first so the path is current.
     pub fn proof(&self, slot: u32) -> Vec<Hash32> {
         assert!(self.dirty.is_empty(), "call root() before proof()");
-        let mut i = (self.cap + slot) as usize;
         let mut path = Vec::new();
-        while i > 1 {
-            path.push(Hash32(self.nodes[i ^ 1]));
-            i /= 2;
+        let mut offset = 0usize;
+        let mut width = self.cap as usize;
+        let mut i = slot as usize;
+        while width > 1 {
+            let first = i - i % 4;
+            for s in first..first + 4 {
+                if s != i {
+                    path.push(Hash32(self.nodes[offset + s]));
+                }
+            }
+            offset += width;
+            width /= 4;
+            i /= 4;
         }
         path
     }
 
     /// Check a proof produced by [`SlotTree::proof`].
     pub fn verify_proof(root: Hash32, slot: u32, leaf: Hash32, path: &[Hash32]) -> bool {
+        if !path.len().is_multiple_of(3) {
+            return false;
+        }
         let mut acc = leaf.0;
         let mut index = slot as u64;
-        for sib in path {
-            acc = if index & 1 == 0 { node_hash(&acc, &sib.0) } else { node_hash(&sib.0, &acc) };
-            index >>= 1;
+        for siblings in path.chunks_exact(3) {
+            let at = (index % 4) as usize;
+            let mut children = [EMPTY; 4];
+            let mut rest = siblings.iter();
+            for (k, c) in children.iter_mut().enumerate() {
+                *c = if k == at { acc } else { rest.next().map_or(EMPTY, |h| h.0) };
+            }
+            acc = node_hash(&children);
+            index /= 4;
         }
         index == 0 && acc == root.0
     }
@@ -262,13 +295,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The root computed the plain way, one `blake3` parent compression at a time, level by
-    /// level: the reference the tree's lane-parallel hashing must equal.
+    /// The root computed the plain way, one `blake3::keyed_hash` at a time, level by level:
+    /// the reference the tree's lane-parallel hashing must equal.
     fn full_rebuild(leaves: &[[u8; 32]], slots: u32) -> Hash32 {
         let mut level: Vec<[u8; 32]> = leaves.to_vec();
         level.resize(SlotTree::capacity_for(slots) as usize, EMPTY);
         while level.len() > 1 {
-            level = level.chunks(2).map(|pair| node_hash(&pair[0], &pair[1])).collect();
+            level = level.chunks(4).map(|c| node_hash(c.try_into().unwrap())).collect();
         }
         Hash32(level[0])
     }
@@ -314,7 +347,11 @@ mod tests {
                 for &(slot, v) in &edits {
                     plain.set(slot, Hash32([v; 32]));
                 }
-                let leaves = |part: &[(u32, u8)]| part.iter().map(|&(_, v)| Hash32([v; 32])).collect::<Vec<_>>();
+                let leaves = |part: &[(u32, u8)], level: &mut [[u8; 32]], base: u32| {
+                    for &(slot, v) in part {
+                        level[(slot - base) as usize] = [v; 32];
+                    }
+                };
                 let root = split.update(&edits, workers, |e| e.0, leaves);
                 prop_assert_eq!(root, plain.root());
                 prop_assert_eq!(split.proof(n - 1), plain.proof(n - 1));

@@ -12,6 +12,7 @@ use crate::fx::Fx;
 use crate::ids::{AccountId, Hash32, ObjectId, ScriptId, SimId, Tick};
 use crate::links::{Links, Neighbour};
 use crate::merkle::{self, SlotTree, keys};
+use crate::objects::Objects;
 use crate::vec2::Vec2;
 use crate::wide;
 
@@ -343,7 +344,7 @@ pub struct World {
     pub(crate) settings: Settings,
     pub(crate) governance: Governance,
     pub(crate) accounts: BTreeMap<AccountId, Account>,
-    pub(crate) objects: BTreeMap<ObjectId, Box<Object>>,
+    pub(crate) objects: Objects,
     pub(crate) scripts: BTreeMap<ObjectId, ScriptInstance>,
     pub(crate) sources: BTreeMap<ScriptId, ScriptSource>,
     /// Object slot high-water mark.
@@ -369,15 +370,57 @@ pub(crate) struct RootCache {
     objects: SlotTree,
     scripts: SlotTree,
     accounts: SlotTree,
-    /// Changed since the last root; ids order by slot, then generation, so a slot freed and
-    /// reused in one tick ends with its newest occupant.
-    dirty_objects: BTreeSet<ObjectId>,
+    /// Object slots changed since the last root (a slot's leaf is that of its occupant at the
+    /// time of the root, so a slot freed and reused in one tick ends with its newest one), and
+    /// those whose occupant's fixed part changed ([`Object::fixed_bytes`]: its digest, kept
+    /// beside the object in [`Objects`], is recomputed only then).
+    changed: SlotMarks,
     dirty_scripts: BTreeSet<ObjectId>,
     dirty_accounts: BTreeSet<AccountId>,
     sources_root: Option<Hash32>,
     /// How many script instances run each source (derived; built on first use).
     source_refs: Option<BTreeMap<ScriptId, u32>>,
     built: bool,
+}
+
+/// Marks on object slots, as bitmaps: `dirty`, the slot's leaf must be rehashed; `fixed`, so
+/// must the digest of its occupant's fixed part. (A `BTreeSet` of ids cost more to fill and
+/// drain each tick than the leaves it named cost to hash.)
+#[derive(Clone, Debug, Default)]
+struct SlotMarks {
+    dirty: Vec<u64>,
+    fixed: Vec<u64>,
+}
+
+impl SlotMarks {
+    fn mark(&mut self, slot: u32, fixed_too: bool) {
+        let (word, bit) = ((slot / 64) as usize, 1u64 << (slot % 64));
+        if word >= self.dirty.len() {
+            self.dirty.resize(word + 1, 0);
+            self.fixed.resize(word + 1, 0);
+        }
+        self.dirty[word] |= bit;
+        if fixed_too {
+            self.fixed[word] |= bit;
+        }
+    }
+
+    /// The marked slots in increasing order, and those among them marked `fixed`; clears
+    /// every mark.
+    fn take(&mut self) -> (Vec<u32>, Vec<u32>) {
+        let count = |words: &[u64]| words.iter().map(|w| w.count_ones() as usize).sum();
+        let (mut dirty, mut fixed) = (Vec::with_capacity(count(&self.dirty)), Vec::with_capacity(count(&self.fixed)));
+        for (w, (d, f)) in self.dirty.iter_mut().zip(self.fixed.iter_mut()).enumerate() {
+            for (bits, out) in [(std::mem::take(d), &mut dirty), (std::mem::take(f), &mut fixed)] {
+                let mut bits = bits;
+                while bits != 0 {
+                    out.push(w as u32 * 64 + bits.trailing_zeros());
+                    bits &= bits - 1;
+                }
+            }
+        }
+        (dirty, fixed)
+    }
 }
 
 /// The per-subsystem roots under the state root (DESIGN §4 step 7).
@@ -429,7 +472,7 @@ impl World {
                 kicked_until_ms: BTreeMap::new(),
             },
             accounts: BTreeMap::new(),
-            objects: BTreeMap::new(),
+            objects: Objects::default(),
             scripts: BTreeMap::new(),
             sources: BTreeMap::new(),
             next_slot: 0,
@@ -469,13 +512,12 @@ impl World {
     pub fn account(&self, id: &AccountId) -> Option<&Account> {
         self.accounts.get(id)
     }
-    /// The objects by id. Each is boxed so the map's nodes stay small (16 bytes an entry):
-    /// a lookup then walks a few cache-resident nodes and misses once, on the object.
-    pub fn objects(&self) -> &BTreeMap<ObjectId, Box<Object>> {
+    /// The objects, in id order, held by slot ([`Objects`]).
+    pub fn objects(&self) -> &Objects {
         &self.objects
     }
     pub fn object(&self, id: ObjectId) -> Option<&Object> {
-        self.objects.get(&id).map(|o| &**o)
+        self.objects.get(&id)
     }
     pub fn scripts(&self) -> &BTreeMap<ObjectId, ScriptInstance> {
         &self.scripts
@@ -505,7 +547,7 @@ impl World {
 
     /// Objects whose centre lies within `radius` of `centre`, in id order.
     pub fn objects_within(&self, centre: Vec2, radius: Fx) -> impl Iterator<Item = &Object> {
-        self.objects.values().map(|o| &**o).filter(move |o| o.position.within(centre, radius))
+        self.objects.values().filter(move |o| o.position.within(centre, radius))
     }
 
     // ---- changing (crate-internal: the pipeline is the only writer) ----
@@ -579,21 +621,35 @@ impl World {
     /// Insert or replace an object. The tick pipeline is the normal writer; tools, tests and
     /// benchmarks may use this too (the Merkle caches stay correct).
     pub fn put_object(&mut self, o: Object) {
-        self.cache.dirty_objects.insert(o.id);
-        self.objects.insert(o.id, Box::new(o));
+        let slot = o.id.slot();
+        let same_fixed = self.objects.by_slot(slot).is_some_and(|old| old.same_fixed_part(&o));
+        self.cache.changed.mark(slot, !same_fixed);
+        self.objects.insert(o, same_fixed);
     }
 
-    /// Change an object in place (marks it for rehashing). See [`World::put_object`].
+    /// Change an object in place (marks it for rehashing, all of it). See
+    /// [`World::put_object`]; [`World::set_motion`] is cheaper for a move.
     pub fn object_mut(&mut self, id: ObjectId) -> Option<&mut Object> {
         let o = self.objects.get_mut(&id)?;
-        self.cache.dirty_objects.insert(id);
+        self.cache.changed.mark(id.slot(), true);
         Some(o)
+    }
+
+    /// Move an object (what the physics stage writes each tick): only its leaf is rehashed,
+    /// not the digest of its fixed part. False if there is no such object.
+    pub fn set_motion(&mut self, id: ObjectId, position: Vec2, rotation: Fx, velocity: Vec2) -> bool {
+        let Some(o) = self.objects.get_mut(&id) else { return false };
+        o.position = position;
+        o.rotation = rotation;
+        o.velocity = velocity;
+        self.cache.changed.mark(id.slot(), false);
+        true
     }
 
     /// Remove an object and its script; frees the slot for the next generation.
     pub(crate) fn remove_object(&mut self, id: ObjectId) -> Option<Object> {
         let o = self.objects.remove(&id)?;
-        self.cache.dirty_objects.insert(id);
+        self.cache.changed.mark(id.slot(), false);
         self.remove_script(id);
         self.free_slots.insert(id.slot(), id.generation().wrapping_add(1));
         if let Some(a) = self.accounts.get_mut(&o.owner)
@@ -602,7 +658,7 @@ impl World {
             a.avatar = None;
             self.cache.dirty_accounts.insert(a.id);
         }
-        Some(*o)
+        Some(o)
     }
 
     pub(crate) fn put_script(&mut self, object: ObjectId, instance: ScriptInstance) {
@@ -693,22 +749,12 @@ impl World {
             return Err("too many objects or queued events".into());
         }
         for (id, o) in &self.objects {
-            if *id != o.id {
-                return Err(format!("object {id} is stored under the wrong key"));
-            }
             if id.slot() >= self.next_slot || self.free_slots.contains_key(&id.slot()) {
                 return Err(format!("object {id} has a slot that is free or out of range"));
             }
             if !o.shape.is_valid() {
                 return Err(format!("object {id} has an invalid shape"));
             }
-        }
-        let mut prev_slot = None;
-        for id in self.objects.keys() {
-            if prev_slot == Some(id.slot()) {
-                return Err(format!("two objects share slot {}", id.slot()));
-            }
-            prev_slot = Some(id.slot());
         }
         if self.free_slots.keys().any(|s| *s >= self.next_slot) {
             return Err("a free slot is out of range".into());
@@ -800,7 +846,9 @@ impl World {
     fn refresh_cache(&mut self, workers: u32) {
         let c = &mut self.cache;
         if !c.built {
-            c.dirty_objects.extend(self.objects.keys());
+            for id in self.objects.keys() {
+                c.changed.mark(id.slot(), true);
+            }
             c.dirty_scripts.extend(self.scripts.keys());
             c.dirty_accounts.extend(self.accounts.keys());
             c.built = true;
@@ -809,11 +857,21 @@ impl World {
         c.scripts.ensure_slots(self.next_slot);
         c.accounts.ensure_slots(self.next_account_slot);
 
-        // Objects are most of a tick's changes: their leaves and paths are split over the
-        // workers by subtree (ids order by slot, then generation).
-        let dirty: Vec<ObjectId> = std::mem::take(&mut c.dirty_objects).into_iter().collect();
+        // Objects are most of a tick's changes: first the digests of the fixed parts that
+        // changed, then the leaves and their paths, split over the workers by subtree.
+        let (changed, fixed) = c.changed.take();
         let objects = &self.objects;
-        c.objects.update(&dirty, workers, |id| id.slot(), |part| leaf_hashes(part, objects));
+        let digests = crate::par::map_chunks(&fixed, workers, 256, |slots| fixed_digests(slots, objects));
+        for (&slot, digest) in fixed.iter().zip(digests) {
+            self.objects.set_fixed(slot, digest);
+        }
+        let objects = &self.objects;
+        c.objects.update(
+            &changed,
+            workers,
+            |slot| *slot,
+            |part, level, base| object_leaves(part, objects, level, base),
+        );
         let dirty: Vec<ObjectId> = std::mem::take(&mut c.dirty_scripts).into_iter().collect();
         let leaves = hash_leaves(&dirty, workers, &self.scripts);
         for (id, leaf) in dirty.iter().zip(leaves) {
@@ -839,14 +897,25 @@ pub(crate) trait LeafBytes {
     fn leaf_bytes(&self, buf: &mut Vec<u8>);
 }
 
-/// Objects are the hot leaves (most of a tick's changes), so their leaf encoding is written
-/// by hand: fixed-width little-endian fields and length-prefixed strings, about 5x faster than
-/// going through serde. The destructuring makes adding a field without hashing it a compile
-/// error.
-impl LeafBytes for Object {
-    fn leaf_bytes(&self, b: &mut Vec<u8>) {
-        let Object { id, kind, owner, name, shape, position, rotation, velocity, color, text } = self;
-        let fx = |b: &mut Vec<u8>, v: Fx| b.extend_from_slice(&v.to_bits().to_le_bytes());
+impl Object {
+    /// Whether two objects agree on everything but their motion and colour (the part whose
+    /// digest the state root keeps, [`Object::fixed_bytes`]).
+    fn same_fixed_part(&self, other: &Object) -> bool {
+        let Object { id, kind, owner, name, shape, position: _, rotation: _, velocity: _, color: _, text } = self;
+        *id == other.id
+            && *kind == other.kind
+            && *owner == other.owner
+            && *shape == other.shape
+            && *name == other.name
+            && *text == other.text
+    }
+
+    /// The bytes of the part of an object that seldom changes: id, kind, owner, name, shape
+    /// and text, as fixed-width little-endian fields and length-prefixed strings. The state
+    /// root keeps their digest per slot, so a tick that only moves or recolours an object
+    /// hashes one short leaf ([`Object::leaf_bytes`]) and reads none of its strings.
+    pub fn fixed_bytes(&self, b: &mut Vec<u8>) {
+        let Object { id, kind, owner, name, shape, position: _, rotation: _, velocity: _, color: _, text } = self;
         let st = |b: &mut Vec<u8>, s: &str| {
             b.extend_from_slice(&(s.len() as u64).to_le_bytes());
             b.extend_from_slice(s.as_bytes());
@@ -861,26 +930,123 @@ impl LeafBytes for Object {
         match *shape {
             Shape::Circle { radius } => {
                 b.push(0);
-                fx(b, radius);
+                b.extend_from_slice(&radius.to_bits().to_le_bytes());
             }
             Shape::Box { half_width, half_height } => {
                 b.push(1);
-                fx(b, half_width);
-                fx(b, half_height);
+                b.extend_from_slice(&half_width.to_bits().to_le_bytes());
+                b.extend_from_slice(&half_height.to_bits().to_le_bytes());
             }
         }
+        st(b, text);
+    }
+
+    /// An object's Merkle leaf: its motion and colour, then the digest of its fixed part.
+    ///
+    /// Within a region every motion value fits in 40 bits (±8,388,608 m or m/s at 16
+    /// fractional bits), so the leaf is usually the compact form: a 0 byte, the five values as
+    /// 5-byte little-endian integers, the colour, the digest: 62 bytes, one BLAKE3
+    /// compression instead of the two a leaf of every field took. A value that does not fit
+    /// makes the whole leaf the full form: a 1 byte and 8 bytes a value (77 bytes). The first
+    /// byte fixes every length after it, so each leaf parses one way. (Variable-length
+    /// integers were tried first: their data-dependent branches cost more than the hashing.)
+    pub fn leaf_bytes(&self, fixed_digest: &[u8; 32], b: &mut Vec<u8>) {
+        let mut leaf = [0u8; 64];
+        if self.compact_leaf(fixed_digest, &mut leaf) {
+            b.extend_from_slice(&leaf[..COMPACT_LEAF]);
+            return;
+        }
+        let Object { id: _, kind: _, owner: _, name: _, shape: _, position, rotation, velocity, color, text: _ } = self;
+        b.push(1);
         for v in [position.x, position.y, *rotation, velocity.x, velocity.y] {
-            fx(b, v);
+            b.extend_from_slice(&v.to_bits().to_le_bytes());
         }
         b.extend_from_slice(&color.to_le_bytes());
-        st(b, text);
+        b.extend_from_slice(fixed_digest);
+    }
+
+    /// Write the compact form of [`Object::leaf_bytes`] into `leaf` (its first
+    /// [`COMPACT_LEAF`] bytes; the rest is left alone), if every motion value fits in 40 bits.
+    fn compact_leaf(&self, fixed_digest: &[u8; 32], leaf: &mut [u8; 64]) -> bool {
+        let Object { id: _, kind: _, owner: _, name: _, shape: _, position, rotation, velocity, color, text: _ } = self;
+        let values = [position.x, position.y, *rotation, velocity.x, velocity.y].map(Fx::to_bits);
+        if values.iter().any(|&v| (v << 24) >> 24 != v) {
+            return false;
+        }
+        leaf[0] = 0;
+        for (k, v) in values.iter().enumerate() {
+            leaf[1 + 5 * k..6 + 5 * k].copy_from_slice(&v.to_le_bytes()[..5]);
+        }
+        leaf[26..30].copy_from_slice(&color.to_le_bytes());
+        leaf[30..COMPACT_LEAF].copy_from_slice(fixed_digest);
+        true
     }
 }
 
-impl<T: LeafBytes> LeafBytes for Box<T> {
-    fn leaf_bytes(&self, buf: &mut Vec<u8>) {
-        (**self).leaf_bytes(buf)
+/// The length of an object's leaf in its compact form.
+const COMPACT_LEAF: usize = 62;
+
+/// The digests of the fixed parts of the objects in `slots` (`EMPTY` for an empty slot).
+fn fixed_digests(slots: &[u32], objects: &Objects) -> Vec<[u8; 32]> {
+    let mut buf = Vec::with_capacity(128 * slots.len());
+    let mut ends = Vec::with_capacity(slots.len());
+    for &slot in slots {
+        if let Some(o) = objects.by_slot(slot) {
+            o.fixed_bytes(&mut buf);
+        }
+        ends.push(buf.len());
     }
+    let inputs = split_at_ends(&buf, &ends);
+    let mut digests = wide::keyed_hash_many(&keys::OBJECT_FIXED, &inputs);
+    for (d, &slot) in digests.iter_mut().zip(slots) {
+        if objects.by_slot(slot).is_none() {
+            *d = merkle::EMPTY;
+        }
+    }
+    digests
+}
+
+/// Write the leaves of the objects in `slots` (`EMPTY` for an empty slot) into `level` at
+/// their slot less `base`, from the digests of their fixed parts kept beside them, hashed side
+/// by side in SIMD lanes ([`wide`]). Compact leaves are built in place as padded blocks; the
+/// rare full one goes the general way.
+fn object_leaves(slots: &[u32], objects: &Objects, level: &mut [[u8; 32]], base: u32) {
+    let mut blocks = vec![[0u8; 64]; slots.len()];
+    let mut at = Vec::with_capacity(slots.len());
+    let mut full = Vec::new();
+    let mut full_bytes = Vec::new();
+    for &slot in slots {
+        let Some((o, fixed)) = objects.with_fixed(slot) else {
+            level[(slot - base) as usize] = merkle::EMPTY;
+            continue;
+        };
+        if o.compact_leaf(fixed, &mut blocks[at.len()]) {
+            at.push(slot - base);
+        } else {
+            o.leaf_bytes(fixed, &mut full_bytes);
+            full.push((slot, full_bytes.len()));
+        }
+    }
+    blocks.truncate(at.len());
+    let lens = vec![COMPACT_LEAF as u8; blocks.len()];
+    wide::keyed_hash_blocks_at(&keys::LEAF, &blocks, &lens, &at, level);
+    let ends: Vec<usize> = full.iter().map(|f| f.1).collect();
+    let hashes = wide::keyed_hash_many(&keys::LEAF, &split_at_ends(&full_bytes, &ends));
+    for ((slot, _), h) in full.iter().zip(hashes) {
+        level[(slot - base) as usize] = h;
+    }
+}
+
+/// The pieces of `buf` that end at each of `ends`, in order.
+fn split_at_ends<'a>(buf: &'a [u8], ends: &[usize]) -> Vec<&'a [u8]> {
+    let mut start = 0;
+    ends.iter()
+        .map(|&end| {
+            let piece = &buf[start..end];
+            start = end;
+            piece
+        })
+        .collect()
 }
 
 impl LeafBytes for ScriptInstance {
@@ -921,15 +1087,7 @@ fn leaf_hashes<K: Ord, T: LeafBytes>(chunk: &[K], map: &BTreeMap<K, T>) -> Vec<H
             present.push(false);
         }
     }
-    let mut start = 0;
-    let leaves: Vec<&[u8]> = ends
-        .iter()
-        .map(|&end| {
-            let leaf = &buf[start..end];
-            start = end;
-            leaf
-        })
-        .collect();
+    let leaves = split_at_ends(&buf, &ends);
     let mut hashes = wide::keyed_hash_many(&merkle::keys::LEAF, &leaves).into_iter();
     present
         .iter()

@@ -1,9 +1,9 @@
 //! Many independent BLAKE3 compressions side by side, in SIMD lanes.
 //!
-//! The state root costs thousands of one-block BLAKE3 compressions a tick: two for each changed
-//! leaf, one for each inner node on a changed path (about 8,000 when 1,500 of 15,000 objects
-//! change). The `blake3` crate's SIMD works across the chunks of one long input, so for these
-//! it compresses one block at a time, each waiting on the last. Within a tree level they are
+//! The state root costs thousands of BLAKE3 compressions of one or two blocks a tick: one for
+//! each changed object's leaf, two for each 4-ary node on a changed path (about 6,000 when
+//! 1,500 of 15,000 objects move). The `blake3` crate's SIMD works across the chunks of one long
+//! input, so for these it compresses one block at a time, each waiting on the last. Within a tree level they are
 //! independent, though, so here they run side by side: row `i` of the state holds word `i` of
 //! every lane, each step of the compression is one vector instruction over all lanes, and the
 //! blocks go in and the chaining values come out through a transpose.
@@ -15,20 +15,24 @@
 //! integer adds, xors and rotations, nothing rounded, so the lane set changes the speed and
 //! never a hash (DESIGN §5). The tests check every path this CPU has against the `blake3` crate.
 //!
-//! Two shapes of input are covered, the two the Merkle trees hash:
+//! Three shapes of input are covered, the ones the Merkle trees hash:
 //! - [`keyed_hash_many`]: BLAKE3 keyed hashes; the same as `blake3::keyed_hash` on each
 //!   (inputs over one chunk, 1,024 bytes, are handed to the crate).
-//! - [`parents_many`]: keyed parent-node compressions of two 32-byte children; the same as
-//!   `blake3::hazmat::merge_subtrees_non_root` in keyed mode.
+//! - [`nodes4_at`]: keyed hashes of four 32-byte children (128 bytes, two blocks); the same
+//!   as `blake3::keyed_hash` of the four side by side. The state's trees are 4-ary (see
+//!   [`crate::merkle`]).
+//! - [`keyed_hash_blocks_at`]: keyed hashes of inputs of at most one block, given padded (the
+//!   objects' leaves).
 
 const IV: [u32; 8] = [0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19];
 const MSG_PERMUTATION: [usize; 16] = [2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8];
 const CHUNK_START: u32 = 1;
 const CHUNK_END: u32 = 2;
-const PARENT: u32 = 4;
 const ROOT: u32 = 8;
 const KEYED_HASH: u32 = 16;
 const BLOCK: usize = 64;
+/// The message of a lane with nothing to hash.
+static ZERO_BLOCK: [u8; BLOCK] = [0; BLOCK];
 /// Inputs longer than one chunk are hashed by the `blake3` crate itself.
 const MAX_INPUT: usize = 1024;
 
@@ -81,6 +85,16 @@ trait Rows: Copy {
         rows
     }
 
+    /// Message rows from each lane's block given as its 64 bytes.
+    #[inline(always)]
+    fn message_bytes(self, blocks: &[&[u8; BLOCK]; 16]) -> [Self::Row; 16] {
+        let mut words = [[0u32; 16]; 16];
+        for (w, b) in words.iter_mut().zip(blocks) {
+            words_into(*b, w);
+        }
+        self.message(&words)
+    }
+
     /// Each lane's chaining value from the rows: the transpose back.
     #[inline(always)]
     fn lanes(self, rows: &[Self::Row; 8]) -> [[u32; 8]; 16] {
@@ -97,7 +111,7 @@ trait Rows: Copy {
 
 /// One compression in each lane: chaining values `cv`, message words `m` (row `i` holds word
 /// `i` of every lane), per-lane block lengths and one set of flags; the counter is 0
-/// (single-chunk inputs and parent nodes only). Returns the new chaining values, as rows.
+/// (single-chunk inputs only). Returns the new chaining values, as rows.
 #[inline(always)]
 fn compress<R: Rows>(r: R, cv: &[R::Row; 8], m: &[R::Row; 16], block_len: R::Row, flags: u32) -> [R::Row; 8] {
     let mut v = [
@@ -171,7 +185,8 @@ fn blocks(len: usize) -> usize {
 /// (No `std::array::from_fn` with a closure anywhere on these paths: the closure becomes a
 /// function of its own, compiled without the lane set's CPU features, and when the compiler
 /// chose not to inline it every vector instruction in it was a call. That happened in a
-/// benchmark's binary, where `parents_many` ran 3.4x slower, 13.7 → 47 µs for 1,300 nodes.)
+/// benchmark's binary, where the binary tree's parent nodes were hashed 3.4x slower, 13.7 →
+/// 47 µs for 1,300 of them.)
 #[inline(always)]
 fn splat_key<R: Rows>(r: R, key: &[u32; 8]) -> [R::Row; 8] {
     let mut cv = [r.splat(0); 8];
@@ -218,27 +233,48 @@ fn hash_group<R: Rows>(r: R, key: &[u32; 8], inputs: &[&[u8]], group: &[u32], n:
     }
 }
 
-/// Parent-node compressions, `R::LANES` at a time.
+/// `parents[q]` = the keyed hash of `children[4q..4q + 4]` (two full blocks) for each `q` in
+/// `at`, `R::LANES` at a time.
 #[inline(always)]
-fn parent_group<'a, R: Rows, F>(r: R, key: &[u32; 8], count: usize, children: &F, out: &mut [[u8; 32]])
-where
-    F: Fn(usize) -> (&'a [u8; 32], &'a [u8; 32]),
-{
-    let cv = splat_key(r, key);
+fn node4_group<R: Rows>(r: R, key: &[u32; 8], children: &[[u8; 32]], at: &[u32], parents: &mut [[u8; 32]]) {
     let block_len = r.splat(BLOCK as u32);
-    for (start, out) in (0..count).step_by(R::LANES).zip(out.chunks_mut(R::LANES)) {
-        let mut blocks = [[0u32; 16]; 16];
-        for (l, block) in blocks.iter_mut().enumerate().take(out.len()) {
-            let (left, right) = children(start + l);
-            let (lw, rw) = block.split_at_mut(8);
-            words_into(left, lw);
-            words_into(right, rw);
+    for batch in at.chunks(R::LANES) {
+        let mut first = [&ZERO_BLOCK; 16];
+        let mut second = [&ZERO_BLOCK; 16];
+        for (l, &q) in batch.iter().enumerate() {
+            let (a, b) = children[4 * q as usize..4 * q as usize + 4].split_at(2);
+            first[l] = a.as_flattened().try_into().expect("two children are one block");
+            second[l] = b.as_flattened().try_into().expect("two children are one block");
         }
-        let m = r.message(&blocks);
-        let h = compress(r, &cv, &m, block_len, PARENT | KEYED_HASH);
+        let cv = splat_key(r, key);
+        let m = r.message_bytes(&first);
+        let cv = compress(r, &cv, &m, block_len, KEYED_HASH | CHUNK_START);
+        let m = r.message_bytes(&second);
+        let h = compress(r, &cv, &m, block_len, KEYED_HASH | CHUNK_END | ROOT);
         let lanes = r.lanes(&h);
-        for (o, lane) in out.iter_mut().zip(&lanes) {
-            *o = cv_bytes(lane);
+        for (&q, lane) in batch.iter().zip(&lanes) {
+            parents[q as usize] = cv_bytes(lane);
+        }
+    }
+}
+
+/// Keyed hashes of one-block inputs (`blocks[i]` zero-padded past `lens[i]` ≤ 64 bytes) into
+/// `out[at[i]]`, `R::LANES` at a time.
+#[inline(always)]
+fn block_group<R: Rows>(r: R, key: &[u32; 8], blocks: &[[u8; BLOCK]], lens: &[u8], at: &[u32], out: &mut [[u8; 32]]) {
+    for ((batch, lens), at) in blocks.chunks(R::LANES).zip(lens.chunks(R::LANES)).zip(at.chunks(R::LANES)) {
+        let mut rows = [&ZERO_BLOCK; 16];
+        let mut len = [0u32; 16];
+        for (l, block) in batch.iter().enumerate() {
+            rows[l] = block;
+            len[l] = u32::from(lens[l]);
+        }
+        let cv = splat_key(r, key);
+        let m = r.message_bytes(&rows);
+        let h = compress(r, &cv, &m, r.load(&len), KEYED_HASH | CHUNK_START | CHUNK_END | ROOT);
+        let lanes = r.lanes(&h);
+        for (&i, lane) in at.iter().zip(&lanes) {
+            out[i as usize] = cv_bytes(lane);
         }
     }
 }
@@ -294,10 +330,14 @@ pub fn keyed_hash_many(key: &[u8; 32], inputs: &[&[u8]]) -> Vec<[u8; 32]> {
 
 fn keyed_hash_many_on(isa: Isa, key: &[u8; 32], inputs: &[&[u8]]) -> Vec<[u8; 32]> {
     let mut out = vec![[0u8; 32]; inputs.len()];
-    // Lanes must compress the same number of blocks, so inputs are grouped by block count;
-    // inputs over one chunk go to the `blake3` crate.
+    // Lanes must compress the same number of blocks, so inputs are grouped by block count
+    // (usually there is one group: no sort then); inputs over one chunk go to the `blake3`
+    // crate.
     let mut order: Vec<u32> = (0..inputs.len() as u32).collect();
-    order.sort_by_key(|&i| blocks(inputs[i as usize].len()));
+    let first = inputs.first().map_or(0, |i| blocks(i.len()));
+    if inputs.iter().any(|i| blocks(i.len()) != first) {
+        order.sort_by_key(|&i| blocks(inputs[i as usize].len()));
+    }
     let k = key_words(key);
     let mut rest = &order[..];
     while let Some(&first) = rest.first() {
@@ -324,38 +364,57 @@ fn keyed_hash_many_on(isa: Isa, key: &[u8; 32], inputs: &[&[u8]]) -> Vec<[u8; 32
     out
 }
 
-/// BLAKE3's keyed parent-node compression of `children(i)` for `i` in `0..count`; the same
-/// as `blake3::hazmat::merge_subtrees_non_root(left, right, Mode::KeyedHash(key))` on each.
-pub fn parents_many<'a, F>(key: &[u8; 32], count: usize, children: F) -> Vec<[u8; 32]>
-where
-    F: Fn(usize) -> (&'a [u8; 32], &'a [u8; 32]),
-{
-    parents_many_on(Isa::detect(), key, count, children)
+/// One 4-ary tree node each: `parents[q] = blake3::keyed_hash(key, children[4q..4q + 4])` for
+/// every `q` in `at`.
+pub fn nodes4_at(key: &[u8; 32], children: &[[u8; 32]], at: &[u32], parents: &mut [[u8; 32]]) {
+    nodes4_at_on(Isa::detect(), key, children, at, parents)
 }
 
-fn parents_many_on<'a, F>(isa: Isa, key: &[u8; 32], count: usize, children: F) -> Vec<[u8; 32]>
-where
-    F: Fn(usize) -> (&'a [u8; 32], &'a [u8; 32]),
-{
-    let mut out = vec![[0u8; 32]; count];
+fn nodes4_at_on(isa: Isa, key: &[u8; 32], children: &[[u8; 32]], at: &[u32], parents: &mut [[u8; 32]]) {
     let k = key_words(key);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512(s) => {
-            pulp::Simd::vectorize(s, Parents { r: x86::R16(s), key: &k, count, children: &children, out: &mut out })
-        }
+        Isa::Avx512(s) => pulp::Simd::vectorize(s, Nodes4 { r: x86::R16(s), key: &k, children, at, parents }),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2(s) => {
-            pulp::Simd::vectorize(s, Parents { r: x86::R8(s), key: &k, count, children: &children, out: &mut out })
-        }
+        Isa::Avx2(s) => pulp::Simd::vectorize(s, Nodes4 { r: x86::R8(s), key: &k, children, at, parents }),
         Isa::One => {
-            for (i, o) in out.iter_mut().enumerate() {
-                let (l, r) = children(i);
-                *o = blake3::hazmat::merge_subtrees_non_root(l, r, blake3::hazmat::Mode::KeyedHash(key));
+            for &q in at {
+                let q = q as usize;
+                parents[q] = *blake3::keyed_hash(key, children[4 * q..4 * q + 4].as_flattened()).as_bytes();
             }
         }
     }
-    out
+}
+
+/// `out[at[i]] = blake3::keyed_hash(key, &blocks[i][..lens[i]])` for every `i`: inputs of at
+/// most one block, given zero-padded to 64 bytes (so no lane copies or pads anything), each
+/// hash written where it is wanted.
+pub fn keyed_hash_blocks_at(key: &[u8; 32], blocks: &[[u8; BLOCK]], lens: &[u8], at: &[u32], out: &mut [[u8; 32]]) {
+    keyed_hash_blocks_at_on(Isa::detect(), key, blocks, lens, at, out)
+}
+
+fn keyed_hash_blocks_at_on(
+    isa: Isa,
+    key: &[u8; 32],
+    blocks: &[[u8; BLOCK]],
+    lens: &[u8],
+    at: &[u32],
+    out: &mut [[u8; 32]],
+) {
+    assert!(blocks.len() == lens.len() && blocks.len() == at.len(), "a length and a place for each block");
+    assert!(lens.iter().all(|&l| usize::from(l) <= BLOCK), "one block at most");
+    let k = key_words(key);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512(s) => pulp::Simd::vectorize(s, Blocks { r: x86::R16(s), key: &k, blocks, lens, at, out }),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2(s) => pulp::Simd::vectorize(s, Blocks { r: x86::R8(s), key: &k, blocks, lens, at, out }),
+        Isa::One => {
+            for ((b, &l), &i) in blocks.iter().zip(lens).zip(at) {
+                out[i as usize] = *blake3::keyed_hash(key, &b[..usize::from(l)]).as_bytes();
+            }
+        }
+    }
 }
 
 /// [`hash_group`] as a job for [`pulp`], which runs it inside a function compiled with the
@@ -377,20 +436,38 @@ impl<R: Rows> pulp::WithSimd for Hash<'_, '_, R> {
     }
 }
 
-/// [`parent_group`] as a job for [`pulp`].
-struct Parents<'i, 'o, R, F> {
+/// [`node4_group`] as a job for [`pulp`].
+struct Nodes4<'i, 'o, R> {
     r: R,
     key: &'i [u32; 8],
-    count: usize,
-    children: &'i F,
-    out: &'o mut [[u8; 32]],
+    children: &'i [[u8; 32]],
+    at: &'i [u32],
+    parents: &'o mut [[u8; 32]],
 }
 
-impl<'a, R: Rows, F: Fn(usize) -> (&'a [u8; 32], &'a [u8; 32])> pulp::WithSimd for Parents<'_, '_, R, F> {
+impl<R: Rows> pulp::WithSimd for Nodes4<'_, '_, R> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
-        parent_group(self.r, self.key, self.count, self.children, self.out)
+        node4_group(self.r, self.key, self.children, self.at, self.parents)
+    }
+}
+
+/// [`block_group`] as a job for [`pulp`].
+struct Blocks<'i, 'o, R> {
+    r: R,
+    key: &'i [u32; 8],
+    blocks: &'i [[u8; BLOCK]],
+    lens: &'i [u8],
+    at: &'i [u32],
+    out: &'o mut [[u8; 32]],
+}
+
+impl<R: Rows> pulp::WithSimd for Blocks<'_, '_, R> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        block_group(self.r, self.key, self.blocks, self.lens, self.at, self.out)
     }
 }
 
@@ -451,6 +528,17 @@ mod x86 {
             let mut rows = [self.splat(0); 16];
             for (row, block) in rows.iter_mut().zip(blocks) {
                 *row = pulp::cast(*block);
+            }
+            self.transpose(rows)
+        }
+
+        /// Each block is one row as it lies in memory: x86 is little-endian, so its bytes are
+        /// its words (no copy into words first).
+        #[inline(always)]
+        fn message_bytes(self, blocks: &[&[u8; 64]; 16]) -> [__m512i; 16] {
+            let mut rows = [self.splat(0); 16];
+            for (row, block) in rows.iter_mut().zip(blocks) {
+                *row = pulp::cast(**block);
             }
             self.transpose(rows)
         }
@@ -604,10 +692,6 @@ mod tests {
         all
     }
 
-    fn parents_on(isa: Isa, key: &[u8; 32], children: &[([u8; 32], [u8; 32])]) -> Vec<[u8; 32]> {
-        parents_many_on(isa, key, children.len(), |i| (&children[i].0, &children[i].1))
-    }
-
     proptest! {
         #[test]
         fn keyed_hashes_equal_blake3(
@@ -621,14 +705,42 @@ mod tests {
             }
         }
 
+    }
+
+    proptest! {
         #[test]
-        fn parents_equal_blake3(key in any::<[u8; 32]>(), children in proptest::collection::vec(any::<([u8; 32], [u8; 32])>(), 0..40)) {
-            let want: Vec<[u8; 32]> = children
-                .iter()
-                .map(|(l, r)| blake3::hazmat::merge_subtrees_non_root(l, r, blake3::hazmat::Mode::KeyedHash(&key)))
-                .collect();
+        fn nodes4_equal_blake3(
+            key in any::<[u8; 32]>(),
+            children in proptest::collection::vec(any::<[[u8; 32]; 4]>(), 1..40),
+            picks in proptest::collection::vec(any::<u16>(), 0..40),
+        ) {
+            let flat: Vec<[u8; 32]> = children.iter().flatten().copied().collect();
+            let mut at: Vec<u32> = picks.iter().map(|p| u32::from(*p) % children.len() as u32).collect();
+            at.sort_unstable();
+            at.dedup();
+            let mut want = vec![[0u8; 32]; children.len()];
+            for &q in &at {
+                want[q as usize] = *blake3::keyed_hash(&key, children[q as usize].as_flattened()).as_bytes();
+            }
             for isa in isas() {
-                prop_assert_eq!(&parents_on(isa, &key, &children), &want, "{:?}", isa);
+                let mut got = vec![[0u8; 32]; children.len()];
+                nodes4_at_on(isa, &key, &flat, &at, &mut got);
+                prop_assert_eq!(&got, &want, "{:?}", isa);
+            }
+        }
+
+        #[test]
+        fn one_block_hashes_equal_blake3(key in any::<[u8; 32]>(), inputs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..=64), 0..40)) {
+            let want: Vec<[u8; 32]> = inputs.iter().map(|i| *blake3::keyed_hash(&key, i).as_bytes()).collect();
+            let blocks: Vec<[u8; 64]> = inputs.iter().map(|i| { let mut b = [0u8; 64]; b[..i.len()].copy_from_slice(i); b }).collect();
+            let lens: Vec<u8> = inputs.iter().map(|i| i.len() as u8).collect();
+            // Written in reverse order, to check each lands where `at` says.
+            let at: Vec<u32> = (0..inputs.len() as u32).rev().collect();
+            let reversed: Vec<[u8; 32]> = want.iter().rev().copied().collect();
+            for isa in isas() {
+                let mut out = vec![[0u8; 32]; inputs.len()];
+                keyed_hash_blocks_at_on(isa, &key, &blocks, &lens, &at, &mut out);
+                prop_assert_eq!(&out, &reversed, "{:?}", isa);
             }
         }
     }
@@ -644,14 +756,15 @@ mod tests {
             .collect();
         let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
         let want: Vec<[u8; 32]> = inputs.iter().map(|i| *blake3::keyed_hash(&key, i).as_bytes()).collect();
-        let children: Vec<([u8; 32], [u8; 32])> = (0..37u8).map(|i| ([i; 32], [i ^ 0x5a; 32])).collect();
-        let want_parents: Vec<[u8; 32]> = children
-            .iter()
-            .map(|(l, r)| blake3::hazmat::merge_subtrees_non_root(l, r, blake3::hazmat::Mode::KeyedHash(&key)))
-            .collect();
+        let children: Vec<[u8; 32]> = (0..4 * 37u8).map(|i| [i ^ 0x5a; 32]).collect();
+        let at: Vec<u32> = (0..37).collect();
+        let want_nodes: Vec<[u8; 32]> =
+            children.chunks_exact(4).map(|c| *blake3::keyed_hash(&key, c.as_flattened()).as_bytes()).collect();
         for isa in isas() {
             assert_eq!(keyed_hash_many_on(isa, &key, &refs), want, "{isa:?}");
-            assert_eq!(parents_on(isa, &key, &children), want_parents, "{isa:?}");
+            let mut nodes = vec![[0u8; 32]; 37];
+            nodes4_at_on(isa, &key, &children, &at, &mut nodes);
+            assert_eq!(nodes, want_nodes, "{isa:?}");
         }
     }
 }

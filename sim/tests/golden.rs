@@ -9,7 +9,7 @@ mod common;
 
 use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world};
 
-const GOLDEN_ROOT_1000: &str = "92887730ab8e516fdb8ce49d849e9ec71b07f43af9d79174bedcd162661b7d71";
+const GOLDEN_ROOT_1000: &str = "bb8d8f05fa4eb8c35335f2bcfcd570a0b53ac27d6c16c5cb6e06e2ec4c2a710f";
 
 fn run(workers: u32) -> String {
     let demo = demo_world(DemoSpec { seed: 2026, objects: 1_200, players: 40, ..DemoSpec::default() });

@@ -279,11 +279,7 @@ fn step_here(
     let bodies_moved = out.bodies.len() as u32;
     let local = |id: ObjectId| crossed.renamed.get(&id).copied().unwrap_or(id);
     for b in &out.bodies {
-        if let Some(o) = world.object_mut(local(b.object)) {
-            o.position = b.position;
-            o.rotation = b.rotation;
-            o.velocity = b.velocity;
-        }
+        world.set_motion(local(b.object), b.position, b.rotation, b.velocity);
     }
 
     // Queue_{t+1}: messages, chat heard by listening scripts, collisions.
@@ -396,7 +392,7 @@ fn borders(
                     .and_then(|i| world.sources.get(&i.script).map(|s| (i.clone(), s.clone())));
                 world.remove_object(object);
                 world.pending_init.remove(&object);
-                world.links.departed.insert(object, Departed { to, record: ObjectRecord { object: *o, script } });
+                world.links.departed.insert(object, Departed { to, record: ObjectRecord { object: o, script } });
                 c.left.push((object, to));
             }
             Border::Settled { object, to } => {
@@ -546,15 +542,14 @@ fn route<'a, 'w>(
     (routes, units)
 }
 
-/// Attach each unit's object and script from `World_t`: units, objects and scripts are all in
-/// id order, so one merged pass replaces a map lookup per unit.
+/// Attach each unit's object and script from `World_t`: units and scripts are both in id
+/// order, so one merged pass replaces a map lookup per unit (objects are held by slot, one
+/// index each).
 fn resolve<'a, 'w>(world: &'w World, units: &mut [Unit<'a, 'w>]) {
-    let mut objects = world.objects.iter().peekable();
     let mut scripts = world.scripts.iter().peekable();
     for u in units.iter_mut() {
-        while objects.next_if(|(id, _)| **id < u.object).is_some() {}
         while scripts.next_if(|(id, _)| **id < u.object).is_some() {}
-        let object = objects.peek().filter(|(id, _)| **id == u.object).map(|(_, o)| &***o);
+        let object = world.objects.get(&u.object);
         let script = scripts.peek().filter(|(id, _)| **id == u.object).map(|(_, s)| *s);
         u.resolved = object.map(|o| (o, script));
     }
