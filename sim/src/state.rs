@@ -408,15 +408,20 @@ impl SlotMarks {
     /// The marked slots in increasing order, and those among them marked `fixed`; clears
     /// every mark.
     fn take(&mut self) -> (Vec<u32>, Vec<u32>) {
+        fn push_bits(out: &mut Vec<u32>, word: usize, mut bits: u64) {
+            while bits != 0 {
+                out.push(word as u32 * 64 + bits.trailing_zeros());
+                bits &= bits - 1;
+            }
+        }
         let count = |words: &[u64]| words.iter().map(|w| w.count_ones() as usize).sum();
         let (mut dirty, mut fixed) = (Vec::with_capacity(count(&self.dirty)), Vec::with_capacity(count(&self.fixed)));
-        for (w, (d, f)) in self.dirty.iter_mut().zip(self.fixed.iter_mut()).enumerate() {
-            for (bits, out) in [(std::mem::take(d), &mut dirty), (std::mem::take(f), &mut fixed)] {
-                let mut bits = bits;
-                while bits != 0 {
-                    out.push(w as u32 * 64 + bits.trailing_zeros());
-                    bits &= bits - 1;
-                }
+        for (w, d) in self.dirty.iter_mut().enumerate() {
+            push_bits(&mut dirty, w, std::mem::take(d));
+        }
+        if fixed.capacity() > 0 {
+            for (w, f) in self.fixed.iter_mut().enumerate() {
+                push_bits(&mut fixed, w, std::mem::take(f));
             }
         }
         (dirty, fixed)
