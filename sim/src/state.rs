@@ -866,7 +866,8 @@ impl World {
         // changed, then the leaves and their paths, split over the workers by subtree.
         let (changed, fixed) = c.changed.take();
         let objects = &self.objects;
-        let digests = crate::par::map_chunks(&fixed, workers, 256, |slots| fixed_digests(slots, objects));
+        let digests =
+            crate::par::map_chunks(&fixed, workers, SlotTree::MIN_SPLIT, |slots| fixed_digests(slots, objects));
         for (&slot, digest) in fixed.iter().zip(digests) {
             self.objects.set_fixed(slot, digest);
         }
