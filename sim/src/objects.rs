@@ -191,3 +191,80 @@ impl<'de> Deserialize<'de> for Objects {
         d.deserialize_map(ObjectsVisitor)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec;
+    use crate::fx::Fx;
+    use crate::ids::AccountId;
+    use crate::state::{ObjectKind, Shape};
+    use crate::vec2::Vec2;
+
+    fn object(slot: u32, generation: u32) -> Object {
+        Object {
+            id: ObjectId::new(slot, generation),
+            kind: ObjectKind::Prim,
+            owner: AccountId([7; 32]),
+            name: format!("o{slot}"),
+            shape: Shape::Circle { radius: Fx::ONE },
+            position: Vec2::new(Fx::from_int(i64::from(slot)), Fx::ZERO),
+            rotation: Fx::ZERO,
+            velocity: Vec2::new(Fx::ZERO, Fx::ZERO),
+            color: slot,
+            text: String::new(),
+        }
+    }
+
+    /// Map entries as they would be encoded, in any order: postcard writes a map as its length
+    /// and its pairs, the same bytes as a sequence of pairs.
+    fn encoded(pairs: &[(ObjectId, Object)]) -> Vec<u8> {
+        codec::encode(&pairs.to_vec())
+    }
+
+    #[test]
+    fn encodes_as_the_map_it_replaced_and_decodes_back() {
+        let mut objects = Objects::default();
+        let mut map = std::collections::BTreeMap::new();
+        for (slot, generation) in [(5, 0), (0, 3), (9, 1)] {
+            objects.insert(object(slot, generation), false);
+            map.insert(ObjectId::new(slot, generation), Box::new(object(slot, generation)));
+        }
+        let bytes = codec::encode(&objects);
+        assert_eq!(bytes, codec::encode(&map), "the same bytes as the BTreeMap of boxed objects");
+        let back: Objects = codec::decode(&bytes, 1 << 20).unwrap();
+        assert_eq!(back, objects);
+        assert_eq!(back.keys().map(|id| id.slot()).collect::<Vec<_>>(), vec![0, 5, 9]);
+        assert_eq!(back.get(&ObjectId::new(5, 0)).map(|o| o.color), Some(5));
+        assert!(back.get(&ObjectId::new(5, 1)).is_none(), "another generation of the slot is not there");
+    }
+
+    #[test]
+    fn untrusted_entries_out_of_order_repeated_misfiled_or_beyond_the_limit_are_errors() {
+        let cases: Vec<(&str, Vec<(ObjectId, Object)>)> = vec![
+            ("out of order", vec![(ObjectId::new(4, 0), object(4, 0)), (ObjectId::new(2, 0), object(2, 0))]),
+            ("one slot twice", vec![(ObjectId::new(4, 0), object(4, 0)), (ObjectId::new(4, 1), object(4, 1))]),
+            ("stored under another id", vec![(ObjectId::new(3, 0), object(4, 0))]),
+            ("beyond the slot limit", vec![(ObjectId::new(MAX_SLOTS, 0), object(MAX_SLOTS, 0))]),
+        ];
+        for (what, pairs) in cases {
+            let err = codec::decode::<Objects>(&encoded(&pairs), 1 << 20).expect_err(what);
+            assert!(matches!(err, codec::DecodeError::Malformed { .. }), "{what}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_replaced_object_keeps_its_fixed_digest_only_when_told_its_fixed_part_is_the_same() {
+        let mut objects = Objects::default();
+        objects.insert(object(1, 0), false);
+        objects.set_fixed(1, [9; 32]);
+        objects.insert(object(1, 0), true);
+        assert_eq!(objects.with_fixed(1).map(|(_, f)| *f), Some([9; 32]));
+        objects.insert(object(1, 0), false);
+        assert_eq!(objects.with_fixed(1).map(|(_, f)| *f), Some([0; 32]));
+        assert_eq!(objects.len(), 1);
+        assert_eq!(objects.remove(&ObjectId::new(1, 1)), None, "not the generation held");
+        assert!(objects.remove(&ObjectId::new(1, 0)).is_some());
+        assert!(objects.is_empty() && objects.by_slot(1).is_none());
+    }
+}
