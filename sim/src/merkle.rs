@@ -42,9 +42,9 @@ pub const ARITY: u32 = 4;
 /// A complete 4-ary Merkle tree over slots, updated incrementally.
 ///
 /// Four children a node, not two: a node costs two compressions instead of one, but there are
-/// a third as many of them, and half as many levels to walk. With 1,500 of 16,384 slots
+/// a third as many of them, and half as many levels to walk. With 1,430 of 16,384 slots
 /// changed, a binary tree rehashes about 5,300 nodes (5,300 compressions), this one about
-/// 2,360 (4,720 compressions): where the changed leaves are dense (the upper levels) one
+/// 2,300 (4,600 compressions): where the changed leaves are dense (the upper levels) one
 /// 4-ary node replaces three binary ones, and where they are sparse it costs the same.
 #[derive(Clone, Debug, Default)]
 pub struct SlotTree {
