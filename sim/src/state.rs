@@ -992,7 +992,8 @@ impl Object {
 /// The length of an object's leaf in its compact form.
 const COMPACT_LEAF: usize = 62;
 
-/// The digests of the fixed parts of the objects in `slots` (`EMPTY` for an empty slot).
+/// The digests of the fixed parts of the objects in `slots`, one per slot (an empty slot's is
+/// the digest of nothing, and is never kept: `Objects::set_fixed` ignores an empty slot).
 fn fixed_digests(slots: &[u32], objects: &Objects) -> Vec<[u8; 32]> {
     let mut buf = Vec::with_capacity(128 * slots.len());
     let mut ends = Vec::with_capacity(slots.len());
@@ -1002,14 +1003,7 @@ fn fixed_digests(slots: &[u32], objects: &Objects) -> Vec<[u8; 32]> {
         }
         ends.push(buf.len());
     }
-    let inputs = split_at_ends(&buf, &ends);
-    let mut digests = wide::keyed_hash_many(&keys::OBJECT_FIXED, &inputs);
-    for (d, &slot) in digests.iter_mut().zip(slots) {
-        if objects.by_slot(slot).is_none() {
-            *d = merkle::EMPTY;
-        }
-    }
-    digests
+    wide::keyed_hash_many(&keys::OBJECT_FIXED, &split_at_ends(&buf, &ends))
 }
 
 /// Write the leaves of the objects in `slots` (`EMPTY` for an empty slot) into `level` at

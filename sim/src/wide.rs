@@ -3,10 +3,10 @@
 //! The state root costs thousands of BLAKE3 compressions of one or two blocks a tick: one for
 //! each changed object's leaf, two for each 4-ary node on a changed path (about 6,000 when
 //! 1,500 of 15,000 objects move). The `blake3` crate's SIMD works across the chunks of one long
-//! input, so for these it compresses one block at a time, each waiting on the last. Within a tree level they are
-//! independent, though, so here they run side by side: row `i` of the state holds word `i` of
-//! every lane, each step of the compression is one vector instruction over all lanes, and the
-//! blocks go in and the chaining values come out through a transpose.
+//! input, so for these it compresses one block at a time, each waiting on the last. Within a
+//! tree level they are independent, though, so here they run side by side: row `i` of the
+//! state holds word `i` of every lane, each step of the compression is one vector instruction
+//! over all lanes, and the blocks go in and the chaining values come out through a transpose.
 //!
 //! The lane set is picked at run time: 16 lanes with AVX-512 (which has a rotate), 8 with AVX2
 //! (rotations by whole bytes as byte shuffles), and the `blake3` crate one hash at a time on
