@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
-use crate::types::{Digest, EventBytes, event_ids};
+use crate::types::{Digest, EventBytes, Micros, event_ids};
 
 /// Events waiting for a block, and the ids recently committed (so a late copy is dropped).
 ///
@@ -21,8 +21,8 @@ use crate::types::{Digest, EventBytes, event_ids};
 pub(crate) struct Pool {
     /// Arrival order.
     order: VecDeque<u128>,
-    /// Pooled events by id, with their full id.
-    events: HashMap<u128, (Digest, EventBytes), IdHasher>,
+    /// Pooled events by id, with their full id and when they were pooled.
+    events: HashMap<u128, (Digest, EventBytes, Micros), IdHasher>,
     /// Ids committed recently, in two generations of `window` ticks each: an id is
     /// remembered for at least `window` ticks and at most `2 * window`. Dropping the older
     /// generation whole replaced forgetting each id on its own tick (two more cache misses per
@@ -42,8 +42,9 @@ pub(crate) struct Batch {
     /// Ids excluded or taken.
     skip: HashSet<u128, IdHasher>,
     pub events: Vec<EventBytes>,
-    /// `ids[i]` is the id of `events[i]`.
+    /// `ids[i]` is the id of `events[i]`, `pooled[i]` when it was pooled.
     pub ids: Vec<Digest>,
+    pub pooled: Vec<Micros>,
     bytes: usize,
     max_events: usize,
     max_bytes: usize,
@@ -53,13 +54,13 @@ pub(crate) struct Batch {
 
 impl Batch {
     /// An event just pooled joins the batch, unless excluded or over a cap.
-    pub fn offer(&mut self, id: &Digest, e: &EventBytes) {
+    pub fn offer(&mut self, id: &Digest, e: &EventBytes, pooled: Micros) {
         if !self.closed && self.skip.insert(key(id)) {
-            self.push(id, e);
+            self.push(id, e, pooled);
         }
     }
 
-    fn push(&mut self, id: &Digest, e: &EventBytes) {
+    fn push(&mut self, id: &Digest, e: &EventBytes, pooled: Micros) {
         if self.events.len() >= self.max_events || self.bytes + e.len() > self.max_bytes {
             self.closed = true;
             return;
@@ -67,6 +68,16 @@ impl Batch {
         self.bytes += e.len();
         self.events.push(e.clone());
         self.ids.push(*id);
+        self.pooled.push(pooled);
+    }
+
+    /// Leave out the events pooled after `before` (they go in a later batch). Events are
+    /// offered in the order they are pooled, so these are the batch's last ones.
+    pub fn pooled_by(&mut self, before: Micros) {
+        let keep = self.pooled.partition_point(|at| *at <= before);
+        self.pooled.truncate(keep);
+        self.events.truncate(keep);
+        self.ids.truncate(keep);
     }
 }
 
@@ -192,7 +203,7 @@ impl Pool {
             return None;
         }
         self.order.push_back(id);
-        self.events.insert(id, (full, bytes));
+        self.events.insert(id, (full, bytes, 0));
         Some(full)
     }
 
@@ -201,7 +212,7 @@ impl Pool {
     /// tables hold 300,000 ids a generation at 1,000 events a tick, out of cache, and one event
     /// at a time their misses came one after another (half of a validator's time taking in an
     /// event); in a loop that does nothing else, the CPU overlaps them.
-    pub fn insert_many(&mut self, events: &[EventBytes], max_events: usize) -> Vec<Option<Digest>> {
+    pub fn insert_many(&mut self, events: &[EventBytes], max_events: usize, now: Micros) -> Vec<Option<Digest>> {
         let ids = event_ids(events);
         let recent: Vec<bool> = ids
             .iter()
@@ -219,7 +230,7 @@ impl Pool {
                 continue;
             }
             self.order.push_back(id);
-            self.events.insert(id, (full, e.clone()));
+            self.events.insert(id, (full, e.clone(), now));
             out.push(Some(full));
         }
         out
@@ -227,7 +238,7 @@ impl Pool {
 
     /// The pooled event with this id.
     pub fn get(&self, id: &Digest) -> Option<&EventBytes> {
-        self.events.get(&key(id)).filter(|(full, _)| full == id).map(|(_, bytes)| bytes)
+        self.events.get(&key(id)).filter(|(full, ..)| full == id).map(|(_, bytes, _)| bytes)
     }
 
     fn remove(&mut self, id: &u128) {
@@ -260,6 +271,7 @@ impl Pool {
             skip: HashSet::with_capacity_and_hasher(excluded + taking, *self.events.hasher()),
             events: Vec::with_capacity(taking),
             ids: Vec::with_capacity(taking),
+            pooled: Vec::with_capacity(taking),
             bytes: 0,
             max_events,
             max_bytes,
@@ -276,8 +288,8 @@ impl Pool {
             if !b.skip.insert(*id) {
                 continue;
             }
-            let Some((full, e)) = self.events.get(id) else { continue };
-            b.push(full, e);
+            let Some((full, e, at)) = self.events.get(id) else { continue };
+            b.push(full, e, *at);
         }
         b
     }
@@ -335,7 +347,7 @@ mod tests {
         // repeats of all of these; the cap (60 pooled) falls inside the batch.
         assert_eq!(many.len(), 30);
         let batch: Vec<EventBytes> = (0..120).map(|k| ev((k * 37) % 90)).collect();
-        let got = many.insert_many(&batch, 60);
+        let got = many.insert_many(&batch, 60, 0);
         let want: Vec<Option<Digest>> = batch.iter().map(|e| one.insert(e.clone(), 60)).collect();
         assert_eq!(got, want);
         assert!(got.iter().any(Option::is_some) && got.iter().any(Option::is_none));
@@ -385,16 +397,46 @@ mod tests {
             let mut b = pool.batch(max_events, max_bytes, &[&excluded]);
             for e in &evs[100..] {
                 if let Some(id) = pool.insert(e.clone(), 1_000) {
-                    b.offer(&id, e);
+                    b.offer(&id, e, 0);
                 }
             }
             // An event offered twice joins once.
-            b.offer(&ids[120], &evs[120]);
+            b.offer(&ids[120], &evs[120], 0);
             let taken = pool.take(max_events, max_bytes, &[&excluded]);
             assert_eq!(b.events.len(), expect);
             assert_eq!(b.events, taken);
             assert_eq!(b.ids, taken.iter().map(|e| event_id(e)).collect::<Vec<_>>());
         }
+    }
+
+    /// A batch keeps when each event was pooled, whether it was taken from the pool or joined
+    /// later, and can leave out those pooled after a time (the batch's last ones).
+    #[test]
+    fn a_batch_leaves_out_the_events_pooled_after_a_time() {
+        let mut p = Pool::new(&[4; 32]);
+        let evs: Vec<EventBytes> = (0..10u32).map(|i| format!("ev {i}").into_bytes().into()).collect();
+        let got = p.insert_many(&evs[..4], 100, 10);
+        assert!(got.iter().all(Option::is_some));
+        let mut b = p.batch(100, 1 << 20, &[]);
+        for (k, e) in evs[4..].iter().enumerate() {
+            let at = 20 + 10 * k as Micros; // 20, 30, ... 70
+            if let Some(id) = p.insert_many(std::slice::from_ref(e), 100, at)[0] {
+                b.offer(&id, e, at);
+            }
+        }
+        assert_eq!(b.pooled, vec![10, 10, 10, 10, 20, 30, 40, 50, 60, 70]);
+        let mut early = b.clone();
+        early.pooled_by(35);
+        assert_eq!(early.events, evs[..6].to_vec());
+        assert_eq!(early.ids, b.ids[..6].to_vec());
+        assert_eq!(early.pooled, vec![10, 10, 10, 10, 20, 30]);
+        let mut none = b.clone();
+        none.pooled_by(9);
+        assert!(none.events.is_empty() && none.ids.is_empty());
+        b.pooled_by(70);
+        assert_eq!(b.events, evs);
+        // The pool's own batch has the same times.
+        assert_eq!(p.batch(100, 1 << 20, &[]).pooled, b.pooled);
     }
 
     #[test]

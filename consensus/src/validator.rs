@@ -235,6 +235,14 @@ pub struct Validator {
     /// Committed blocks' events the pool has yet to forget: done at the start of the next
     /// input rather than before the commit is output (it costs ~0.3 ms for 1,000 events).
     settle_later: Vec<(u64, Digest, std::sync::Arc<Vec<Digest>>)>,
+    /// Bulk work held back while a view of this validator's is in flight (see [`Validator::busy`]):
+    /// peers' gossiped events and clients' events, pooled in arrival order at `bulk_due`.
+    bulk: Vec<Bulk>,
+    /// The events in `bulk`.
+    bulk_events: usize,
+    /// When the held bulk work (and the pool's settling) is done: soon after the view in
+    /// flight is finalized, and at the latest [`Validator::max_hold`] after it was first held.
+    bulk_due: Option<Micros>,
     view: View,
     view_started: Micros,
     /// Patience: the view timeouts are `1 + patience` times the configured ones. Raised each
@@ -332,6 +340,15 @@ const CALM_VIEWS: u64 = 32;
 
 /// Views for which a peer that had to fetch a compact proposal gets full proposals.
 const FULL_VIEWS: u64 = 64;
+
+/// Bulk work held back while a view is in flight ([`Validator::busy`]).
+#[derive(Clone, Debug)]
+enum Bulk {
+    /// Events gossiped by a peer.
+    Gossiped(Vec<EventBytes>),
+    /// Clients' events submitted here (passed on to the others once pooled).
+    Submitted(Vec<EventBytes>),
+}
 
 /// A compact proposal waiting for events its validator's pool lacks.
 #[derive(Clone, Debug)]
@@ -489,6 +506,9 @@ impl Validator {
             genesis,
             anchor_digest,
             settle_later: Vec::new(),
+            bulk: Vec::new(),
+            bulk_events: 0,
+            bulk_due: None,
             view: View(1),
             view_started: now,
             patience: 0,
@@ -701,6 +721,11 @@ impl Validator {
     /// Take the client events still waiting in the pool (an epoch hands them to the next).
     pub fn drain_pool(&mut self) -> Vec<EventBytes> {
         self.settle();
+        for b in std::mem::take(&mut self.bulk) {
+            let (Bulk::Gossiped(events) | Bulk::Submitted(events)) = b;
+            self.pool_events(0, events);
+        }
+        (self.bulk_due, self.bulk_events) = (None, 0);
         self.pool.take(usize::MAX, usize::MAX, &[])
     }
 
@@ -876,7 +901,7 @@ impl Validator {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Micros> {
         let fetch = self.fetching.values().min().copied();
-        let fetch = [fetch, self.late_due, self.unchecked_due].into_iter().flatten().min();
+        let fetch = [fetch, self.late_due, self.unchecked_due, self.bulk_due].into_iter().flatten().min();
         if self.finished() {
             return fetch;
         }
@@ -905,6 +930,9 @@ impl Validator {
         if let Some(at) = self.unchecked_due {
             t = t.min(at);
         }
+        if let Some(at) = self.bulk_due {
+            t = t.min(at);
+        }
         Some(t)
     }
 
@@ -915,15 +943,109 @@ impl Validator {
 
     /// Client events for the pool, disseminated together (one message) to the others.
     pub fn submit_events<E: Into<EventBytes>>(&mut self, now: Micros, events: Vec<E>) {
-        self.settle();
-        let new = self.pool_events(events.into_iter().map(Into::into).collect());
+        self.bulk_if_due(now);
+        let events = events.into_iter().map(Into::into).collect();
+        if self.holding() {
+            self.hold(now, Bulk::Submitted(events));
+        } else {
+            self.submitted(now, events);
+        }
+        self.schedule_bulk(now);
+        self.try_propose(now);
+    }
+
+    /// Pool clients' events and pass the new ones on to the other validators.
+    fn submitted(&mut self, now: Micros, events: Vec<EventBytes>) {
+        let new = self.pool_events(now, events);
         if !new.is_empty() {
             self.out.push_back(Output::Broadcast(Message::Events(new)));
             if !self.incomplete.is_empty() {
                 self.retry_incomplete(now);
             }
         }
-        self.try_propose(now);
+    }
+
+    /// Pool peers' gossiped events.
+    fn gossiped(&mut self, now: Micros, events: Vec<EventBytes>) {
+        self.pool_events(now, events);
+        if !self.incomplete.is_empty() {
+            self.retry_incomplete(now);
+        }
+    }
+
+    /// Whether a view of this validator's is in flight: it voted to notarize it (or proposed
+    /// it), did not nullify it, and no finalization has reached it yet. Until one does, its
+    /// votes are on the commit's path, and the bulk work of taking in client events (hashing
+    /// a thousand, looking each up in the tables of committed ids) and of forgetting the
+    /// committed ones waits: done in the middle of a view, it held back this validator's next
+    /// vote, or, on a shared core, another validator's (`bench agreement`: ~0.3 ms a tick
+    /// each). It waits at most [`Validator::max_hold`].
+    pub fn busy(&self) -> bool {
+        self.me.is_some()
+            && self.views.range(self.tip.0.next()..).any(|(_, s)| s.my_notarize.is_some() && s.my_nullify.is_none())
+    }
+
+    /// Whether new bulk work waits: a view is in flight, or work held before it is not done
+    /// (events are pooled in the order they came).
+    fn holding(&self) -> bool {
+        !self.bulk.is_empty() || self.busy()
+    }
+
+    /// How long an event must have been pooled before this validator proposes it: a
+    /// sixteenth of a period (1 ms at 60 Hz), time for its gossip to reach the others. Only
+    /// for compact proposals (a full proposal carries the events).
+    fn fresh_us(&self) -> Micros {
+        if self.cfg.compact_proposals { self.cfg.period_us / 16 } else { 0 }
+    }
+
+    /// The longest bulk work is held back: an eighth of a tick period (2 ms at 60 Hz), far
+    /// below the period after which the events held are proposed.
+    fn max_hold(&self) -> Micros {
+        self.cfg.period_us / 8
+    }
+
+    /// After an input: when the held bulk work is due. While a view is in flight, at most
+    /// [`Validator::max_hold`] after it was first held; otherwise now (at the next input or
+    /// timer: after this input's outputs have gone out).
+    fn schedule_bulk(&mut self, now: Micros) {
+        if self.bulk.is_empty() && self.settle_later.is_empty() {
+            self.bulk_due = None;
+            return;
+        }
+        let at = if self.busy() { now + self.max_hold() } else { now };
+        self.bulk_due = Some(self.bulk_due.map_or(at, |due| due.min(at)));
+    }
+
+    /// Hold back events, unless more are held than the pool takes: then the pool takes them
+    /// now (it bounds what a validator keeps, whoever sends it events).
+    fn hold(&mut self, now: Micros, b: Bulk) {
+        let (Bulk::Gossiped(events) | Bulk::Submitted(events)) = &b;
+        self.bulk_events += events.len();
+        self.bulk.push(b);
+        if self.bulk_events > self.cfg.max_pool_events {
+            self.do_bulk(now);
+        }
+    }
+
+    /// Before an input: do the held bulk work if it is due.
+    fn bulk_if_due(&mut self, now: Micros) {
+        if self.bulk_due.is_some_and(|due| now >= due) {
+            self.do_bulk(now);
+        }
+    }
+
+    /// The held bulk work: the pool forgets the committed events, then takes the held ones in
+    /// the order they came.
+    fn do_bulk(&mut self, now: Micros) {
+        self.bulk_due = None;
+        self.bulk_events = 0;
+        self.settle();
+        for b in std::mem::take(&mut self.bulk) {
+            match b {
+                Bulk::Gossiped(events) => self.gossiped(now, events),
+                Bulk::Submitted(events) => self.submitted(now, events),
+            }
+        }
     }
 
     /// The application executed `tick` and reached `root`; carried in later votes.
@@ -946,7 +1068,7 @@ impl Validator {
 
     /// Timers: propose when due, nullify a stuck view (R4), re-send while stuck, re-fetch.
     pub fn handle_timeout(&mut self, now: Micros) {
-        self.settle();
+        self.bulk_if_due(now);
         if self.late_due.is_some_and(|at| now >= at) {
             self.verify_late(now);
         }
@@ -989,6 +1111,7 @@ impl Validator {
             self.fetching.insert(d, now + self.cfg.retry_us);
             self.out.push_back(Output::Broadcast(Message::Fetch(d)));
         }
+        self.schedule_bulk(now);
     }
 
     /// Re-send own votes of the stuck view and the latest certificates, so a peer that lost
@@ -1034,13 +1157,14 @@ impl Validator {
 
     /// A message from validator `from` (authenticated by the transport as that peer).
     pub fn handle_message(&mut self, now: Micros, from: ValidatorIndex, msg: Message) {
-        self.settle();
+        self.bulk_if_due(now);
         if let Message::Authenticated { inner, macs } = msg {
             self.note_authenticated(now, inner.vote(), &macs);
             self.receive(now, from, (*inner).into_message());
         } else {
             self.receive(now, from, msg);
         }
+        self.schedule_bulk(now);
         self.try_propose(now);
     }
 
@@ -1175,9 +1299,10 @@ impl Validator {
             Message::Certificate(c) => self.on_certificate(now, c),
             Message::Events(mut es) => {
                 es.truncate(self.cfg.max_batch_events);
-                self.pool_events(es);
-                if !self.incomplete.is_empty() {
-                    self.retry_incomplete(now);
+                if self.holding() {
+                    self.hold(now, Bulk::Gossiped(es));
+                } else {
+                    self.gossiped(now, es);
                 }
             }
             Message::Fetch(d) => {
@@ -1309,13 +1434,19 @@ impl Validator {
         let parent = self.parent_for(view).expect("propose_at checked");
         let (parent_time, tick) = self.parent_time_tick(&parent).expect("propose_at checked");
         let (ancestors, exclude) = self.uncommitted(&parent);
-        let Batch { events, ids, .. } = match self.prepared.take() {
+        let mut batch = match self.prepared.take() {
             Some(p) if p.fits(&parent, &ancestors) => p.batch,
             _ => {
                 let exclude: Vec<&[Digest]> = exclude.iter().map(|ids| ids.as_slice()).collect();
                 self.pool.batch(self.cfg.max_batch_events, self.cfg.max_batch_bytes, &exclude)
             }
         };
+        // The events pooled in the last moments wait for the next block: their gossip may not
+        // have reached the others yet, who would then have to wait for it before they could
+        // rebuild this compact proposal and vote (at 1,000 events a tick arriving just before
+        // each proposal, every proposal did, ~0.2 ms on the commit's path).
+        batch.pooled_by(now.saturating_sub(self.fresh_us()));
+        let Batch { events, ids, .. } = batch;
         let Some(me) = self.me else { return };
         let mut block = Block {
             view,
@@ -1388,15 +1519,15 @@ impl Validator {
     }
 
     /// Add client events to the pool (and to the prepared batch), in their order; the new ones.
-    fn pool_events(&mut self, mut events: Vec<EventBytes>) -> Vec<EventBytes> {
+    fn pool_events(&mut self, now: Micros, mut events: Vec<EventBytes>) -> Vec<EventBytes> {
         let max = self.cfg.max_event_bytes;
         events.retain(|e| e.len() <= max);
-        let ids = self.pool.insert_many(&events, self.cfg.max_pool_events);
+        let ids = self.pool.insert_many(&events, self.cfg.max_pool_events, now);
         let mut new = Vec::with_capacity(events.len());
         for (e, id) in events.into_iter().zip(ids) {
             let Some(id) = id else { continue };
             if let Some(p) = &mut self.prepared {
-                p.batch.offer(&id, &e);
+                p.batch.offer(&id, &e, now);
             }
             new.push(e);
         }
@@ -1449,7 +1580,13 @@ impl Validator {
         {
             return;
         }
-        let missing = match self.rebuild(&ids) {
+        let mut rebuilt = self.rebuild(&ids);
+        if rebuilt.is_err() && self.bulk.iter().any(|b| matches!(b, Bulk::Gossiped(_))) {
+            // The missing events may be among those held back: taken in now.
+            self.do_bulk(now);
+            rebuilt = self.rebuild(&ids);
+        }
+        let missing = match rebuilt {
             Ok(events) => {
                 block.events = events;
                 return self.on_full_proposal(now, block, ids, vote, nulls);
@@ -2140,6 +2277,203 @@ mod tests {
                 vs[to].handle_message(now, ValidatorIndex(from as u16), m);
             }
         }
+    }
+
+    /// Everything a validator sent since last asked: (broadcast?, recipient, message).
+    fn sent(v: &mut Validator) -> Vec<Message> {
+        let mut out = Vec::new();
+        while let Some(o) = v.poll_output() {
+            if let Output::Broadcast(m) | Output::Send(_, m) = o {
+                out.push(m);
+            }
+        }
+        out
+    }
+
+    fn gossip_in(ms: &[Message]) -> Vec<EventBytes> {
+        ms.iter().filter_map(|m| if let Message::Events(es) = m { Some(es.clone()) } else { None }).flatten().collect()
+    }
+
+    /// Four validators with view 1 proposed and voted for by one follower only, `f`, for whom it
+    /// is then in flight: (validators, leader, f, another follower, the proposal, f's vote).
+    fn in_flight_at_one() -> (Vec<Validator>, usize, usize, usize, Message, Vec<Message>) {
+        let mut vs = four();
+        run(&mut vs, 0);
+        let lead = vs[0].leader(View(1)).0 as usize;
+        let (f, g) = ((lead + 1) % 4, (lead + 2) % 4);
+        vs[lead].handle_timeout(PERIOD);
+        let proposal = sent(&mut vs[lead]);
+        assert_eq!(proposal.len(), 1, "view 1 proposed");
+        assert!(!vs[f].busy());
+        vs[f].handle_message(PERIOD, ValidatorIndex(lead as u16), proposal[0].clone());
+        let vote = sent(&mut vs[f]);
+        assert!(vs[f].busy(), "voted for view 1, not finalized");
+        (vs, lead, f, g, proposal[0].clone(), vote)
+    }
+
+    /// While a view it voted for is in flight, a validator holds back taking in events (a
+    /// peer's gossip, its clients'): they are pooled, and its clients' passed on, once the view
+    /// is finalized, or at the latest an eighth of a period after they came.
+    #[test]
+    fn events_wait_while_a_view_is_in_flight_and_are_pooled_once_it_is_finalized_or_after_max_hold() {
+        let ev = |s: &str| -> EventBytes { s.as_bytes().into() };
+        for finalize in [true, false] {
+            let (mut vs, lead, f, g, proposal, vote) = in_flight_at_one();
+            let before = vs[f].pool_len();
+            vs[f].handle_message(PERIOD + 1, ValidatorIndex(g as u16), Message::Events(vec![ev("gossiped")]));
+            vs[f].submit_events(PERIOD + 2, vec![ev("client")]);
+            assert_eq!(vs[f].pool_len(), before, "held");
+            assert!(gossip_in(&sent(&mut vs[f])).is_empty(), "not passed on yet");
+            let max_hold = PERIOD / 8;
+            assert_eq!(vs[f].bulk_due, Some(PERIOD + 1 + max_hold), "due at the latest max_hold after");
+            assert!(vs[f].poll_timeout().is_some_and(|t| t <= PERIOD + 1 + max_hold));
+            if finalize {
+                // The others get the proposal and f's vote: view 1 is finalized everywhere.
+                let now = PERIOD + 3;
+                for (_, v) in vs.iter_mut().enumerate().filter(|(i, _)| *i != lead && *i != f) {
+                    v.handle_message(now, ValidatorIndex(lead as u16), proposal.clone());
+                }
+                for (_, v) in vs.iter_mut().enumerate().filter(|(i, _)| *i != f) {
+                    for m in &vote {
+                        v.handle_message(now, ValidatorIndex(f as u16), m.clone());
+                    }
+                }
+                run(&mut vs, now);
+                // Done at f's first input once view 1 was finalized, its client's event passed on.
+                assert!(vs[f].finalized.contains_key(&View(1)) && !vs[f].busy());
+                assert!(vs[g].pool.get(&event_id(b"client")).is_some(), "passed on once pooled");
+            } else {
+                vs[f].handle_timeout(PERIOD + 1 + max_hold - 1);
+                assert_eq!(vs[f].pool_len(), before, "not yet");
+                vs[f].handle_timeout(PERIOD + 1 + max_hold);
+                assert!(vs[f].busy(), "view 1 still in flight");
+                assert_eq!(gossip_in(&sent(&mut vs[f])), vec![ev("client")]);
+            }
+            assert_eq!(vs[f].pool_len(), before + 2, "both pooled");
+            assert!(vs[f].bulk.is_empty() && vs[f].bulk_due.is_none());
+        }
+    }
+
+    /// A validator holds back no more events than its pool takes: a peer flooding it with
+    /// gossip while a view is in flight has them pooled (and bounded) at once.
+    #[test]
+    fn held_events_beyond_what_the_pool_takes_are_pooled_at_once() {
+        let (mut vs, _, f, g, ..) = in_flight_at_one();
+        vs[f].cfg.max_pool_events = 5;
+        let batch = |k: u32| Message::Events((0..3).map(|i| format!("flood {k} {i}").into_bytes().into()).collect());
+        vs[f].handle_message(PERIOD + 1, ValidatorIndex(g as u16), batch(0));
+        assert_eq!((vs[f].bulk.len(), vs[f].pool_len()), (1, 0), "3 held");
+        vs[f].handle_message(PERIOD + 2, ValidatorIndex(g as u16), batch(1));
+        assert!(vs[f].bulk.is_empty(), "6 held would be more than the pool takes");
+        assert_eq!(vs[f].pool_len(), 5, "pooled up to its bound");
+        assert!(vs[f].busy());
+    }
+
+    /// [`run`] with every message to `skip` kept back (and returned) instead of delivered.
+    fn run_but(vs: &mut [Validator], now: Micros, skip: usize) -> Vec<Message> {
+        for (i, v) in vs.iter_mut().enumerate() {
+            if i != skip && v.poll_timeout().is_some_and(|t| t <= now) {
+                v.handle_timeout(now);
+            }
+        }
+        let mut kept = Vec::new();
+        loop {
+            let mut mail = Vec::new();
+            for (i, v) in vs.iter_mut().enumerate().filter(|(i, _)| *i != skip) {
+                for m in sent(v) {
+                    mail.extend((0..4).filter(|j| *j != i).map(|j| (i, j, m.clone())));
+                }
+            }
+            if mail.is_empty() {
+                return kept;
+            }
+            for (from, to, m) in mail {
+                if to == skip {
+                    kept.push(m);
+                } else {
+                    vs[to].handle_message(now, ValidatorIndex(from as u16), m);
+                }
+            }
+        }
+    }
+
+    /// A compact proposal naming events this validator holds back (gossip that came while its
+    /// last view was in flight) is rebuilt at once: the held events are pooled first, and it
+    /// votes without waiting for a fetch.
+    #[test]
+    fn a_compact_proposal_of_held_events_takes_them_in_and_is_voted_for_at_once() {
+        let mut vs = four();
+        run(&mut vs, 0);
+        let lead1 = vs[0].leader(View(1)).0 as usize;
+        let lead2 = vs[0].leader(View(2)).0 as usize;
+        let f = (0..4).find(|i| *i != lead1 && *i != lead2).expect("a follower of both");
+        let g = (0..4).find(|i| *i != lead1 && *i != lead2 && *i != f).expect("another");
+        // f votes for view 1; the event a client gives g reaches f while that view is in flight.
+        vs[lead1].handle_timeout(PERIOD);
+        let p1 = sent(&mut vs[lead1]);
+        vs[f].handle_message(PERIOD, ValidatorIndex(lead1 as u16), p1[0].clone());
+        let f_vote = sent(&mut vs[f]);
+        vs[g].submit_events(PERIOD + 1, vec![b"held".to_vec()]);
+        let gossip = sent(&mut vs[g]);
+        vs[f].handle_message(PERIOD + 1, ValidatorIndex(g as u16), gossip[0].clone());
+        assert_eq!(vs[f].bulk.len(), 1, "held");
+        for (i, v) in vs.iter_mut().enumerate().filter(|(i, _)| *i != f && *i != g) {
+            v.handle_message(PERIOD + 1, ValidatorIndex(g as u16), gossip[0].clone());
+            if i != lead1 {
+                v.handle_message(PERIOD + 1, ValidatorIndex(lead1 as u16), p1[0].clone());
+            }
+        }
+        vs[g].handle_message(PERIOD + 1, ValidatorIndex(lead1 as u16), p1[0].clone());
+        for (_, v) in vs.iter_mut().enumerate().filter(|(i, _)| *i != f) {
+            v.handle_message(PERIOD + 1, ValidatorIndex(f as u16), f_vote[0].clone());
+        }
+        // The others finalize view 1; f sees its notarization only, and enters view 2 with view
+        // 1 still in flight.
+        let to_f = run_but(&mut vs, PERIOD + 1, f);
+        for m in to_f.iter().filter(|m| m.vote().is_some_and(|v| v.kind == VoteKind::Notarize && v.view == View(1))) {
+            let from = m.vote().expect("a vote").signer;
+            vs[f].handle_message(PERIOD + 2, from, m.clone());
+        }
+        assert_eq!(vs[f].view(), View(2));
+        assert!(vs[f].busy() && !vs[f].bulk.is_empty());
+        let _ = sent(&mut vs[f]);
+        // View 2's leader proposes the held event (pooled there a period before).
+        let to_f = run_but(&mut vs, 2 * PERIOD, f);
+        let p2 = to_f
+            .iter()
+            .find(|m| matches!(m, Message::Authenticated { inner, .. } if matches!(**inner, Signed::ProposeIds { .. })))
+            .expect("view 2 proposed");
+        let Message::Authenticated { inner, .. } = p2 else { unreachable!() };
+        let Signed::ProposeIds { ids, .. } = &**inner else { unreachable!() };
+        assert_eq!(ids, &vec![event_id(b"held")]);
+        // f takes it before the held work is due.
+        assert!(vs[f].bulk_due.is_some_and(|due| PERIOD + 3 < due));
+        vs[f].handle_message(PERIOD + 3, ValidatorIndex(lead2 as u16), p2.clone());
+        assert!(vs[f].bulk.is_empty() && vs[f].incomplete.is_empty() && vs[f].fetching.is_empty());
+        let votes: Vec<Vote> = sent(&mut vs[f]).iter().filter_map(|m| m.vote().cloned()).collect();
+        assert!(votes.iter().any(|v| v.kind == VoteKind::Notarize && v.view == View(2)), "voted for view 2");
+    }
+
+    /// A leader proposes the events pooled at least a sixteenth of a period before: later ones
+    /// wait for the next block, so that the others have their gossip when its compact
+    /// proposal comes and need not wait for it to vote.
+    #[test]
+    fn a_leader_leaves_events_pooled_in_the_last_sixteenth_of_a_period_to_the_next_block() {
+        let ev = |s: &str| s.as_bytes().to_vec();
+        let mut vs = four();
+        run(&mut vs, 0);
+        let lead = vs[0].leader(View(1)).0 as usize;
+        let fresh_by = PERIOD - PERIOD / 16;
+        vs[lead].submit_events(fresh_by, vec![ev("old enough")]);
+        vs[lead].submit_events(fresh_by + 1, vec![ev("fresh")]);
+        run(&mut vs, fresh_by + 1);
+        let p1 = run(&mut vs, PERIOD);
+        assert_eq!(p1.len(), 1, "view 1 proposed");
+        assert_eq!(p1[0].1, vec![event_id(b"old enough")]);
+        let p2 = run(&mut vs, 2 * PERIOD);
+        assert_eq!(p2.len(), 1, "view 2 proposed, by another leader");
+        assert_ne!(p2[0].0.leader.0 as usize, lead);
+        assert_eq!(p2[0].1, vec![event_id(b"fresh")]);
     }
 
     /// A validator that timed out its view alone (no peer heard it) and was restored counts its
