@@ -14,7 +14,8 @@
 //! - `raw/blake3_ids_1000`: the `blake3` crate hashing the 1,000 events one call each (the ids
 //!   every validator computes at ingestion): the raw-library baseline.
 //! - `raw/ed25519_verify_strict`, `raw/ed25519_sign`: `ed25519-dalek` checking one signature
-//!   as votes are checked, and making one. A tick's critical path holds two checks and two
+//!   (as votes were checked), and making one; `strict/verify_from_key_table`: the same check
+//!   as the validators make it now, with the same verdicts, from a table kept per key. A tick's critical path holds two checks and two
 //!   signatures per validator (the notarization's other votes, before finalizing on it; its
 //!   own notarize and finalize votes).
 
@@ -29,7 +30,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use metatopia_consensus::{Config, Message, Output, SigCache, Signed, SigningKey, Validator, ValidatorIndex, event_id};
+use metatopia_consensus::strict::KeyTable;
+use metatopia_consensus::{
+    Config, Message, Output, Piece, SigCache, Signed, SigningKey, Validator, ValidatorIndex, event_id,
+};
 
 const N: usize = 4;
 const EVENTS: usize = 1_000;
@@ -176,7 +180,7 @@ impl Cluster {
             let out = self.mail();
             p.propose = t.elapsed();
             match out.first().and_then(|(_, _, bytes)| Message::decode(bytes, 1 << 24).ok()) {
-                Some(Message::Authenticated { inner, .. }) if matches!(*inner, Signed::ProposeIds { .. }) => {
+                Some(Message::Authenticated { inner, .. }) if matches!(*inner, Signed::ProposeRefs { .. }) => {
                     break (out, inner);
                 }
                 _ => {
@@ -187,8 +191,9 @@ impl Cluster {
                 }
             }
         };
-        let Signed::ProposeIds { ids, .. } = *inner else { panic!("a compact proposal") };
-        assert_eq!(ids.len(), EVENTS, "the tick's events");
+        let Signed::ProposeRefs { pieces, .. } = *inner else { panic!("a compact proposal") };
+        assert_eq!(pieces.iter().map(|p| p.len()).sum::<usize>(), EVENTS, "the tick's events");
+        assert!(pieces.iter().all(|p| matches!(p, Piece::Run { .. })), "named by runs of gossip batches");
         let follower = (leader + 1) % N;
         let mut rest = Vec::new();
         for m in proposal {
@@ -250,6 +255,12 @@ fn commit_path(c: &mut Criterion) {
         b.iter(|| vk.verify_strict(std::hint::black_box(&msg), &sig).is_ok())
     });
     g.bench_function("ed25519_sign", |b| b.iter(|| ed25519_dalek::Signer::sign(&k, std::hint::black_box(&msg))));
+    g.finish();
+    // The same check as the validators make it: the same verdicts, from a table of the key.
+    let mut g = c.benchmark_group("strict");
+    let table = KeyTable::new(&vk);
+    let (r, s) = (*sig.r_bytes(), *sig.s_bytes());
+    g.bench_function("verify_from_key_table", |b| b.iter(|| table.verify(std::hint::black_box(&msg), &r, &s)));
     g.finish();
 }
 

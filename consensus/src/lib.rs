@@ -50,10 +50,17 @@
 //! - Client events are disseminated to every validator's pool on submission; each leader
 //!   proposes the oldest pooled events not already in the uncommitted ancestors, so an event
 //!   known to the honest validators is proposed within `f + 1` views.
-//! - Proposals are compact: the header and the events' ids ([`Message::ProposeIds`]); a
-//!   validator rebuilds the block from its pool, and one missing an event waits a quarter
-//!   period for the gossip, then fetches the block (and is also sent full proposals for 64 views).
-//!   A block's digest is over its header and its events' ids, so either form is signed alike.
+//! - Proposals are compact: the header and the events named as runs of the gossip batches
+//!   they came in, each batch named by the hash of its events' ids, or by id where a batch is
+//!   not recent ([`Message::ProposeRefs`]; [`Message::ProposeIds`] names every event by id); a
+//!   validator rebuilds the block from the batches it holds and its pool, and one missing a
+//!   batch or an event waits a quarter period for the gossip, then fetches the block (and is
+//!   also sent full proposals for 64 views). A block's digest is over its header and its
+//!   events' ids, so every form is signed alike; a run beyond its batch gets no vote.
+//! - A validator that voted to notarize a block signs its finalize vote for it and checks the
+//!   leader's vote's signature while the others' votes are on their way (`work_ahead`: the
+//!   same bytes ed25519 would sign later, used only if still wanted); signatures are checked
+//!   with `verify_strict`'s verdicts from a table kept per key ([`strict`]).
 //! - Votes and proposals carry an authenticator, one MAC per validator under pairwise keys
 //!   (X25519 of the ed25519 keys; [`Message::Authenticated`], as PBFT's authenticators): a vote
 //!   whose MAC checks counts at once and its signature is checked `period / 16` later. No
@@ -77,11 +84,12 @@
 #[cfg(feature = "mocks")]
 pub mod mocks;
 mod pool;
+pub mod strict;
 pub mod types;
 mod validator;
 
 pub use types::{
-    Block, Certificate, CertificateError, DecodeError, Digest, EventBytes, Logged, Mac, Message, Micros, Parent,
+    Block, Certificate, CertificateError, DecodeError, Digest, EventBytes, Logged, Mac, Message, Micros, Parent, Piece,
     RootReport, Sig, SigCache, Signed, ValidatorIndex, View, Vote, VoteKind, event_id, pair_key,
 };
 pub use validator::{

@@ -115,7 +115,10 @@ impl Byzantine {
 
     fn send_corrupted(&mut self, to: Option<ValidatorIndex>, m: Message) {
         match (self.behaviour, m.unauthenticated()) {
-            (Behaviour::Withhold, Message::Propose { .. } | Message::ProposeIds { .. } | Message::Vote(_)) => {}
+            (
+                Behaviour::Withhold,
+                Message::Propose { .. } | Message::ProposeIds { .. } | Message::ProposeRefs { .. } | Message::Vote(_),
+            ) => {}
             (Behaviour::InvalidSignatures, Message::Vote(mut v)) => {
                 v.sig.0[7] ^= 0x20;
                 self.emit(to, Message::Vote(v));
@@ -127,6 +130,10 @@ impl Byzantine {
             (Behaviour::InvalidSignatures, Message::ProposeIds { block, ids, mut vote, nullifications }) => {
                 vote.sig.1[3] ^= 0x01;
                 self.emit(to, Message::ProposeIds { block, ids, vote, nullifications });
+            }
+            (Behaviour::InvalidSignatures, Message::ProposeRefs { block, pieces, mut vote, nullifications }) => {
+                vote.sig.1[3] ^= 0x01;
+                self.emit(to, Message::ProposeRefs { block, pieces, vote, nullifications });
             }
             (Behaviour::DoubleVote, Message::Vote(v)) if v.kind == VoteKind::Notarize => {
                 let mut fake = v.digest;
@@ -162,6 +169,19 @@ impl Byzantine {
                 let other_vote = self.notarize(other.view, other.header_digest(&other_ids), vote.root);
                 self.split(
                     Message::ProposeIds { block, ids, vote, nullifications: nullifications.clone() },
+                    Message::ProposeIds { block: other, ids: other_ids, vote: other_vote, nullifications },
+                );
+            }
+            (Behaviour::Equivocate, Message::ProposeRefs { block, pieces, vote, nullifications }) => {
+                // The other block names the same pooled events by id, in reverse, a millisecond
+                // later.
+                let Some(ids) = self.inner.block_ids(&vote.digest) else { return };
+                let mut other = block.clone();
+                other.time_ms += 1;
+                let other_ids: Vec<Digest> = ids.iter().rev().copied().collect();
+                let other_vote = self.notarize(other.view, other.header_digest(&other_ids), vote.root);
+                self.split(
+                    Message::ProposeRefs { block, pieces, vote, nullifications: nullifications.clone() },
                     Message::ProposeIds { block: other, ids: other_ids, vote: other_vote, nullifications },
                 );
             }

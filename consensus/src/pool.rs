@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 
 use crate::types::{Digest, EventBytes, Micros, event_ids};
 
@@ -21,8 +22,9 @@ use crate::types::{Digest, EventBytes, Micros, event_ids};
 pub(crate) struct Pool {
     /// Arrival order.
     order: VecDeque<u128>,
-    /// Pooled events by id, with their full id and when they were pooled.
-    events: HashMap<u128, (Digest, EventBytes, Micros), IdHasher>,
+    /// Pooled events by id, with their full id, when they were pooled, and the gossip batch
+    /// they came in.
+    events: HashMap<u128, (Digest, EventBytes, Micros, Option<Source>), IdHasher>,
     /// Ids committed recently, in two generations of `window` ticks each: an id is
     /// remembered for at least `window` ticks and at most `2 * window`. Dropping the older
     /// generation whole replaced forgetting each id on its own tick (two more cache misses per
@@ -31,6 +33,113 @@ pub(crate) struct Pool {
     committed_old: IdSet,
     /// The first tick of the `committed` generation.
     generation_from: Option<u64>,
+    /// The gossip batches the events came in, which compact proposals name runs of.
+    pub batches: Batches,
+}
+
+/// Where a pooled event came from: its place in a gossip batch (the batch's sequence number
+/// here, and the event's position in it).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Source {
+    pub seq: u64,
+    pub index: u32,
+}
+
+/// A gossip batch: the events of one `Message::Events` as they came (or as this validator sent
+/// them, for its own clients' events), with their ids.
+#[derive(Debug)]
+pub(crate) struct Gossip {
+    pub digest: Digest,
+    pub seq: u64,
+    pub ids: Vec<Digest>,
+    pub events: Vec<EventBytes>,
+}
+
+/// The gossip batches received and sent, newest last, by the digest of their events' ids
+/// ([`batch_digest`]), up to `max_events` events and `max_bytes` of them in all. Every validator gets the same batches
+/// (each is sent to all), so a leader names its proposal's events as runs of them, a few dozen
+/// bytes instead of 32 bytes an event, and a follower finds them with a lookup per run instead
+/// of one per event (`Message::ProposeRefs`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Batches {
+    held: HashMap<u128, Arc<Gossip>, IdHasher>,
+    /// By sequence number from `first`: each batch's digest and the counts of events and of
+    /// their bytes stored up to it (for `referable`).
+    seqs: VecDeque<(Digest, u64, u64)>,
+    first: u64,
+    /// Events and bytes stored, all told, and held now.
+    total: u64,
+    total_bytes: u64,
+    held_events: usize,
+    held_bytes: usize,
+    max_events: usize,
+    max_bytes: usize,
+}
+
+/// A gossip batch's name: the blake3 hash of its events' ids, one after the other.
+pub(crate) fn batch_digest(ids: &[Digest]) -> Digest {
+    let mut bytes = Vec::with_capacity(ids.len() * 32);
+    for id in ids {
+        bytes.extend_from_slice(&id.0);
+    }
+    let mut h = blake3::Hasher::new_derive_key("metatopia consensus gossip batch v1");
+    h.update(&bytes);
+    Digest(*h.finalize().as_bytes())
+}
+
+impl Batches {
+    pub fn new(hasher: IdHasher, max_events: usize, max_bytes: usize) -> Batches {
+        Batches { held: HashMap::with_hasher(hasher), max_events, max_bytes, ..Batches::default() }
+    }
+
+    /// The sequence number the next batch stored gets.
+    pub fn next_seq(&self) -> u64 {
+        self.first + self.seqs.len() as u64
+    }
+
+    /// Keep a batch (its digest is [`batch_digest`] of its ids; the oldest go beyond
+    /// `max_events` or `max_bytes`); its sequence number (the one it had, if it is held
+    /// already: a batch sent twice).
+    pub fn store(&mut self, digest: Digest, ids: Vec<Digest>, events: Vec<EventBytes>) -> u64 {
+        debug_assert_eq!(ids.len(), events.len());
+        debug_assert_eq!(digest, batch_digest(&ids));
+        if let Some(g) = self.get(&digest) {
+            return g.seq;
+        }
+        let seq = self.next_seq();
+        let bytes: usize = events.iter().map(|e| e.len()).sum();
+        self.total += ids.len() as u64;
+        self.total_bytes += bytes as u64;
+        self.held_events += ids.len();
+        self.held_bytes += bytes;
+        self.seqs.push_back((digest, self.total, self.total_bytes));
+        self.held.insert(key(&digest), Arc::new(Gossip { digest, seq, ids, events }));
+        while (self.held_events > self.max_events || self.held_bytes > self.max_bytes) && self.seqs.len() > 1 {
+            let Some((old, ..)) = self.seqs.pop_front() else { break };
+            if let Some(g) = self.held.remove(&key(&old)) {
+                self.held_events -= g.ids.len();
+                self.held_bytes -= g.events.iter().map(|e| e.len()).sum::<usize>();
+            }
+            self.first += 1;
+        }
+        seq
+    }
+
+    /// The batch with this digest, if held.
+    pub fn get(&self, digest: &Digest) -> Option<&Arc<Gossip>> {
+        self.held.get(&key(digest)).filter(|g| g.digest == *digest)
+    }
+
+    /// The digest of batch `seq`, if a leader may name its events by it: stored within the
+    /// newest half of what is held, so that the others, who get the batches in another order,
+    /// still hold it too.
+    pub fn referable(&self, seq: u64) -> Option<Digest> {
+        let i = seq.checked_sub(self.first)?;
+        let &(digest, end, end_bytes) = self.seqs.get(usize::try_from(i).ok()?)?;
+        let recent = self.total - end < (self.max_events / 2) as u64
+            && self.total_bytes - end_bytes < (self.max_bytes / 2) as u64;
+        recent.then_some(digest)
+    }
 }
 
 /// A proposal's batch: pooled events in arrival order, less the excluded ones (the events of
@@ -42,9 +151,11 @@ pub(crate) struct Batch {
     /// Ids excluded or taken.
     skip: HashSet<u128, IdHasher>,
     pub events: Vec<EventBytes>,
-    /// `ids[i]` is the id of `events[i]`, `pooled[i]` when it was pooled.
+    /// `ids[i]` is the id of `events[i]`, `pooled[i]` when it was pooled, `sources[i]` the
+    /// gossip batch it came in.
     pub ids: Vec<Digest>,
     pub pooled: Vec<Micros>,
+    pub sources: Vec<Option<Source>>,
     bytes: usize,
     max_events: usize,
     max_bytes: usize,
@@ -54,13 +165,13 @@ pub(crate) struct Batch {
 
 impl Batch {
     /// An event just pooled joins the batch, unless excluded or over a cap.
-    pub fn offer(&mut self, id: &Digest, e: &EventBytes, pooled: Micros) {
+    pub fn offer(&mut self, id: &Digest, e: &EventBytes, pooled: Micros, source: Option<Source>) {
         if !self.closed && self.skip.insert(key(id)) {
-            self.push(id, e, pooled);
+            self.push(id, e, pooled, source);
         }
     }
 
-    fn push(&mut self, id: &Digest, e: &EventBytes, pooled: Micros) {
+    fn push(&mut self, id: &Digest, e: &EventBytes, pooled: Micros, source: Option<Source>) {
         if self.events.len() >= self.max_events || self.bytes + e.len() > self.max_bytes {
             self.closed = true;
             return;
@@ -69,6 +180,7 @@ impl Batch {
         self.events.push(e.clone());
         self.ids.push(*id);
         self.pooled.push(pooled);
+        self.sources.push(source);
     }
 
     /// Leave out the events pooled after `before` (they go in a later batch). Events are
@@ -78,6 +190,7 @@ impl Batch {
         self.pooled.truncate(keep);
         self.events.truncate(keep);
         self.ids.truncate(keep);
+        self.sources.truncate(keep);
     }
 }
 
@@ -182,7 +295,14 @@ fn key(id: &Digest) -> u128 {
 
 impl Pool {
     /// An empty pool whose maps are keyed by `secret` (derive it from the validator's key).
+    #[cfg(test)]
     pub fn new(secret: &[u8; 32]) -> Pool {
+        Pool::with_batches(secret, 1 << 14, 1 << 24)
+    }
+
+    /// An empty pool that keeps gossip batches of up to `batch_events` events and
+    /// `batch_bytes` of them in all.
+    pub fn with_batches(secret: &[u8; 32], batch_events: usize, batch_bytes: usize) -> Pool {
         let h = IdHasher::new(secret);
         Pool {
             order: VecDeque::new(),
@@ -190,6 +310,7 @@ impl Pool {
             committed: IdSet::new(h),
             committed_old: IdSet::new(h),
             generation_from: None,
+            batches: Batches::new(h, batch_events, batch_bytes),
         }
     }
 
@@ -203,7 +324,7 @@ impl Pool {
             return None;
         }
         self.order.push_back(id);
-        self.events.insert(id, (full, bytes, 0));
+        self.events.insert(id, (full, bytes, 0, None));
         Some(full)
     }
 
@@ -212,8 +333,75 @@ impl Pool {
     /// tables hold 300,000 ids a generation at 1,000 events a tick, out of cache, and one event
     /// at a time their misses came one after another (half of a validator's time taking in an
     /// event); in a loop that does nothing else, the CPU overlaps them.
+    #[cfg(test)]
     pub fn insert_many(&mut self, events: &[EventBytes], max_events: usize, now: Micros) -> Vec<Option<Digest>> {
         let ids = event_ids(events);
+        self.insert_ids(events, &ids, max_events, now, |_, _| None).into_iter().map(|n| n.map(|(d, _)| d)).collect()
+    }
+
+    /// Pool a gossip batch as it came ([`Pool::insert_many`]), and keep the batch whole: a
+    /// leader may name any of its events as part of a run of it. The new events, with their
+    /// ids and places in the batch.
+    pub fn insert_gossip(
+        &mut self,
+        events: &[EventBytes],
+        max_events: usize,
+        now: Micros,
+    ) -> Vec<Option<(Digest, Option<Source>)>> {
+        let ids = event_ids(events);
+        let digest = batch_digest(&ids);
+        let known = self.batches.get(&digest).map(|g| g.seq);
+        let seq = known.unwrap_or(self.batches.next_seq());
+        let new = self.insert_ids(events, &ids, max_events, now, |i, _| Some(Source { seq, index: i as u32 }));
+        if known.is_none() && !events.is_empty() {
+            self.batches.store(digest, ids, events.to_vec());
+        }
+        new
+    }
+
+    /// Pool clients' events ([`Pool::insert_many`]): the new ones make the batch this validator
+    /// sends the others, kept as they will keep it.
+    pub fn insert_submitted(
+        &mut self,
+        events: &[EventBytes],
+        max_events: usize,
+        now: Micros,
+    ) -> Vec<Option<(Digest, Option<Source>)>> {
+        let ids = event_ids(events);
+        let seq = self.batches.next_seq();
+        let mut new = self.insert_ids(events, &ids, max_events, now, |_, n| Some(Source { seq, index: n as u32 }));
+        let (new_ids, new_events): (Vec<Digest>, Vec<EventBytes>) =
+            new.iter().zip(events).filter_map(|(n, e)| n.map(|(d, _)| (d, e.clone()))).unzip();
+        if new_ids.is_empty() {
+            return new;
+        }
+        let digest = batch_digest(&new_ids);
+        let stored = self.batches.store(digest, new_ids, new_events);
+        if stored != seq {
+            // The same batch is held from before (events committed, forgotten after the dedup
+            // window, and submitted again): its events are named by that batch.
+            for (full, src) in new.iter_mut().flatten() {
+                if let Some(src) = src {
+                    src.seq = stored;
+                }
+                if let Some(entry) = self.events.get_mut(&key(full)) {
+                    entry.3 = *src;
+                }
+            }
+        }
+        new
+    }
+
+    /// Pool `events` (`ids[i]` is the id of `events[i]`), the `i`th of which, the `n`th new one,
+    /// came from `source(i, n)`.
+    fn insert_ids(
+        &mut self,
+        events: &[EventBytes],
+        ids: &[Digest],
+        max_events: usize,
+        now: Micros,
+        source: impl Fn(usize, usize) -> Option<Source>,
+    ) -> Vec<Option<(Digest, Option<Source>)>> {
         let recent: Vec<bool> = ids
             .iter()
             .map(|full| {
@@ -222,23 +410,26 @@ impl Pool {
             })
             .collect();
         let mut out = Vec::with_capacity(events.len());
-        for ((full, recent), e) in ids.into_iter().zip(recent).zip(events) {
-            let id = key(&full);
+        let mut fresh = 0;
+        for (i, ((full, recent), e)) in ids.iter().zip(recent).zip(events).enumerate() {
+            let id = key(full);
             // As `admits`; the committed tables do not change while events are pooled.
             if recent || self.events.len() >= max_events || self.events.contains_key(&id) {
                 out.push(None);
                 continue;
             }
+            let src = source(i, fresh);
+            fresh += 1;
             self.order.push_back(id);
-            self.events.insert(id, (full, e.clone(), now));
-            out.push(Some(full));
+            self.events.insert(id, (*full, e.clone(), now, src));
+            out.push(Some((*full, src)));
         }
         out
     }
 
     /// The pooled event with this id.
     pub fn get(&self, id: &Digest) -> Option<&EventBytes> {
-        self.events.get(&key(id)).filter(|(full, ..)| full == id).map(|(_, bytes, _)| bytes)
+        self.events.get(&key(id)).filter(|(full, ..)| full == id).map(|(_, bytes, ..)| bytes)
     }
 
     fn remove(&mut self, id: &u128) {
@@ -272,6 +463,7 @@ impl Pool {
             events: Vec::with_capacity(taking),
             ids: Vec::with_capacity(taking),
             pooled: Vec::with_capacity(taking),
+            sources: Vec::with_capacity(taking),
             bytes: 0,
             max_events,
             max_bytes,
@@ -288,8 +480,8 @@ impl Pool {
             if !b.skip.insert(*id) {
                 continue;
             }
-            let Some((full, e, at)) = self.events.get(id) else { continue };
-            b.push(full, e, *at);
+            let Some((full, e, at, source)) = self.events.get(id) else { continue };
+            b.push(full, e, *at, *source);
         }
         b
     }
@@ -397,11 +589,11 @@ mod tests {
             let mut b = pool.batch(max_events, max_bytes, &[&excluded]);
             for e in &evs[100..] {
                 if let Some(id) = pool.insert(e.clone(), 1_000) {
-                    b.offer(&id, e, 0);
+                    b.offer(&id, e, 0, None);
                 }
             }
             // An event offered twice joins once.
-            b.offer(&ids[120], &evs[120], 0);
+            b.offer(&ids[120], &evs[120], 0, None);
             let taken = pool.take(max_events, max_bytes, &[&excluded]);
             assert_eq!(b.events.len(), expect);
             assert_eq!(b.events, taken);
@@ -421,7 +613,7 @@ mod tests {
         for (k, e) in evs[4..].iter().enumerate() {
             let at = 20 + 10 * k as Micros; // 20, 30, ... 70
             if let Some(id) = p.insert_many(std::slice::from_ref(e), 100, at)[0] {
-                b.offer(&id, e, at);
+                b.offer(&id, e, at, None);
             }
         }
         assert_eq!(b.pooled, vec![10, 10, 10, 10, 20, 30, 40, 50, 60, 70]);
@@ -473,6 +665,89 @@ mod tests {
         p.committed(21, &[], 10); // the first half is forgotten, its table reused
         assert!(events[..2_500].iter().all(|e| p.insert(e[..].into(), 100_000).is_some()));
         assert!(events[2_500..].iter().all(|e| p.insert(e[..].into(), 100_000).is_none()));
+    }
+
+    fn evs(tag: &str, n: u32) -> Vec<EventBytes> {
+        (0..n).map(|i| format!("{tag} {i}").into_bytes().into()).collect()
+    }
+
+    /// A peer's batch is kept whole (duplicates and committed events too: a leader may have
+    /// pooled any of them from it) and named by its ids; each new event remembers its place in
+    /// it. A client batch's new events make the batch this validator sends, named likewise.
+    #[test]
+    fn events_remember_the_gossip_batch_they_came_in_and_its_place() {
+        let mut p = Pool::new(&[1; 32]);
+        let a = evs("a", 6);
+        // a[1] pooled before, a[2] committed: both stay in the batch, neither is new.
+        p.insert_many(&a[1..2], 100, 0);
+        p.committed(1, &[event_id(&a[2])], 10);
+        let got = p.insert_gossip(&a, 100, 5);
+        let new: Vec<usize> = (0..6).filter(|i| got[*i].is_some()).collect();
+        assert_eq!(new, vec![0, 3, 4, 5]);
+        let ids: Vec<Digest> = a.iter().map(|e| event_id(e)).collect();
+        let g = p.batches.get(&batch_digest(&ids)).expect("kept, named by its ids").clone();
+        assert_eq!((g.ids.clone(), g.events.clone()), (ids.clone(), a.clone()));
+        for i in new {
+            let (id, source) = got[i].expect("new");
+            assert_eq!(id, ids[i]);
+            assert_eq!(source, Some(Source { seq: g.seq, index: i as u32 }), "event {i}");
+        }
+        // A batch sent again is one batch, the same number.
+        assert!(p.insert_gossip(&a, 100, 6).iter().all(Option::is_none));
+        assert_eq!(p.batches.next_seq(), g.seq + 1);
+        // Clients' events: a[0] again and three new ones; the batch is the new ones.
+        let mut b = evs("b", 3);
+        b.insert(1, a[0].clone());
+        let got = p.insert_submitted(&b, 100, 7);
+        assert!(got[1].is_none());
+        let sent: Vec<EventBytes> = vec![b[0].clone(), b[2].clone(), b[3].clone()];
+        let sent_ids: Vec<Digest> = sent.iter().map(|e| event_id(e)).collect();
+        let g = p.batches.get(&batch_digest(&sent_ids)).expect("the batch sent").clone();
+        assert_eq!(g.events, sent);
+        let places: Vec<u32> = got.iter().flatten().map(|(_, s)| s.expect("placed").index).collect();
+        assert_eq!(places, vec![0, 1, 2]);
+        // The leader's batch carries each event's place (a[1] was pooled with none).
+        let taken = p.batch(100, 1 << 20, &[]);
+        assert_eq!(taken.sources.len(), taken.events.len());
+        for (e, source) in taken.events.iter().zip(&taken.sources) {
+            assert_eq!(source.is_some(), *e != a[1]);
+        }
+    }
+
+    /// Batches are dropped oldest first beyond the cap; a leader names only those stored within
+    /// the newest half (the others hold them too, whatever order the batches reached them in).
+    #[test]
+    fn gossip_batches_are_dropped_oldest_first_and_named_while_recent() {
+        let mut p = Pool::with_batches(&[2; 32], 40, 1 << 20);
+        let mut seqs = Vec::new();
+        let mut digests = Vec::new();
+        for k in 0..10 {
+            let b = evs(&format!("batch {k}"), 10);
+            let got = p.insert_gossip(&b, 1_000, k);
+            seqs.push(got[0].expect("new").1.expect("placed").seq);
+            digests.push(batch_digest(&b.iter().map(|e| event_id(e)).collect::<Vec<_>>()));
+        }
+        // 40 events held: the newest four batches.
+        for (k, d) in digests.iter().enumerate() {
+            assert_eq!(p.batches.get(d).is_some(), k >= 6, "batch {k} held");
+        }
+        // Named by: the newest two (fewer than 20 events stored after them).
+        for (k, (seq, d)) in seqs.iter().zip(&digests).enumerate() {
+            assert_eq!(p.batches.referable(*seq), (k >= 8).then_some(*d), "batch {k} named");
+        }
+        assert_eq!(p.batches.referable(seqs[9] + 1), None, "not stored yet");
+        // The same by bytes: ten batches of ten 9-byte events ("batch k i"), 400 bytes kept.
+        let mut p = Pool::with_batches(&[2; 32], 1_000, 400);
+        let mut digests = Vec::new();
+        for k in 0..10 {
+            let b = evs(&format!("batch {k}"), 10);
+            assert_eq!(b.iter().map(|e| e.len()).sum::<usize>(), 90);
+            p.insert_gossip(&b, 1_000, k);
+            digests.push(batch_digest(&b.iter().map(|e| event_id(e)).collect::<Vec<_>>()));
+        }
+        for (k, d) in digests.iter().enumerate() {
+            assert_eq!(p.batches.get(d).is_some(), k >= 6, "batch {k} held by bytes");
+        }
     }
 
     #[test]

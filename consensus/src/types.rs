@@ -6,6 +6,8 @@ use std::collections::BTreeSet;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
+use crate::strict::KeyTable;
+
 /// Time in microseconds (the caller's clock; virtual in simulation).
 pub type Micros = u64;
 
@@ -44,13 +46,6 @@ impl Sig {
         r.copy_from_slice(&b[..32]);
         t.copy_from_slice(&b[32..]);
         Sig(r, t)
-    }
-
-    fn to_dalek(self) -> Signature {
-        let mut b = [0u8; 64];
-        b[..32].copy_from_slice(&self.0);
-        b[32..].copy_from_slice(&self.1);
-        Signature::from_bytes(&b)
     }
 }
 
@@ -330,13 +325,38 @@ impl Vote {
 
 /// Remembers signature verdicts (a pure function of key, message and signature), so a vote
 /// seen again inside certificates, or by several validators of a simulated cluster sharing
-/// one cache, is verified once. Bounded: cleared when full.
+/// one cache, is verified once. Bounded: two generations of up to `SIG_CACHE_MAX / 2` verdicts
+/// each, the older dropped whole when the newer fills (a lookup-only hash map: nothing
+/// iterates it, DESIGN §5; a `BTreeMap` of 65,536 verdicts cost a validator a cache miss per
+/// level on every vote checked). Signatures are checked as `verify_strict` does, from a
+/// table kept per key ([`crate::strict`]: 25 µs a check here against 38).
 #[derive(Debug, Default)]
 pub struct SigCache {
-    seen: std::sync::Mutex<std::collections::BTreeMap<[u8; 32], bool>>,
+    seen: std::sync::Mutex<Verdicts>,
+    tables: std::sync::Mutex<std::collections::BTreeMap<[u8; 32], std::sync::Arc<KeyTable>>>,
+}
+
+#[allow(clippy::disallowed_types)]
+#[derive(Debug, Default)]
+struct Verdicts {
+    new: std::collections::HashMap<[u8; 32], bool>,
+    old: std::collections::HashMap<[u8; 32], bool>,
+}
+
+impl Verdicts {
+    fn get(&self, id: &[u8; 32]) -> Option<bool> {
+        self.new.get(id).or_else(|| self.old.get(id)).copied()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.new.len() + self.old.len()
+    }
 }
 
 const SIG_CACHE_MAX: usize = 1 << 16;
+/// Keys with a table (30 KB each): a validator set's, and a few epochs' more.
+const KEY_TABLES_MAX: usize = 1 << 10;
 
 impl SigCache {
     pub fn new() -> SigCache {
@@ -355,19 +375,33 @@ impl SigCache {
     fn verify(&self, key: &VerifyingKey, msg: &[u8], sig: &Sig) -> bool {
         let id = SigCache::id(key, msg, sig);
         if let Some(v) = self.seen.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
-            return *v;
+            return v;
         }
-        let ok = key.verify_strict(msg, &sig.to_dalek()).is_ok();
+        let ok = self.table(key).verify(msg, &sig.0, &sig.1);
         self.insert(id, ok);
         ok
     }
 
+    /// The key's table, made the first time it is asked for.
+    fn table(&self, key: &VerifyingKey) -> std::sync::Arc<KeyTable> {
+        let mut tables = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = tables.get(key.as_bytes()) {
+            return t.clone();
+        }
+        if tables.len() >= KEY_TABLES_MAX {
+            tables.clear();
+        }
+        let t = std::sync::Arc::new(KeyTable::new(key));
+        tables.insert(key.to_bytes(), t.clone());
+        t
+    }
+
     fn insert(&self, id: [u8; 32], ok: bool) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.len() >= SIG_CACHE_MAX {
-            seen.clear();
+        if seen.new.len() >= SIG_CACHE_MAX / 2 {
+            seen.old = std::mem::take(&mut seen.new);
         }
-        seen.insert(id, ok);
+        seen.new.insert(id, ok);
     }
 }
 
@@ -498,6 +532,41 @@ pub enum Message {
         inner: Box<Signed>,
         macs: Vec<Mac>,
     },
+    /// A compact proposal whose events are named as runs of the gossip batches they came in
+    /// (every validator got each batch, as one `Events` message), and by id where a batch is
+    /// not (or no longer) to be counted on: a few hundred bytes for 1,000 events instead of
+    /// 32 KB, found with a lookup a run instead of one an event. The block is the same, and
+    /// so is its digest (over its header and its events' ids).
+    ProposeRefs {
+        block: Block,
+        pieces: Vec<Piece>,
+        vote: Vote,
+        nullifications: Vec<Certificate>,
+    },
+}
+
+/// What a compact proposal names its events by, in order ([`Message::ProposeRefs`]).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Piece {
+    /// Events `start .. start + len` of the gossip batch named `batch`: the blake3 hash (key
+    /// derived from "metatopia consensus gossip batch v1") of its events' ids in order.
+    Run { batch: Digest, start: u32, len: u32 },
+    /// Events by id.
+    Ids(#[serde(with = "digest_list")] Vec<Digest>),
+}
+
+impl Piece {
+    /// How many events it names.
+    pub fn len(&self) -> usize {
+        match self {
+            Piece::Run { len, .. } => *len as usize,
+            Piece::Ids(ids) => ids.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// What an authenticator carries: a vote, or a proposal with its leader's vote (the same
@@ -518,6 +587,12 @@ pub enum Signed {
         vote: Vote,
         nullifications: Vec<Certificate>,
     },
+    ProposeRefs {
+        block: Block,
+        pieces: Vec<Piece>,
+        vote: Vote,
+        nullifications: Vec<Certificate>,
+    },
 }
 
 impl Signed {
@@ -528,6 +603,9 @@ impl Signed {
             Message::Propose { block, vote, nullifications } => Ok(Signed::Propose { block, vote, nullifications }),
             Message::ProposeIds { block, ids, vote, nullifications } => {
                 Ok(Signed::ProposeIds { block, ids, vote, nullifications })
+            }
+            Message::ProposeRefs { block, pieces, vote, nullifications } => {
+                Ok(Signed::ProposeRefs { block, pieces, vote, nullifications })
             }
             m => Err(Box::new(m)),
         }
@@ -540,12 +618,18 @@ impl Signed {
             Signed::ProposeIds { block, ids, vote, nullifications } => {
                 Message::ProposeIds { block, ids, vote, nullifications }
             }
+            Signed::ProposeRefs { block, pieces, vote, nullifications } => {
+                Message::ProposeRefs { block, pieces, vote, nullifications }
+            }
         }
     }
 
     pub fn vote(&self) -> &Vote {
         match self {
-            Signed::Vote(v) | Signed::Propose { vote: v, .. } | Signed::ProposeIds { vote: v, .. } => v,
+            Signed::Vote(v)
+            | Signed::Propose { vote: v, .. }
+            | Signed::ProposeIds { vote: v, .. }
+            | Signed::ProposeRefs { vote: v, .. } => v,
         }
     }
 }
@@ -580,20 +664,29 @@ impl Message {
                         Signed::Vote(_) => 0,
                         Signed::Propose { block, .. } => events(&block.events) + 1024,
                         Signed::ProposeIds { ids, .. } => ids.len() * 32 + 1024,
+                        Signed::ProposeRefs { pieces, .. } => Message::pieces_hint(pieces) + 1024,
                     }
             }
             Message::Propose { block, .. } | Message::Block { block, .. } => events(&block.events) + 1024,
             Message::ProposeIds { ids, .. } => ids.len() * 32 + 1024,
+            Message::ProposeRefs { pieces, .. } => Message::pieces_hint(pieces) + 1024,
             Message::Events(es) => events(es),
             Message::Certificate(c) => c.votes.len() * 192,
             Message::Vote(_) | Message::Fetch(_) => 0,
         }
     }
 
+    fn pieces_hint(pieces: &[Piece]) -> usize {
+        pieces.iter().map(|p| if let Piece::Ids(ids) = p { ids.len() * 32 + 4 } else { 48 }).sum()
+    }
+
     /// The vote a vote or proposal carries (inside an authenticator too).
     pub fn vote(&self) -> Option<&Vote> {
         match self {
-            Message::Vote(v) | Message::Propose { vote: v, .. } | Message::ProposeIds { vote: v, .. } => Some(v),
+            Message::Vote(v)
+            | Message::Propose { vote: v, .. }
+            | Message::ProposeIds { vote: v, .. }
+            | Message::ProposeRefs { vote: v, .. } => Some(v),
             Message::Authenticated { inner, .. } => Some(inner.vote()),
             _ => None,
         }
@@ -620,9 +713,9 @@ impl Message {
         match self {
             Message::Authenticated { inner, .. } => match &**inner {
                 Signed::Vote(v) => Message::vote_kind(v),
-                Signed::Propose { .. } | Signed::ProposeIds { .. } => "propose",
+                Signed::Propose { .. } | Signed::ProposeIds { .. } | Signed::ProposeRefs { .. } => "propose",
             },
-            Message::Propose { .. } | Message::ProposeIds { .. } => "propose",
+            Message::Propose { .. } | Message::ProposeIds { .. } | Message::ProposeRefs { .. } => "propose",
             Message::Vote(v) => Message::vote_kind(v),
             Message::Certificate(_) => "certificate",
             Message::Events(_) => "events",
@@ -694,9 +787,24 @@ mod tests {
             Message::Authenticated { inner: Box::new(Signed::Vote(vote.clone())), macs: vec![[7; 16]; 4] },
             Message::Fetch(Digest([3; 32])),
             m.clone(),
+            Message::ProposeRefs {
+                block: block.clone(),
+                pieces: vec![
+                    Piece::Run { batch: Digest([5; 32]), start: 3, len: 250 },
+                    Piece::Ids(ids[..3].to_vec()),
+                    Piece::Run { batch: Digest([6; 32]), start: 0, len: 1 },
+                ],
+                vote: vote.clone(),
+                nullifications: Vec::new(),
+            },
         ];
         for o in others {
-            assert_eq!(o.encode(), postcard::to_allocvec(&o).unwrap(), "{}", o.kind());
+            let bytes = o.encode();
+            assert_eq!(bytes, postcard::to_allocvec(&o).unwrap(), "{}", o.kind());
+            assert_eq!(Message::decode(&bytes, 1 << 20).unwrap(), o);
+            for cut in 0..bytes.len() {
+                assert!(Message::decode(&bytes[..cut], 1 << 20).is_err(), "{} cut at {cut}", o.kind());
+            }
         }
         // The ids are one run of 40 × 32 bytes, after a varint length of 1,280 (0x80 0x0a).
         let run: Vec<u8> = ids.iter().flat_map(|d| d.0).collect();
@@ -707,6 +815,23 @@ mod tests {
         short[at - 2..at].copy_from_slice(&[0xff, 0x09]); // length 1,279: the last id cut
         short.remove(at + run.len() - 1);
         assert!(matches!(Message::decode(&short, 1 << 20), Err(DecodeError::Malformed(_))));
+    }
+
+    #[test]
+    fn the_verdicts_kept_are_bounded_and_the_newest_are_kept() {
+        let cache = SigCache::new();
+        for i in 0..(SIG_CACHE_MAX as u32 * 2 + 5) {
+            let mut id = [0u8; 32];
+            id[..4].copy_from_slice(&i.to_le_bytes());
+            cache.insert(id, i % 3 == 0);
+        }
+        let seen = cache.seen.lock().unwrap();
+        assert!(seen.len() <= SIG_CACHE_MAX, "{} verdicts kept", seen.len());
+        for i in (SIG_CACHE_MAX as u32 * 2 + 5 - SIG_CACHE_MAX as u32 / 2)..(SIG_CACHE_MAX as u32 * 2 + 5) {
+            let mut id = [0u8; 32];
+            id[..4].copy_from_slice(&i.to_le_bytes());
+            assert_eq!(seen.get(&id), Some(i % 3 == 0), "verdict {i}");
+        }
     }
 
     #[test]

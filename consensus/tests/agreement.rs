@@ -431,8 +431,9 @@ fn messages_from_untrusted_bytes_are_bounded() {
             Ok(())
         })
         .unwrap();
-    // Every message kind, from its tag on (a compact proposal is tag 6).
-    for tag in 0..8u8 {
+    // Every message kind, from its tag on (compact proposals are tags 6 and 8), and a
+    // proposal's pieces from theirs.
+    for tag in 0..9u8 {
         runner
             .run(&proptest::collection::vec(any::<u8>(), 0..4096), |bytes| {
                 let _ = Message::decode(&[&[tag][..], &bytes].concat(), 1 << 20);
@@ -471,12 +472,27 @@ fn messages_from_untrusted_bytes_are_bounded() {
         block.header_digest(&ids),
         None,
     );
+    let pieces = vec![
+        metatopia_consensus::Piece::Run { batch: metatopia_consensus::Digest([8; 32]), start: 1, len: 2 },
+        metatopia_consensus::Piece::Ids(ids.clone()),
+    ];
+    let by_refs = Message::ProposeRefs { block: block.clone(), pieces, vote: vote.clone(), nullifications: Vec::new() };
     let m = Message::ProposeIds { block, ids, vote, nullifications: Vec::new() };
-    let bytes = m.encode();
-    assert_eq!(bytes[0], 6);
-    assert_eq!(Message::decode(&bytes, 1 << 20).unwrap(), m);
-    for cut in 0..bytes.len() {
-        assert!(Message::decode(&bytes[..cut], 1 << 20).is_err());
+    for (m, tag) in [(m, 6), (by_refs, 8)] {
+        let bytes = m.encode();
+        assert_eq!(bytes[0], tag);
+        assert_eq!(Message::decode(&bytes, 1 << 20).unwrap(), m);
+        for cut in 0..bytes.len() {
+            assert!(Message::decode(&bytes[..cut], 1 << 20).is_err());
+        }
+        // Any bytes after a valid proposal's header: bounded, never a panic.
+        let at = bytes.len() / 2;
+        runner
+            .run(&proptest::collection::vec(any::<u8>(), 0..4096), |tail| {
+                let _ = Message::decode(&[&bytes[..at], &tail].concat(), 1 << 20);
+                Ok(())
+            })
+            .unwrap();
     }
 }
 

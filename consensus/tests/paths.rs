@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use metatopia_consensus::{
-    Block, Certificate, Config, Digest, Message, Output, Parent, SigCache, Signed, SigningKey, Validator,
+    Block, Certificate, Config, Digest, Message, Output, Parent, Piece, SigCache, Signed, SigningKey, Validator,
     ValidatorIndex, View, Vote, VoteKind, event_id,
 };
 
@@ -147,15 +147,16 @@ fn a_compact_proposal_waits_for_late_gossip_and_is_fetched_when_gossip_was_lost(
         // `quiet` is cut off for a while, so the view needs the peer's vote.
         let cut = move |(f, to, _): &Mail| *f == quiet || *to == quiet;
         net.tick_to(PERIOD, &cut);
-        // The leader sent ids only, the same to everyone.
+        // The leader named the event as a run of the gossip batch it came in, the same to
+        // everyone.
         let proposals: Vec<&Mail> =
             net.log.iter().chain(&net.held).filter(|(f, _, m)| *f == lead && m.kind() == "propose").collect();
         assert_eq!(proposals.len(), 3);
         let digest = match &proposals[0].2 {
-            Message::ProposeIds { block, ids, vote, .. } => {
+            Message::ProposeRefs { block, pieces, vote, .. } => {
                 assert!(block.events.is_empty());
-                assert_eq!(ids, &vec![event_id(&event)]);
-                assert_eq!(vote.digest, block.header_digest(ids));
+                assert!(matches!(pieces[..], [Piece::Run { start: 0, len: 1, .. }]), "{pieces:?}");
+                assert_eq!(vote.digest, block.header_digest(&[event_id(&event)]));
                 vote.digest
             }
             other => panic!("expected a compact proposal, got {other:?}"),
@@ -201,12 +202,12 @@ fn a_compact_proposal_waits_for_late_gossip_and_is_fetched_when_gossip_was_lost(
             .iter()
             .filter(|(f, _, m)| {
                 *f == next
-                    && matches!(m, Message::Propose { block, .. } | Message::ProposeIds { block, .. } if block.view.0 == view)
+                    && matches!(m, Message::Propose { block, .. } | Message::ProposeRefs { block, .. } if block.view.0 == view)
             })
-            .map(|(_, to, m)| (*to, if matches!(m, Message::Propose { .. }) { "full" } else { "ids" }))
+            .map(|(_, to, m)| (*to, if matches!(m, Message::Propose { .. }) { "full" } else { "compact" }))
             .collect();
-        // Ids to everyone, and the full block too to the peer that had to fetch.
-        let mut expect: Vec<(usize, &'static str)> = (0..4).filter(|i| *i != next).map(|i| (i, "ids")).collect();
+        // Compact to everyone, and the full block too to the peer that had to fetch.
+        let mut expect: Vec<(usize, &'static str)> = (0..4).filter(|i| *i != next).map(|i| (i, "compact")).collect();
         if !gossip_comes {
             expect.push((miss, "full"));
         }
@@ -220,13 +221,9 @@ fn a_compact_proposal_waits_for_late_gossip_and_is_fetched_when_gossip_was_lost(
     }
 }
 
-#[test]
-fn a_compact_proposal_naming_unknown_events_gets_no_vote() {
-    let mut net = Net::new();
-    let lead = net.leader(1);
-    let genesis = net.vs[0].genesis();
-    // A lying leader names an event nobody has and never answers for it.
-    let block = Block {
+/// A header for view 1 by `lead`, on genesis (its events named apart).
+fn view_one(lead: usize, genesis: Digest) -> Block {
+    Block {
         view: View(1),
         leader: ValidatorIndex(lead as u16),
         parent: Parent { view: View(0), digest: genesis },
@@ -234,7 +231,88 @@ fn a_compact_proposal_naming_unknown_events_gets_no_vote() {
         time_ms: 1,
         events: Vec::new(),
         parent_certificate: None,
+    }
+}
+
+/// A gossip batch's name, as validators give it (the blake3 hash, key derived from "metatopia
+/// consensus gossip batch v1", of its events' ids in order).
+fn batch_name(events: &[Vec<u8>]) -> Digest {
+    let mut h = blake3::Hasher::new_derive_key("metatopia consensus gossip batch v1");
+    for e in events {
+        h.update(&event_id(e).0);
+    }
+    Digest(*h.finalize().as_bytes())
+}
+
+#[test]
+fn a_proposal_by_runs_and_ids_is_rebuilt_and_one_naming_more_than_its_batch_holds_gets_no_vote() {
+    let mut net = Net::new();
+    let lead = net.leader(1);
+    let genesis = net.vs[0].genesis();
+    // Three events reach the leader, and its gossip batch of them reaches everyone; a fourth
+    // reaches another validator, whose batch also reaches everyone.
+    let events: Vec<Vec<u8>> = (0..3).map(|i| format!("event {i}").into_bytes()).collect();
+    let other = (lead + 1) % 4;
+    let lone = b"a lone event".to_vec();
+    net.vs[lead].submit_events(0, events.clone());
+    net.vs[other].submit_event(0, lone.clone());
+    net.run(NONE);
+    net.now = 10_000;
+    let block = view_one(lead, genesis);
+    let sign = |ids: &[Digest]| {
+        let d = block.header_digest(ids);
+        Vote::sign(&key(lead as u16), &genesis, ValidatorIndex(lead as u16), VoteKind::Notarize, View(1), d, None)
     };
+    let ids: Vec<Digest> = events.iter().map(|e| event_id(e)).collect();
+    // First a lie: four events of a batch of three. Nobody votes, nobody fetches.
+    let lie = Message::ProposeRefs {
+        block: block.clone(),
+        pieces: vec![Piece::Run { batch: batch_name(&events), start: 0, len: 4 }],
+        vote: sign(&[ids.clone(), vec![ids[0]]].concat()),
+        nullifications: Vec::new(),
+    };
+    // Then the events 2 and 1 of the batch (out of its order), the lone event by id, event 0.
+    let want = vec![ids[1], ids[2], event_id(&lone), ids[0]];
+    let honest = Message::ProposeRefs {
+        block: block.clone(),
+        pieces: vec![
+            Piece::Run { batch: batch_name(&events), start: 1, len: 2 },
+            Piece::Ids(vec![event_id(&lone)]),
+            Piece::Run { batch: batch_name(&events), start: 0, len: 1 },
+        ],
+        vote: sign(&want),
+        nullifications: Vec::new(),
+    };
+    for msg in [lie, honest] {
+        for to in (0..4).filter(|i| *i != lead) {
+            net.vs[to].handle_message(net.now, ValidatorIndex(lead as u16), msg.clone());
+        }
+    }
+    // (The leader's own proposal is not sent: it is mute but for the two above.)
+    net.run(&|(f, _, _): &Mail| *f == lead);
+    net.tick_to(net.now + PERIOD / 4, &|(f, _, _): &Mail| *f == lead);
+    let digest = block.header_digest(&want);
+    for i in (0..4).filter(|i| *i != lead) {
+        assert!(!net.log.iter().any(|(f, _, m)| *f == i && matches!(m, Message::Fetch(_))), "validator {i} fetched");
+        let votes: Vec<Digest> = net
+            .log
+            .iter()
+            .filter_map(|(f, _, m)| match m {
+                Message::Vote(v) if *f == i && v.kind == VoteKind::Notarize && v.view == View(1) => Some(v.digest),
+                _ => None,
+            })
+            .collect();
+        assert!(!votes.is_empty() && votes.iter().all(|d| *d == digest), "validator {i} voted for the honest one");
+    }
+}
+
+#[test]
+fn a_compact_proposal_naming_unknown_events_gets_no_vote() {
+    let mut net = Net::new();
+    let lead = net.leader(1);
+    let genesis = net.vs[0].genesis();
+    // A lying leader names an event nobody has and never answers for it.
+    let block = view_one(lead, genesis);
     let ids = vec![Digest([9; 32])];
     let digest = block.header_digest(&ids);
     let vote =
@@ -279,7 +357,7 @@ fn a_vote_after_its_quorum_is_verified_at_the_timer_and_its_root_is_checked() {
     assert_eq!(mismatches(&net), 0, "late votes wait for the timer");
     let due = net.vs[watcher].poll_timeout().expect("a timer");
     assert!(due <= net.now + PERIOD / 4, "due {due} at {}", net.now);
-    net.tick_to(due, NONE);
+    net.tick_to(net.now + PERIOD / 4, NONE);
     let found: Vec<ValidatorIndex> = net.other[watcher]
         .iter()
         .filter_map(|o| match o {

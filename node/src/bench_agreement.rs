@@ -494,7 +494,9 @@ async fn validator_loop(
                 Some(batch) => Input::Events(batch),
                 None => return,
             },
-            _ = tokio::time::sleep(wait) => Input::Timeout,
+            // (A timer due now fires now: tokio's timers round up to the next millisecond.)
+            _ = tokio::time::sleep(wait), if !wait.is_zero() => Input::Timeout,
+            _ = tokio::task::yield_now(), if wait.is_zero() => Input::Timeout,
         };
         // Only the handling is timed (not the wait for the input).
         let t0 = Instant::now();

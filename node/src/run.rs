@@ -691,7 +691,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     None => {}
                 }
             }
-            _ = tokio::time::sleep(wait) => core.handle_timeout(now_us()),
+            // A timer due now (the agreement's work ahead, once a vote has gone out) fires now:
+            // tokio's timers round up to the next millisecond.
+            _ = tokio::time::sleep(wait), if !wait.is_zero() => core.handle_timeout(now_us()),
+            _ = std::future::ready(()), if wait.is_zero() => core.handle_timeout(now_us()),
             _ = rounds.tick() => reach.round(),
             // Commits execute once the votes that committed them have gone out (below).
             _ = std::future::ready(()), if core.has_deferred() => core.execute_deferred(now_us()),
