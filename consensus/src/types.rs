@@ -118,15 +118,26 @@ impl Block {
             events: ids.len() as u64,
             parent_certificate: &self.parent_certificate,
         };
-        let mut bytes = postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail");
         // One input, not one update per id: blake3 hashes the whole chunks of a long input side
         // by side in SIMD lanes (one 32-byte update at a time compressed a block at a time,
-        // 40 µs for 1,000 ids).
-        bytes.reserve_exact(ids.len() * 32);
-        for id in ids {
-            bytes.extend_from_slice(&id.0);
+        // 40 µs for 1,000 ids). Into a buffer of this thread's, kept: a fresh 32 KB one each
+        // time cost a follower ~10 µs of its proposal's handling (the allocation's first touch).
+        thread_local! {
+            static BYTES: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        Digest(*blake3::keyed_hash(b"metatopia/consensus/block/v2____", &bytes).as_bytes())
+        BYTES.with_borrow_mut(|kept| {
+            let mut bytes = std::mem::take(kept);
+            bytes.clear();
+            let mut bytes = postcard::to_extend(&header, bytes).expect("encoding into a Vec cannot fail");
+            for id in ids {
+                bytes.extend_from_slice(&id.0);
+            }
+            let digest = Digest(*blake3::keyed_hash(b"metatopia/consensus/block/v2____", &bytes).as_bytes());
+            if bytes.capacity() <= 1 << 20 {
+                *kept = bytes;
+            }
+            digest
+        })
     }
 }
 

@@ -2377,7 +2377,13 @@ fn all_distinct(ids: &[Digest]) -> bool {
         return true;
     }
     let bits = (2 * ids.len()).next_power_of_two().trailing_zeros();
-    let mut table = vec![0u64; 1 << bits];
+    // A table of this thread's, kept (a fresh one was zeroed memory touched for the first time).
+    thread_local! {
+        static TABLE: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let mut table = TABLE.take();
+    table.clear();
+    table.resize(1 << bits, 0);
     let mask = table.len() - 1;
     let mut fast = true;
     'ids: for d in ids {
@@ -2395,6 +2401,9 @@ fn all_distinct(ids: &[Digest]) -> bool {
         }
         fast = false;
         break;
+    }
+    if table.capacity() <= 1 << 16 {
+        TABLE.set(table);
     }
     if fast {
         return true;
