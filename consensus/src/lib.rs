@@ -46,7 +46,11 @@
 //! - Votes carry the voter's latest executed tick and state root; a mismatch with ours is an
 //!   [`Output::RootMismatch`] (divergence detected within a tick).
 //! - Conflicting votes from one signer are reported as [`Output::Evidence`].
-//! - Missing blocks are fetched from peers by digest; blocks are self-authenticating.
+//! - Missing blocks are fetched from peers by digest; blocks are self-authenticating. A
+//!   validator that sees a notarize vote for a block of its current view whose proposal has not
+//!   reached it fetches the block a quarter period later; the answer carries the leader's
+//!   notarize vote, and the block is taken as the proposal (R2). Without it, on a lossy network
+//!   with f Byzantine validators, a proposal lost to one honest validator failed its view.
 //! - Client events are disseminated to every validator's pool on submission; each leader
 //!   proposes the oldest pooled events not already in the uncommitted ancestors, so an event
 //!   known to the honest validators is proposed within `f + 1` views.

@@ -518,10 +518,13 @@ pub enum Message {
     Events(#[serde(with = "byte_strings")] Vec<EventBytes>),
     /// Ask for a block by digest (to finish a commit or catch up).
     Fetch(Digest),
-    /// The answer to `Fetch`, with the certificate that notarized it.
+    /// The answer to `Fetch`, with the certificate that notarized it, and its leader's notarize
+    /// vote (the proposal's signature): a validator whose copy of the proposal was lost takes
+    /// the block as the proposal with it.
     Block {
         block: Block,
         notarization: Option<Certificate>,
+        leader_vote: Option<Box<Vote>>,
     },
     /// A compact proposal, what a leader sends: the block's header (`block.events` empty) and
     /// its events' ids. The events were disseminated to the pools before (`Events`), so a

@@ -749,6 +749,16 @@ impl Validator {
         self.blocks.get(digest).map(|s| (*s.ids).clone())
     }
 
+    /// The blocks this validator is fetching (or waits a little before it asks for).
+    pub fn fetching(&self) -> Vec<Digest> {
+        self.fetching.keys().copied().collect()
+    }
+
+    /// Whether this validator holds the block with this digest (and answers fetches of it).
+    pub fn holds_block(&self, digest: &Digest) -> bool {
+        self.blocks.contains_key(digest)
+    }
+
     /// Whether this epoch's last block is finalized: nothing more to decide here.
     pub fn finished(&self) -> bool {
         self.cfg.last_tick.is_some_and(|last| self.blocks.get(&self.tip.1).is_some_and(|s| s.block.tick >= last))
@@ -871,7 +881,8 @@ impl Validator {
             let _ = write!(s, "; repairing {:?}", self.repair.iter().map(|(k, v)| (k, v.0)).collect::<Vec<_>>());
         }
         if !self.fetching.is_empty() {
-            let _ = write!(s, "; fetching {} blocks", self.fetching.len());
+            let which: Vec<String> = self.fetching.keys().map(|d| format!("{d:?}")).collect();
+            let _ = write!(s, "; fetching {} blocks ({})", self.fetching.len(), which.join(", "));
         }
         s
     }
@@ -1365,11 +1376,19 @@ impl Validator {
                         self.full_for.insert(from, View(self.view.0 + FULL_VIEWS));
                     }
                     let notarization = self.notarized.get(&s.block.view).filter(|c| c.digest == d).cloned();
+                    let leader_vote = self
+                        .views
+                        .get(&s.block.view)
+                        .and_then(|v| v.notarize.get(&d))
+                        .and_then(|t| t.get(&s.block.leader))
+                        .map(|v| Box::new(v.clone()));
                     let block = (*s.block).clone();
-                    self.out.push_back(Output::Send(from, Message::Block { block, notarization }));
+                    self.out.push_back(Output::Send(from, Message::Block { block, notarization, leader_vote }));
                 }
             }
-            Message::Block { block, notarization } => self.on_fetched(now, block, notarization),
+            Message::Block { block, notarization, leader_vote } => {
+                self.on_fetched(now, block, notarization, leader_vote)
+            }
             // Unwrapped in `handle_message`.
             Message::Authenticated { .. } => {}
         }
@@ -1970,6 +1989,19 @@ impl Validator {
             return;
         }
         let (kind, digest) = (vote.kind, vote.digest);
+        if kind == VoteKind::Notarize
+            && view == self.view
+            && self.views.get(&view).is_none_or(|s| s.proposal.is_none() && s.my_nullify.is_none())
+            && !self.incomplete.contains_key(&digest)
+        {
+            // A vote for a proposal of this view that has not come here: it may have been lost
+            // on the way. Asked for if it has not come in a quarter period (the answer carries
+            // the leader's vote, and the block is then taken as the proposal: `on_fetched`). On a
+            // lossy network a view whose proposal one honest validator missed otherwise timed
+            // out whenever every honest vote was needed (the seed sweeps' schedules with f
+            // Byzantine validators and 10-15 % loss, after heal).
+            self.fetch_soon(now, digest);
+        }
         let tally = self.views.entry(view).or_default().tally_mut(kind, digest);
         tally.insert(vote.signer, vote);
         if tally.len() >= self.quorum {
@@ -2248,9 +2280,16 @@ impl Validator {
         self.fetching.insert(d, now + self.cfg.period_us / 4);
     }
 
-    fn on_fetched(&mut self, now: Micros, block: Block, notarization: Option<Certificate>) {
+    fn on_fetched(
+        &mut self,
+        now: Micros,
+        block: Block,
+        notarization: Option<Certificate>,
+        leader_vote: Option<Box<Vote>>,
+    ) {
         let ids = event_ids(&block.events);
         let d = block.digest_with_ids(&ids);
+
         if self.fetching.remove(&d).is_none() {
             return; // unsolicited
         }
@@ -2262,10 +2301,17 @@ impl Validator {
         }
         let stored = Stored::with_ids(block, ids);
         self.blocks.insert(d, stored.clone());
+        let leader = stored.block.leader;
         if let Some(Incomplete { vote, nulls, .. }) = self.incomplete.remove(&d) {
             // The block of a compact proposal this validator could not rebuild.
-            let leader = stored.block.leader;
             self.on_proposal(now, leader, (*stored.block).clone(), vote, nulls);
+        } else if let Some(vote) = leader_vote
+            .filter(|v| v.kind == VoteKind::Notarize && v.view == self.view && v.digest == d && v.signer == leader)
+            && self.views.get(&self.view).is_none_or(|s| s.proposal.is_none())
+        {
+            // A proposal of the current view whose copy to this validator was lost (others'
+            // votes for it named it, see `on_vote`): taken as it came, with its leader's vote.
+            self.on_proposal(now, leader, (*stored.block).clone(), *vote, Vec::new());
         }
         if let Some((view, _)) =
             self.buffered.iter().find(|(_, (b, _, _))| b.parent.digest == d).map(|(v, x)| (*v, x.0.view))

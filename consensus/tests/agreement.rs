@@ -392,6 +392,31 @@ fn the_suite_catches_a_planted_bug() {
     assert!(caught > 0, "no seed caught the planted bug");
 }
 
+/// The four seeds of 20,000 (session 26's sweep) whose commits did not resume within the
+/// bound after heal, nor at all in the 2 s after it: 10-15 % loss lasting past heal, f
+/// Byzantine validators (so every honest vote is needed), and a proposal lost on its way to one
+/// honest validator, view after view, each failed view making the timeouts longer. Now a
+/// validator that sees votes for a proposal it lacks fetches it and votes (`on_vote`).
+#[test]
+fn lossy_schedules_that_needed_every_honest_vote_resume_after_heal() {
+    for (n, seed) in [(7u16, 1_006_990u64), (7, 1_007_776), (4, 1_010_731), (4, 1_016_330)] {
+        let results = random_seeds(n, seed..seed + 1, false);
+        assert_all_safe_and_live(&results, n);
+    }
+}
+
+/// One seed of the sweeps again, to look into: `SEED=1006990 N=7 cargo test --release -p
+/// metatopia-consensus --test agreement one_seed_by_hand -- --ignored --nocapture`.
+#[test]
+#[ignore = "by hand: SEED=<seed> N=<4 or 7>"]
+fn one_seed_by_hand() {
+    let seed: u64 = std::env::var("SEED").ok().and_then(|s| s.parse().ok()).expect("SEED=<seed>");
+    let n: u16 = std::env::var("N").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    let results = random_seeds(n, seed..seed + 1, false);
+    eprintln!("{:?}", random_schedule(seed, n, false));
+    assert_all_safe_and_live(&results, n);
+}
+
 #[test]
 #[ignore = "long: run by hand, SEEDS=100000 cargo test --release -p metatopia-consensus --test agreement -- --ignored"]
 fn many_seeds_by_hand() {
@@ -405,20 +430,46 @@ fn many_seeds_by_hand() {
     );
     let mut worst_resume = 0;
     let chunk = 200;
-    let mut seed = 1_000_000;
-    while seed < 1_000_000 + total {
-        let end = (seed + chunk).min(1_000_000 + total);
+    let first: u64 = std::env::var("SEEDS_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+    let mut seed = first;
+    // Every seed runs; those that fail are listed at the end (SEED=<seed> N=<n> and
+    // `one_seed_by_hand` runs one again).
+    let (mut unsafe_seeds, mut late_seeds) = (Vec::new(), Vec::new());
+    while seed < first + total {
+        let end = (seed + chunk).min(first + total);
         for n in [4u16, 7] {
             let range = if n == 4 { seed..seed + (end - seed) * 7 / 10 } else { seed + (end - seed) * 7 / 10..end };
             let results = random_seeds(n, range, false);
-            assert_all_safe_and_live(&results, n);
+            for (seed, r) in &results {
+                if !r.violations.is_empty() {
+                    unsafe_seeds.push((n, *seed));
+                } else if r.resume_after_heal.is_none_or(|t| t > RESUME_BOUND) {
+                    late_seeds.push((n, *seed));
+                }
+            }
             worst_resume = worst_resume.max(results.iter().filter_map(|(_, r)| r.resume_after_heal).max().unwrap_or(0));
         }
         bar.inc(end - seed);
-        bar.set_message(format!("0 violations, worst resume after heal {} ms", worst_resume / MS));
+        bar.set_message(format!(
+            "{} safety violations, {} late to resume, worst resume after heal {} ms",
+            unsafe_seeds.len(),
+            late_seeds.len(),
+            worst_resume / MS
+        ));
         seed = end;
     }
     bar.finish();
+    eprintln!(
+        "{total} seeds from {first}: {} with safety violations, {} late to resume; worst resume after heal {} ms",
+        unsafe_seeds.len(),
+        late_seeds.len(),
+        worst_resume / MS
+    );
+    assert!(
+        unsafe_seeds.is_empty() && late_seeds.is_empty(),
+        "(n, seed) with safety violations: {unsafe_seeds:?}; not resumed within {} ms of heal: {late_seeds:?}",
+        RESUME_BOUND / MS
+    );
 }
 
 #[test]

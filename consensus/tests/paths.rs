@@ -372,6 +372,34 @@ fn a_vote_after_its_quorum_is_verified_at_the_timer_and_its_root_is_checked() {
     );
 }
 
+/// A proposal lost on its way to one validator, in a view that needs that validator's vote
+/// (the fourth is silent): the others' votes name the block, the validator asks for it a
+/// quarter period later, takes the answer (which carries the leader's vote) as the proposal,
+/// votes, and the view is notarized and finalized long before any timeout.
+#[test]
+fn a_lost_proposal_is_fetched_on_the_others_votes_and_voted_for() {
+    let mut net = Net::new();
+    let lead = net.leader(1);
+    let (lost, mute) = ((lead + 1) % 4, (lead + 2) % 4);
+    let proposal_to_lost = move |(f, to, m): &Mail| *f == lead && *to == lost && m.kind() == "propose";
+    let mute_out = move |(f, to, _): &Mail| *f == mute || *to == mute;
+    net.tick_to(PERIOD, &|m: &Mail| proposal_to_lost(m) || mute_out(m));
+    net.held.retain(|m| !proposal_to_lost(m));
+    assert!(!net.finalized(lead, 1), "the view needs the validator that lost the proposal");
+    assert_eq!(votes_of(&net.log, lost, VoteKind::Notarize, 1), 0);
+    // It asks a quarter period on, gets the block with the leader's vote, and votes.
+    net.tick_to(PERIOD + PERIOD / 4, &mute_out);
+    assert!(net.log.iter().any(|(f, _, m)| *f == lost && matches!(m, Message::Fetch(_))), "it asked for the block");
+    assert!(
+        net.log.iter().any(|(_, to, m)| *to == lost && matches!(m, Message::Block { leader_vote: Some(_), .. })),
+        "the answer carries the leader's vote"
+    );
+    assert!(votes_of(&net.log, lost, VoteKind::Notarize, 1) > 0, "it voted for the fetched proposal");
+    for i in (0..4).filter(|i| *i != mute) {
+        assert!(net.finalized(i, 1), "validator {i} finalized view 1 within a period, without a timeout");
+    }
+}
+
 #[test]
 fn a_block_certified_before_its_proposal_is_fetched_only_if_the_proposal_does_not_come() {
     for proposal_comes in [true, false] {

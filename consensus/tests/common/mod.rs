@@ -519,13 +519,28 @@ pub fn run_schedule(s: &Schedule, seed: u64, after: Time, cache: &Arc<SigCache>)
     let stuck = if resume.is_some() {
         Vec::new()
     } else {
-        honest
+        let mut said: Vec<String> = honest
             .iter()
             .filter_map(|n| match &n.actor {
                 Actor::Honest(v) => Some(format!("validator {}: {}", n.index.0, v.describe())),
                 Actor::Byz(_) => None,
             })
-            .collect()
+            .collect();
+        let holders = |d: &Digest| -> Vec<u16> {
+            honest
+                .iter()
+                .filter(|n| matches!(&n.actor, Actor::Honest(v) if v.holds_block(d)))
+                .map(|n| n.index.0)
+                .collect()
+        };
+        for n in &honest {
+            if let Actor::Honest(v) = &n.actor {
+                for d in v.fetching() {
+                    said.push(format!("block {d:?}, fetched by {}, is held by {:?}", n.index.0, holders(&d)));
+                }
+            }
+        }
+        said
     };
     RunResult {
         stuck,
