@@ -428,7 +428,8 @@ fn many_seeds_by_hand() {
         )
         .unwrap(),
     );
-    let mut worst_resume = 0;
+    // The slowest resume after heal, and its (n, seed).
+    let mut worst_resume = (0, 0u16, 0u64);
     let chunk = 200;
     let first: u64 = std::env::var("SEEDS_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
     let mut seed = first;
@@ -447,23 +448,30 @@ fn many_seeds_by_hand() {
                     late_seeds.push((n, *seed));
                 }
             }
-            worst_resume = worst_resume.max(results.iter().filter_map(|(_, r)| r.resume_after_heal).max().unwrap_or(0));
+            for (seed, r) in &results {
+                if let Some(t) = r.resume_after_heal.filter(|t| *t > worst_resume.0) {
+                    worst_resume = (t, n, *seed);
+                }
+            }
         }
         bar.inc(end - seed);
         bar.set_message(format!(
             "{} safety violations, {} late to resume, worst resume after heal {} ms",
             unsafe_seeds.len(),
             late_seeds.len(),
-            worst_resume / MS
+            worst_resume.0 / MS
         ));
         seed = end;
     }
     bar.finish();
     eprintln!(
-        "{total} seeds from {first}: {} with safety violations, {} late to resume; worst resume after heal {} ms",
+        "{total} seeds from {first}: {} with safety violations, {} late to resume; worst resume after heal {} ms \
+         (N={} SEED={})",
         unsafe_seeds.len(),
         late_seeds.len(),
-        worst_resume / MS
+        worst_resume.0 / MS,
+        worst_resume.1,
+        worst_resume.2
     );
     assert!(
         unsafe_seeds.is_empty() && late_seeds.is_empty(),
