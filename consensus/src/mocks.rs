@@ -104,6 +104,21 @@ impl Byzantine {
         Vote::sign(&self.key, &self.inner.genesis(), self.me(), VoteKind::Notarize, view, digest, root)
     }
 
+    /// Another block for the view of `block` (whose events' ids are `ids`, voted for by
+    /// `vote`): the same events in reverse, a millisecond later, with its own vote.
+    fn reversed(
+        &self,
+        block: &crate::types::Block,
+        ids: &[Digest],
+        vote: &Vote,
+    ) -> (crate::types::Block, Vec<Digest>, Vote) {
+        let mut other = block.clone();
+        other.time_ms += 1;
+        let other_ids: Vec<Digest> = ids.iter().rev().copied().collect();
+        let other_vote = self.notarize(other.view, other.header_digest(&other_ids), vote.root);
+        (other, other_ids, other_vote)
+    }
+
     /// An equivocation: `one` to the even-numbered peers, `other` to the odd ones.
     fn split(&mut self, one: Message, other: Message) {
         let me = self.me();
@@ -163,10 +178,7 @@ impl Byzantine {
             }
             (Behaviour::Equivocate, Message::ProposeIds { block, ids, vote, nullifications }) => {
                 // The other block names the same pooled events in reverse, a millisecond later.
-                let mut other = block.clone();
-                other.time_ms += 1;
-                let other_ids: Vec<Digest> = ids.iter().rev().copied().collect();
-                let other_vote = self.notarize(other.view, other.header_digest(&other_ids), vote.root);
+                let (other, other_ids, other_vote) = self.reversed(&block, &ids, &vote);
                 self.split(
                     Message::ProposeIds { block, ids, vote, nullifications: nullifications.clone() },
                     Message::ProposeIds { block: other, ids: other_ids, vote: other_vote, nullifications },
@@ -176,10 +188,7 @@ impl Byzantine {
                 // The other block names the same pooled events by id, in reverse, a millisecond
                 // later.
                 let Some(ids) = self.inner.block_ids(&vote.digest) else { return };
-                let mut other = block.clone();
-                other.time_ms += 1;
-                let other_ids: Vec<Digest> = ids.iter().rev().copied().collect();
-                let other_vote = self.notarize(other.view, other.header_digest(&other_ids), vote.root);
+                let (other, other_ids, other_vote) = self.reversed(&block, &ids, &vote);
                 self.split(
                     Message::ProposeRefs { block, pieces, vote, nullifications: nullifications.clone() },
                     Message::ProposeIds { block: other, ids: other_ids, vote: other_vote, nullifications },

@@ -1787,25 +1787,23 @@ impl Validator {
         if total > self.cfg.max_batch_events {
             return Resolved::Invalid;
         }
-        let spare = if self.spare.ids.capacity() >= total && self.spare.events.capacity() >= total {
+        let mut room = if self.spare.ids.capacity() >= total && self.spare.events.capacity() >= total {
             std::mem::take(&mut self.spare)
         } else {
             Spare { ids: Vec::with_capacity(total), events: Vec::with_capacity(total) }
         };
-        let (resolved, unused) = self.resolve_into(pieces, spare);
-        if let Some(mut unused) = unused
-            && unused.ids.capacity() > self.spare.ids.capacity()
-        {
-            unused.ids.clear();
-            unused.events.clear();
-            self.spare = unused;
+        let resolved = self.resolve_into(pieces, &mut room);
+        if !matches!(resolved, Resolved::Complete(..)) && room.ids.capacity() > self.spare.ids.capacity() {
+            room.ids.clear();
+            room.events.clear();
+            self.spare = room;
         }
         resolved
     }
 
-    /// (`resolve`, writing into `spare`; the room unused unless complete.)
-    fn resolve_into(&self, pieces: &[Piece], spare: Spare) -> (Resolved, Option<Spare>) {
-        let Spare { mut ids, mut events } = spare;
+    /// (`resolve`, writing into `room`: taken from it when complete.)
+    fn resolve_into(&self, pieces: &[Piece], room: &mut Spare) -> Resolved {
+        let Spare { ids, events } = room;
         let (mut no_batch, mut no_id) = (Vec::new(), Vec::new());
         for (p, piece) in pieces.iter().enumerate() {
             match piece {
@@ -1816,7 +1814,7 @@ impl Validator {
                     };
                     let (from, to) = (*start as usize, *start as usize + *len as usize);
                     if to > g.ids.len() {
-                        return (Resolved::Invalid, Some(Spare { ids, events }));
+                        return Resolved::Invalid;
                     }
                     ids.extend_from_slice(&g.ids[from..to]);
                     // Read before shared (as below).
@@ -1843,9 +1841,9 @@ impl Validator {
             }
         }
         if no_batch.is_empty() && no_id.is_empty() {
-            (Resolved::Complete(ids, events), None)
+            Resolved::Complete(std::mem::take(ids), std::mem::take(events))
         } else {
-            (Resolved::Missing { batches: no_batch, ids: no_id }, Some(Spare { ids, events }))
+            Resolved::Missing { batches: no_batch, ids: no_id }
         }
     }
 
