@@ -3,7 +3,9 @@
 //! own mesh (`node::net`: libp2p, QUIC), committing one tick per period with a load of signed
 //! sim events. Reports the commit latency per tick (leader proposes → each validator holds the
 //! finalization) and its ratio to the round trip measured on the same connections in the same
-//! run.
+//! run. Over TCP each validator has its own thread and single-threaded runtime, which by default
+//! busy-polls (`--idle spin`: see `frames::busy`) rather than sleeping between messages
+//! (`--idle block`); the report says how much of their time the validator threads were on a core.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -61,9 +63,23 @@ pub struct AgreementArgs {
     /// on the first, 2 and 3 on the second). TCP transport only.
     #[arg(long)]
     no_pin: bool,
+    /// What a validator's thread does with nothing to handle: `spin`, poll its links and
+    /// timers without sleeping, yielding its core to any other thread that wants it at every
+    /// turn (a busy-polling runtime, for machines whose cores are their validator's: it uses
+    /// them whole); `block`, sleep until a message or timer wakes it (the wake-up of an idle
+    /// core is then paid on every hop of the commit). The round trip is measured the same way.
+    /// TCP transport only.
+    #[arg(long, value_enum, default_value_t = Idle::Spin)]
+    idle: Idle,
 }
 
-use metatopia_node::frames::{MAX_FRAME, read_frame, write_frames};
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Idle {
+    Spin,
+    Block,
+}
+
+use metatopia_node::frames::{MAX_FRAME, busy, read_frame, write_frames};
 
 type Frame = Arc<Vec<u8>>;
 
@@ -79,6 +95,8 @@ struct Shared {
     sent: Mutex<BTreeMap<&'static str, (u64, u64)>>,
     /// Every input handled: (validator, start, end, kind), for `--timeline`.
     inputs: Mutex<Vec<(u16, Duration, Duration, &'static str)>>,
+    /// Each validator thread's CPU time and wall time, from its start to its end.
+    cpu: Mutex<Vec<(Duration, Duration)>>,
 }
 
 pub fn run(args: AgreementArgs) -> anyhow::Result<()> {
@@ -134,11 +152,15 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         }
     }
     let raw_rtt = measure_rtt(&mut streams)?;
-    let rtt = measure_rtt_runtimes(&mut streams)?;
+    let rtt = measure_rtt_runtimes(&mut streams, args.idle)?;
     println!(
         "loopback round trip (64-byte frame there and back over the same TCP connections): p50 {:.1} µs between \
-         two validators' runtimes (the path a vote takes), {:.1} µs between blocking sockets",
+         two validators' runtimes (the path a vote takes; {}), {:.1} µs between blocking sockets",
         rtt.as_secs_f64() * 1e6,
+        match args.idle {
+            Idle::Spin => "busy-polling, as the validators here",
+            Idle::Block => "sleeping until woken, as the validators here",
+        },
         raw_rtt.as_secs_f64() * 1e6
     );
 
@@ -175,17 +197,22 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         let own = Config { sig_cache: Default::default(), ..cfg.clone() };
         let v = Validator::new(own, keys[i as usize].clone(), vks.clone(), 0);
         let shared = shared.clone();
+        let idle = args.idle;
         threads.push(std::thread::Builder::new().name(format!("validator-{i}")).spawn(
             move || -> anyhow::Result<()> {
                 if let Some(core) = core {
                     pin_to(core);
                 }
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                let (wall, cpu) = (Instant::now(), thread_cpu());
+                let sh = shared.clone();
                 rt.block_on(async move {
                     let (tx, inbox) = Inbox::new();
                     let mut peers = BTreeMap::new();
                     for (peer, stream) in links {
-                        let (mut r, w) = TcpStream::from_std(stream)?.into_split();
+                        let (r, w) = TcpStream::from_std(stream)?.into_split();
+                        // Buffered: a burst of frames (a vote, a certificate) is one read.
+                        let mut r = tokio::io::BufReader::with_capacity(1 << 16, r);
                         let inbox = tx.clone();
                         let sh = shared.clone();
                         tokio::spawn(async move {
@@ -210,9 +237,11 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
                         peers.insert(peer, wtx);
                         tokio::spawn(write_frames(w, wrx));
                     }
-                    validator_loop(v, inbox, evs, peers, shared, total_ticks, false).await;
-                    Ok(())
-                })
+                    validator_loop(v, inbox, evs, peers, shared, total_ticks, Links::Tcp(idle)).await;
+                    anyhow::Ok(())
+                })?;
+                sh.cpu.lock().expect("not poisoned").push((thread_cpu().saturating_sub(cpu), wall.elapsed()));
+                Ok(())
             },
         )?);
     }
@@ -226,6 +255,19 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     }
     report(&shared, &args, rtt);
     Ok(())
+}
+
+/// CPU time of the calling thread so far (zero where the OS does not tell).
+fn thread_cpu() -> Duration {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::sys::resource::{UsageWho, getrusage};
+        if let Ok(u) = getrusage(UsageWho::RUSAGE_THREAD) {
+            let t = |v: nix::sys::time::TimeVal| Duration::new(v.tv_sec() as u64, v.tv_usec() as u32 * 1_000);
+            return t(u.user_time()) + t(u.system_time());
+        }
+    }
+    Duration::ZERO
 }
 
 /// The cores this process may run on (empty where that is unknown: nothing is pinned).
@@ -282,6 +324,7 @@ fn new_shared() -> Arc<Shared> {
         handling: Mutex::new(BTreeMap::new()),
         sent: Mutex::new(BTreeMap::new()),
         inputs: Mutex::new(Vec::new()),
+        cpu: Mutex::new(Vec::new()),
     })
 }
 
@@ -373,7 +416,7 @@ async fn bench_libp2p(
         etx.push(e);
         let own = Config { sig_cache: Default::default(), ..cfg.clone() };
         let v = Validator::new(own, keys[i].clone(), vks.clone(), 0);
-        tasks.push(tokio::spawn(validator_loop(v, inbox, erx, writers, shared.clone(), total_ticks, true)));
+        tasks.push(tokio::spawn(validator_loop(v, inbox, erx, writers, shared.clone(), total_ticks, Links::Mesh)));
         // (The mesh lives as long as its writer tasks hold it.)
         drop(mesh);
     }
@@ -453,6 +496,14 @@ impl Inbox {
     }
 }
 
+/// What a validator's links are: plain TCP, its thread busy-polling them or not; or the node's
+/// mesh, whose frames are `NodeMsg::Consensus` rather than bare messages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Links {
+    Tcp(Idle),
+    Mesh,
+}
+
 async fn validator_loop(
     mut v: Validator,
     (mut inbox, mut gossip): Inboxes,
@@ -460,11 +511,11 @@ async fn validator_loop(
     peers: BTreeMap<u16, mpsc::UnboundedSender<Frame>>,
     shared: Arc<Shared>,
     until_tick: u64,
-    // Frames are `NodeMsg::Consensus` (the node's mesh) rather than bare messages.
-    node_frames: bool,
+    links: Links,
 ) {
+    let spin = links == Links::Tcp(Idle::Spin);
     let encode = |m: Message| {
-        if node_frames {
+        if links == Links::Mesh {
             Arc::new(metatopia_node::wire::NodeMsg::Consensus { epoch: 0, msg: m }.encode())
         } else {
             Arc::new(m.encode())
@@ -479,25 +530,32 @@ async fn validator_loop(
             Message(ValidatorIndex, Box<Message>),
             Events(Vec<Vec<u8>>),
             Timeout,
+            Closed,
         }
-        let input = tokio::select! {
-            biased;
-            m = inbox.recv() => match m {
-                Some((from, msg)) => Input::Message(from, Box::new(msg)),
-                None => return,
+        let input = busy(
+            async {
+                tokio::select! {
+                    biased;
+                    m = inbox.recv() => match m {
+                        Some((from, msg)) => Input::Message(from, Box::new(msg)),
+                        None => Input::Closed,
+                    },
+                    m = gossip.recv() => match m {
+                        Some((from, msg)) => Input::Message(from, Box::new(msg)),
+                        None => Input::Closed,
+                    },
+                    e = events.recv() => match e {
+                        Some(batch) => Input::Events(batch),
+                        None => Input::Closed,
+                    },
+                    // (A timer due now fires now: tokio's timers round up to the next millisecond.)
+                    _ = tokio::time::sleep(wait), if !wait.is_zero() => Input::Timeout,
+                    _ = tokio::task::yield_now(), if wait.is_zero() => Input::Timeout,
+                }
             },
-            m = gossip.recv() => match m {
-                Some((from, msg)) => Input::Message(from, Box::new(msg)),
-                None => return,
-            },
-            e = events.recv() => match e {
-                Some(batch) => Input::Events(batch),
-                None => return,
-            },
-            // (A timer due now fires now: tokio's timers round up to the next millisecond.)
-            _ = tokio::time::sleep(wait), if !wait.is_zero() => Input::Timeout,
-            _ = tokio::task::yield_now(), if wait.is_zero() => Input::Timeout,
-        };
+            spin,
+        )
+        .await;
         // Only the handling is timed (not the wait for the input).
         let t0 = Instant::now();
         let started = shared.start.elapsed();
@@ -515,6 +573,7 @@ async fn validator_loop(
                 v.handle_timeout(micros(&shared));
                 "timeout"
             }
+            Input::Closed => return,
         };
         let took = t0.elapsed();
         shared.inputs.lock().expect("not poisoned").push((me, started, started + took, kind));
@@ -634,6 +693,20 @@ fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
             max.as_secs_f64() * 1e6
         );
     }
+    let cpu = shared.cpu.lock().expect("not poisoned");
+    let (used, wall) = cpu.iter().fold((0.0, 0.0), |(u, w), (c, t)| (u + c.as_secs_f64(), w + t.as_secs_f64()));
+    let handled: f64 = shared.handling.lock().expect("not poisoned").values().map(|(_, t, _)| t.as_secs_f64()).sum();
+    if wall > 0.0 {
+        println!(
+            "validator threads: {:.1}% of their time on a core ({}), {:.1}% handling inputs",
+            100.0 * used / wall,
+            match args.idle {
+                Idle::Spin => "busy-polling: the rest is spent polling, and yielded to any other thread",
+                Idle::Block => "asleep the rest",
+            },
+            100.0 * handled / wall
+        );
+    }
     let all_ticks = committed.iter().filter(|(v, ..)| *v == 0).count().max(1) as f64;
     let sent = shared.sent.lock().expect("not poisoned");
     let line: Vec<String> = sent
@@ -737,7 +810,10 @@ fn measure_rtt(streams: &mut BTreeMap<(u16, u16), std::net::TcpStream>) -> anyho
 
 /// Median round trip of a 64-byte frame between two single-threaded runtimes on their own
 /// threads (validators 0 and 1), through the same framing the validators use.
-fn measure_rtt_runtimes(streams: &mut BTreeMap<(u16, u16), std::net::TcpStream>) -> anyhow::Result<Duration> {
+fn measure_rtt_runtimes(
+    streams: &mut BTreeMap<(u16, u16), std::net::TcpStream>,
+    idle: Idle,
+) -> anyhow::Result<Duration> {
     const ROUNDS: usize = 400;
     let a = streams.remove(&(0, 1)).context("stream")?;
     let b = streams.remove(&(1, 0)).context("stream")?;
@@ -748,7 +824,7 @@ fn measure_rtt_runtimes(streams: &mut BTreeMap<(u16, u16), std::net::TcpStream>)
         rt.block_on(async move {
             let mut b = TcpStream::from_std(b)?;
             for _ in 0..ROUNDS {
-                let f = read_frame(&mut b).await?;
+                let f = busy(read_frame(&mut b), idle == Idle::Spin).await?;
                 metatopia_node::frames::write_frame(&mut b, &f).await?;
             }
             Ok(b.into_std()?)
@@ -761,7 +837,7 @@ fn measure_rtt_runtimes(streams: &mut BTreeMap<(u16, u16), std::net::TcpStream>)
         for _ in 0..ROUNDS {
             let t = Instant::now();
             metatopia_node::frames::write_frame(&mut a, &[7u8; 64]).await?;
-            read_frame(&mut a).await?;
+            busy(read_frame(&mut a), idle == Idle::Spin).await?;
             samples.push(t.elapsed());
         }
         anyhow::Ok((a.into_std()?, samples))

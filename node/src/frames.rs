@@ -1,5 +1,6 @@
 //! Length-prefixed frames over tokio streams (`bench agreement`'s plain TCP between validators;
-//! the node's mesh frames its libp2p streams the same way, in `net`).
+//! the node's mesh frames its libp2p streams the same way, in `net`), and busy-polling for the
+//! runtimes that read them ([`busy`]).
 
 use std::sync::Arc;
 
@@ -39,4 +40,29 @@ pub async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result<V
 pub async fn write_frame(w: &mut (impl AsyncWriteExt + Unpin), f: &[u8]) -> std::io::Result<()> {
     w.write_u32_le(f.len() as u32).await?;
     w.write_all(f).await
+}
+
+/// Await `f`; with `spin`, without sleeping: between polls of `f` the thread does not wait in
+/// the kernel for a socket or timer to be ready, it yields to its runtime's other tasks
+/// (which then polls its sockets and timers at once) and then its core to any other thread
+/// that wants it. A message is then picked up at the receiver's next turn instead of after
+/// the wake-up of a thread asleep on an idle core: in the VMs of our 2-vCPU machines that
+/// wake-up took 50-100 µs of every hop (an idle vCPU halts at once there, and waking it is
+/// the hypervisor's work). The price is the thread's whole core, all the time, as with any
+/// busy-polling runtime (DPDK's, Seastar's): for machines whose cores are their validator's.
+pub async fn busy<F: std::future::Future>(f: F, spin: bool) -> F::Output {
+    if !spin {
+        return f.await;
+    }
+    tokio::pin!(f);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut f => return out,
+            () = tokio::task::yield_now() => {
+                // (Fails only where the OS has no such call: the turn is then shorter.)
+                let _ = nix::sched::sched_yield();
+            }
+        }
+    }
 }

@@ -23,10 +23,20 @@ fn number_after(stdout: &str, label: &str) -> f64 {
     num.parse().unwrap_or_else(|_| panic!("no number after {label:?} in {line:?}"))
 }
 
+/// The share of their time the validator threads were on a core, from the report.
+fn cpu_percent(stdout: &str) -> f64 {
+    number_after(stdout, "validator threads:")
+}
+
 #[test]
-fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not() {
-    for pin in [true, false] {
-        let out = bench(if pin { &[] } else { &["--no-pin"] });
+fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_or_not() {
+    let mut cpu = Vec::new();
+    for (pin, spin) in [(true, true), (false, false)] {
+        let mut extra = vec!["--idle", if spin { "spin" } else { "block" }];
+        if !pin {
+            extra.push("--no-pin");
+        }
+        let out = bench(&extra);
         // 30 measured ticks after a second's warm-up at 60 Hz, and 5 more: 95 ticks of 40 events.
         let submitted = 95.0 * 40.0;
         let committed = number_after(&out, "events committed:");
@@ -40,5 +50,14 @@ fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not() {
         if cfg!(target_os = "linux") {
             assert_eq!(out.contains("validator threads pinned: v0 -> core"), pin, "{out}");
         }
+        // The round trip is measured the way the validators wait.
+        let rtt = out.lines().find(|l| l.starts_with("loopback round trip")).expect("a round-trip line");
+        assert_eq!(rtt.contains("busy-polling"), spin, "{rtt}");
+        cpu.push(cpu_percent(&out));
+    }
+    if cfg!(target_os = "linux") {
+        // Busy-polling validators are on their cores far more of the time than sleeping ones
+        // (at 40 events a tick these handle inputs a few per cent of it).
+        assert!(cpu[0] > 2.0 * cpu[1] && cpu[1] > 0.0, "spinning {}% against sleeping {}%", cpu[0], cpu[1]);
     }
 }
