@@ -71,6 +71,17 @@ pub struct AgreementArgs {
     /// TCP transport only.
     #[arg(long, value_enum, default_value_t = Idle::Spin)]
     idle: Idle,
+    /// `validator`: each validator on a thread of its own (two threads to a core, shared by the
+    /// OS's scheduler); `core`: one thread to a core, running the validators placed there
+    /// as tasks of its runtime, which take turns input by input. TCP transport only.
+    #[arg(long, value_enum, default_value_t = Threads::Validator)]
+    threads: Threads,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Threads {
+    Validator,
+    Core,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -169,7 +180,10 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     let period_us = cfg.period_us;
     // Each validator runs on its own thread with its own single-threaded runtime, its readers
     // and writers local to it, as on separate machines (on a shared work-stealing pool, a
-    // message waited behind other validators' tasks: 60-250 µs a hop under load).
+    // message waited behind other validators' tasks: 60-250 µs a hop under load). With
+    // `--threads core`, the validators placed on a core share one such thread and runtime
+    // instead, taking turns input by input with no OS scheduler between them (the same
+    // latency here: the OS shares a core between two busy-polling threads as finely).
     let mut inboxes = Vec::new();
     let mut event_txs = Vec::new();
     let mut threads = Vec::new();
@@ -187,18 +201,39 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     if !cores.is_empty() {
         let placed: Vec<String> =
             (0..n as usize).map(|i| format!("v{i} -> core {}", cores[i * cores.len() / n as usize])).collect();
-        println!("validator threads pinned: {}", placed.join(", "));
+        println!(
+            "validator threads pinned: {} ({})",
+            placed.join(", "),
+            match args.threads {
+                Threads::Validator => "a thread per validator",
+                Threads::Core => "a thread per core, shared by its validators",
+            }
+        );
     }
+    // The validators each thread runs, and the core it is pinned to.
+    let mut groups: BTreeMap<usize, (Option<usize>, Vec<u16>)> = BTreeMap::new();
+    let slots =
+        if cores.is_empty() { std::thread::available_parallelism().map_or(1, usize::from) } else { cores.len() };
     for i in 0..n {
-        let core = (!cores.is_empty()).then(|| cores[i as usize * cores.len() / n as usize]);
-        let evs = inboxes[i as usize].take().expect("once");
-        let links = by_validator.remove(&i).unwrap_or_default();
-        // Each validator verifies signatures itself (its own cache), as separate machines would.
-        let own = Config { sig_cache: Default::default(), ..cfg.clone() };
-        let v = Validator::new(own, keys[i as usize].clone(), vks.clone(), 0);
+        let slot = i as usize * slots / n as usize;
+        let key = if args.threads == Threads::Core { slot } else { i as usize };
+        let g = groups.entry(key).or_insert((cores.get(slot).copied(), Vec::new()));
+        g.1.push(i);
+    }
+    for (core, members) in groups.into_values() {
+        let mut bundles = Vec::new();
+        for &i in &members {
+            let evs = inboxes[i as usize].take().expect("once");
+            let links = by_validator.remove(&i).unwrap_or_default();
+            // Each validator verifies signatures itself (its own cache), as separate machines would.
+            let own = Config { sig_cache: Default::default(), ..cfg.clone() };
+            let v = Validator::new(own, keys[i as usize].clone(), vks.clone(), 0);
+            bundles.push((i, v, links, evs));
+        }
         let shared = shared.clone();
         let idle = args.idle;
-        threads.push(std::thread::Builder::new().name(format!("validator-{i}")).spawn(
+        let name = members.iter().map(|i| format!("-{i}")).collect::<String>();
+        threads.push(std::thread::Builder::new().name(format!("validator{name}")).spawn(
             move || -> anyhow::Result<()> {
                 if let Some(core) = core {
                     pin_to(core);
@@ -207,38 +242,10 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
                 let (wall, cpu) = (Instant::now(), thread_cpu());
                 let sh = shared.clone();
                 rt.block_on(async move {
-                    let (tx, inbox) = Inbox::new();
-                    let mut peers = BTreeMap::new();
-                    for (peer, stream) in links {
-                        let (r, w) = TcpStream::from_std(stream)?.into_split();
-                        // Buffered: a burst of frames (a vote, a certificate) is one read.
-                        let mut r = tokio::io::BufReader::with_capacity(1 << 16, r);
-                        let inbox = tx.clone();
-                        let sh = shared.clone();
-                        tokio::spawn(async move {
-                            while let Ok(frame) = read_frame(&mut r).await {
-                                let read = sh.start.elapsed();
-                                match Message::decode(&frame, MAX_FRAME as usize) {
-                                    Ok(m) => {
-                                        if m.kind() == "propose" {
-                                            // (For `--timeline`: the proposal read and decoded.)
-                                            let decoded = sh.start.elapsed();
-                                            sh.inputs.lock().expect("not poisoned").push((i, read, decoded, "read"));
-                                        }
-                                        if !inbox.send(ValidatorIndex(peer), m) {
-                                            break;
-                                        }
-                                    }
-                                    Err(e) => tracing::warn!(peer, "dropping a bad frame: {e}"),
-                                }
-                            }
-                        });
-                        let (wtx, wrx) = mpsc::unbounded_channel::<Frame>();
-                        peers.insert(peer, wtx);
-                        tokio::spawn(write_frames(w, wrx));
-                    }
-                    validator_loop(v, inbox, evs, peers, shared, total_ticks, Links::Tcp(idle)).await;
-                    anyhow::Ok(())
+                    let runs = bundles
+                        .into_iter()
+                        .map(|(i, v, links, evs)| run_validator(i, v, links, evs, shared.clone(), total_ticks, idle));
+                    futures::future::try_join_all(runs).await
                 })?;
                 sh.cpu.lock().expect("not poisoned").push((thread_cpu().saturating_sub(cpu), wall.elapsed()));
                 Ok(())
@@ -254,6 +261,51 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         }
     }
     report(&shared, &args, rtt);
+    Ok(())
+}
+
+/// One validator on the calling thread's runtime: a reader and a writer task for each link, and
+/// its loop.
+async fn run_validator(
+    i: u16,
+    v: Validator,
+    links: Vec<(u16, std::net::TcpStream)>,
+    evs: mpsc::UnboundedReceiver<Vec<Vec<u8>>>,
+    shared: Arc<Shared>,
+    total_ticks: u64,
+    idle: Idle,
+) -> anyhow::Result<()> {
+    let (tx, inbox) = Inbox::new();
+    let mut peers = BTreeMap::new();
+    for (peer, stream) in links {
+        let (r, w) = TcpStream::from_std(stream)?.into_split();
+        // Buffered: a burst of frames (a vote, a certificate) is one read.
+        let mut r = tokio::io::BufReader::with_capacity(1 << 16, r);
+        let inbox = tx.clone();
+        let sh = shared.clone();
+        tokio::spawn(async move {
+            while let Ok(frame) = read_frame(&mut r).await {
+                let read = sh.start.elapsed();
+                match Message::decode(&frame, MAX_FRAME as usize) {
+                    Ok(m) => {
+                        if m.kind() == "propose" {
+                            // (For `--timeline`: the proposal read and decoded.)
+                            let decoded = sh.start.elapsed();
+                            sh.inputs.lock().expect("not poisoned").push((i, read, decoded, "read"));
+                        }
+                        if !inbox.send(ValidatorIndex(peer), m) {
+                            break;
+                        }
+                    }
+                    Err(e) => tracing::warn!(peer, "dropping a bad frame: {e}"),
+                }
+            }
+        });
+        let (wtx, wrx) = mpsc::unbounded_channel::<Frame>();
+        peers.insert(peer, wtx);
+        tokio::spawn(write_frames(w, wrx));
+    }
+    validator_loop(v, inbox, evs, peers, shared, total_ticks, Links::Tcp(idle)).await;
     Ok(())
 }
 

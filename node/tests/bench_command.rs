@@ -29,12 +29,15 @@ fn cpu_percent(stdout: &str) -> f64 {
 }
 
 #[test]
-fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_or_not() {
+fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_or_not_threads_per_validator_or_core() {
     let mut cpu = Vec::new();
-    for (pin, spin) in [(true, true), (false, false)] {
+    for (pin, spin, per_core) in [(true, true, false), (false, false, false), (true, true, true)] {
         let mut extra = vec!["--idle", if spin { "spin" } else { "block" }];
         if !pin {
             extra.push("--no-pin");
+        }
+        if per_core {
+            extra.extend(["--threads", "core"]);
         }
         let out = bench(&extra);
         // 30 measured ticks after a second's warm-up at 60 Hz, and 5 more: 95 ticks of 40 events.
@@ -49,6 +52,7 @@ fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_o
         assert!(p50 > 0.0 && p50 <= p99, "{out}");
         if cfg!(target_os = "linux") {
             assert_eq!(out.contains("validator threads pinned: v0 -> core"), pin, "{out}");
+            assert_eq!(out.contains("(a thread per core, shared by its validators)"), pin && per_core, "{out}");
         }
         // The round trip is measured the way the validators wait.
         let rtt = out.lines().find(|l| l.starts_with("loopback round trip")).expect("a round-trip line");
@@ -59,5 +63,6 @@ fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_o
         // Busy-polling validators are on their cores far more of the time than sleeping ones
         // (at 40 events a tick these handle inputs a few per cent of it).
         assert!(cpu[0] > 2.0 * cpu[1] && cpu[1] > 0.0, "spinning {}% against sleeping {}%", cpu[0], cpu[1]);
+        assert!(cpu[2] > 2.0 * cpu[1], "spinning a thread per core {}% against sleeping {}%", cpu[2], cpu[1]);
     }
 }
