@@ -198,9 +198,13 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         by_validator.entry(me).or_default().push((peer, stream));
     }
     let cores = if args.no_pin { Vec::new() } else { allowed_cores() };
+    // Validator i goes to slot i * slots / n (with 4 on 2 cores, 0 and 1 on the first): the
+    // core it is pinned to, and with `--threads core` the thread it shares.
+    let slots =
+        if cores.is_empty() { std::thread::available_parallelism().map_or(1, usize::from) } else { cores.len() };
+    let slot_of = |i: u16| usize::from(i) * slots / usize::from(n);
     if !cores.is_empty() {
-        let placed: Vec<String> =
-            (0..n as usize).map(|i| format!("v{i} -> core {}", cores[i * cores.len() / n as usize])).collect();
+        let placed: Vec<String> = (0..n).map(|i| format!("v{i} -> core {}", cores[slot_of(i)])).collect();
         println!(
             "validator threads pinned: {} ({})",
             placed.join(", "),
@@ -212,13 +216,9 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     }
     // The validators each thread runs, and the core it is pinned to.
     let mut groups: BTreeMap<usize, (Option<usize>, Vec<u16>)> = BTreeMap::new();
-    let slots =
-        if cores.is_empty() { std::thread::available_parallelism().map_or(1, usize::from) } else { cores.len() };
     for i in 0..n {
-        let slot = i as usize * slots / n as usize;
-        let key = if args.threads == Threads::Core { slot } else { i as usize };
-        let g = groups.entry(key).or_insert((cores.get(slot).copied(), Vec::new()));
-        g.1.push(i);
+        let key = if args.threads == Threads::Core { slot_of(i) } else { usize::from(i) };
+        groups.entry(key).or_insert((cores.get(slot_of(i)).copied(), Vec::new())).1.push(i);
     }
     for (core, members) in groups.into_values() {
         let mut bundles = Vec::new();
