@@ -108,6 +108,12 @@ struct Shared {
     inputs: Mutex<Vec<(u16, Duration, Duration, &'static str)>>,
     /// Each validator thread's CPU time and wall time, from its start to its end.
     cpu: Mutex<Vec<(Duration, Duration)>>,
+    /// Each proposal's leader, by the block's digest.
+    leaders: Mutex<BTreeMap<Digest, u16>>,
+    /// (validator, digest) -> when it sent its finalize vote (queued it for its peers).
+    finalize_sent: Mutex<Vec<(u16, Digest, Duration)>>,
+    /// The core each validator is pinned to (empty when not pinned).
+    cores: Mutex<Vec<usize>>,
 }
 
 pub fn run(args: AgreementArgs) -> anyhow::Result<()> {
@@ -204,6 +210,7 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         if cores.is_empty() { std::thread::available_parallelism().map_or(1, usize::from) } else { cores.len() };
     let slot_of = |i: u16| usize::from(i) * slots / usize::from(n);
     if !cores.is_empty() {
+        *shared.cores.lock().expect("not poisoned") = (0..n).map(|i| cores[slot_of(i)]).collect();
         let placed: Vec<String> = (0..n).map(|i| format!("v{i} -> core {}", cores[slot_of(i)])).collect();
         println!(
             "validator threads pinned: {} ({})",
@@ -377,6 +384,9 @@ fn new_shared() -> Arc<Shared> {
         sent: Mutex::new(BTreeMap::new()),
         inputs: Mutex::new(Vec::new()),
         cpu: Mutex::new(Vec::new()),
+        leaders: Mutex::new(BTreeMap::new()),
+        finalize_sent: Mutex::new(Vec::new()),
+        cores: Mutex::new(Vec::new()),
     })
 }
 
@@ -652,8 +662,17 @@ async fn validator_loop(
                     if let Some(vote) = m.vote().filter(|_| m.kind() == "propose") {
                         // The leader's own notarize vote names the block's digest.
                         shared.proposed.lock().expect("not poisoned").insert(vote.digest, at);
+                        shared.leaders.lock().expect("not poisoned").insert(vote.digest, vote.signer.0);
                     }
                     let kind = m.kind();
+                    if let Some(vote) = m.vote().filter(|_| matches!(kind, "notarize" | "finalize")) {
+                        // (For `--timeline`, and for finding the vote that finalizes.)
+                        let sent = if kind == "finalize" { "finalize sent" } else { "notarize sent" };
+                        shared.inputs.lock().expect("not poisoned").push((me, at, at, sent));
+                        if kind == "finalize" {
+                            shared.finalize_sent.lock().expect("not poisoned").push((me, vote.digest, at));
+                        }
+                    }
                     let frame = encode(m);
                     count(kind, peers.len(), frame.len());
                     for tx in peers.values() {
@@ -664,6 +683,7 @@ async fn validator_loop(
                     if let Some(vote) = m.vote().filter(|_| m.kind() == "propose") {
                         // (Full to some peers, compact to others: one proposal.)
                         shared.proposed.lock().expect("not poisoned").entry(vote.digest).or_insert(at);
+                        shared.leaders.lock().expect("not poisoned").insert(vote.digest, vote.signer.0);
                     }
                     if let Some(tx) = peers.get(&to.0) {
                         let kind = m.kind();
@@ -727,6 +747,7 @@ fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
         args.rate_hz,
         args.events_per_tick
     );
+    finalizing_votes(shared, &proposed, warmup, args.validators);
     let bounds = [0.25, 0.5, 1.0, 2.0, 5.0, 10.0, f64::INFINITY];
     let mut below = 0;
     let buckets: Vec<String> = bounds
@@ -776,9 +797,57 @@ fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
     }
 }
 
+/// Which validator's finalize vote finalized each measured tick (the quorum-th sent: each
+/// validator finalizes once it has that one), and when it was sent: where the latency goes.
+/// Validators share cores here, so whose vote it is tells which core's work holds the tick up.
+fn finalizing_votes(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, warmup: Duration, n: u16) {
+    let quorum = 2 * ((usize::from(n) - 1) / 3) + 1;
+    let leaders = shared.leaders.lock().expect("not poisoned");
+    let cores = shared.cores.lock().expect("not poisoned");
+    let mut sent: BTreeMap<Digest, Vec<(Duration, u16)>> = BTreeMap::new();
+    for (v, d, at) in shared.finalize_sent.lock().expect("not poisoned").iter() {
+        sent.entry(*d).or_default().push((*at, *v));
+    }
+    // (the leader's, a follower's on the leader's core, a follower's elsewhere)
+    let mut whose = [0usize; 3];
+    let mut after = Vec::new();
+    for (d, proposed_at) in proposed.iter().filter(|(_, p)| **p > warmup) {
+        let (Some(votes), Some(&leader)) = (sent.get_mut(d), leaders.get(d)) else { continue };
+        votes.sort();
+        let Some(&(at, v)) = votes.get(quorum - 1) else { continue };
+        let core = |w: u16| cores.get(usize::from(w)).copied();
+        let role = if v == leader {
+            0
+        } else if core(v).is_some() && core(v) == core(leader) {
+            1
+        } else {
+            2
+        };
+        whose[role] += 1;
+        after.push(at.saturating_sub(*proposed_at).as_secs_f64() * 1e3);
+    }
+    if after.is_empty() {
+        return;
+    }
+    after.sort_by(f64::total_cmp);
+    let share = |k: usize| 100.0 * whose[k] as f64 / after.len() as f64;
+    let on_cores = if cores.is_empty() {
+        format!("a follower's {:.0}%", share(1) + share(2))
+    } else {
+        format!("a follower's on the leader's core {:.0}%, on another core {:.0}%", share(1), share(2))
+    };
+    println!(
+        "  the finalize vote that finalizes (the last of the first {quorum} sent, {} ticks): the leader's {:.0}%, {on_cores}; sent p50 {:.3} ms after the proposal",
+        after.len(),
+        share(0),
+        after[(after.len() - 1) / 2]
+    );
+}
+
 /// For a few ticks: every input each validator handled from the proposal to the last
 /// finalization, in µs after the proposal (start-end kind); `send` is the leader encoding and
-/// queueing its proposal, `read` a follower's reader decoding it off the socket.
+/// queueing its proposal, `read` a follower's reader decoding it off the socket, `notarize
+/// sent` and `finalize sent` a validator queueing its votes.
 fn timeline(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, count: usize, validators: u16) {
     let finalized = shared.finalized.lock().expect("not poisoned").clone();
     let inputs = shared.inputs.lock().expect("not poisoned");

@@ -50,6 +50,22 @@ fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_o
         let latency = out.lines().find(|l| l.starts_with("commit latency")).expect("a latency line");
         let (p50, p99) = (number_after(latency, "p50"), number_after(latency, "p99"));
         assert!(p50 > 0.0 && p50 <= p99, "{out}");
+        // Whose finalize vote finalized each measured tick, every tick counted once.
+        let finalizing = out.lines().find(|l| l.contains("the finalize vote that finalizes")).expect("its line");
+        let ticks = number_after(finalizing, "sent,");
+        assert!(ticks >= 25.0, "{finalizing}");
+        let shares = if finalizing.contains("on another core") {
+            number_after(finalizing, "the leader's")
+                + number_after(finalizing, "on the leader's core")
+                + number_after(finalizing, "on another core")
+        } else {
+            number_after(finalizing, "the leader's") + number_after(finalizing, "a follower's")
+        };
+        assert!((shares - 100.0).abs() <= 2.0, "{finalizing}");
+        // That vote is sent before any validator can finalize on it.
+        let sent_p50 = number_after(finalizing, "sent p50");
+        assert!(sent_p50 > 0.0 && sent_p50 <= p99, "{finalizing}\n{latency}");
+        assert_eq!(finalizing.contains("on another core"), pin && cfg!(target_os = "linux"), "{finalizing}");
         if cfg!(target_os = "linux") {
             assert_eq!(out.contains("validator threads pinned: v0 -> core"), pin, "{out}");
             assert_eq!(out.contains("(a thread per core, shared by its validators)"), pin && per_core, "{out}");
