@@ -96,7 +96,8 @@ type Frame = Arc<Vec<u8>>;
 
 struct Shared {
     start: Instant,
-    proposed: Mutex<BTreeMap<Digest, Duration>>,
+    /// Each proposal, by the block's digest: when its leader sent it, and which validator that was.
+    proposed: Mutex<BTreeMap<Digest, (Duration, u16)>>,
     /// (validator, digest) -> when it learned of the finalization.
     finalized: Mutex<Vec<(u16, Digest, Duration)>>,
     committed: Mutex<Vec<(u16, u64, Duration, usize)>>,
@@ -108,8 +109,6 @@ struct Shared {
     inputs: Mutex<Vec<(u16, Duration, Duration, &'static str)>>,
     /// Each validator thread's CPU time and wall time, from its start to its end.
     cpu: Mutex<Vec<(Duration, Duration)>>,
-    /// Each proposal's leader, by the block's digest.
-    leaders: Mutex<BTreeMap<Digest, u16>>,
     /// (validator, digest) -> when it sent its finalize vote (queued it for its peers).
     finalize_sent: Mutex<Vec<(u16, Digest, Duration)>>,
     /// The core each validator is pinned to (empty when not pinned).
@@ -384,7 +383,6 @@ fn new_shared() -> Arc<Shared> {
         sent: Mutex::new(BTreeMap::new()),
         inputs: Mutex::new(Vec::new()),
         cpu: Mutex::new(Vec::new()),
-        leaders: Mutex::new(BTreeMap::new()),
         finalize_sent: Mutex::new(Vec::new()),
         cores: Mutex::new(Vec::new()),
     })
@@ -661,8 +659,7 @@ async fn validator_loop(
                 Output::Broadcast(m) => {
                     if let Some(vote) = m.vote().filter(|_| m.kind() == "propose") {
                         // The leader's own notarize vote names the block's digest.
-                        shared.proposed.lock().expect("not poisoned").insert(vote.digest, at);
-                        shared.leaders.lock().expect("not poisoned").insert(vote.digest, vote.signer.0);
+                        shared.proposed.lock().expect("not poisoned").insert(vote.digest, (at, vote.signer.0));
                     }
                     let kind = m.kind();
                     if let Some(vote) = m.vote().filter(|_| matches!(kind, "notarize" | "finalize")) {
@@ -682,8 +679,7 @@ async fn validator_loop(
                 Output::Send(to, m) => {
                     if let Some(vote) = m.vote().filter(|_| m.kind() == "propose") {
                         // (Full to some peers, compact to others: one proposal.)
-                        shared.proposed.lock().expect("not poisoned").entry(vote.digest).or_insert(at);
-                        shared.leaders.lock().expect("not poisoned").insert(vote.digest, vote.signer.0);
+                        shared.proposed.lock().expect("not poisoned").entry(vote.digest).or_insert((at, vote.signer.0));
                     }
                     if let Some(tx) = peers.get(&to.0) {
                         let kind = m.kind();
@@ -724,7 +720,7 @@ fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
         .expect("not poisoned")
         .iter()
         .filter_map(|(_, d, at)| {
-            proposed.get(d).filter(|p| **p > warmup).map(|p| at.saturating_sub(*p).as_secs_f64() * 1e3)
+            proposed.get(d).filter(|(p, _)| *p > warmup).map(|(p, _)| at.saturating_sub(*p).as_secs_f64() * 1e3)
         })
         .collect();
     lat.sort_by(f64::total_cmp);
@@ -800,9 +796,8 @@ fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
 /// Which validator's finalize vote finalized each measured tick (the quorum-th sent: each
 /// validator finalizes once it has that one), and when it was sent: where the latency goes.
 /// Validators share cores here, so whose vote it is tells which core's work holds the tick up.
-fn finalizing_votes(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, warmup: Duration, n: u16) {
+fn finalizing_votes(shared: &Shared, proposed: &BTreeMap<Digest, (Duration, u16)>, warmup: Duration, n: u16) {
     let quorum = 2 * ((usize::from(n) - 1) / 3) + 1;
-    let leaders = shared.leaders.lock().expect("not poisoned");
     let cores = shared.cores.lock().expect("not poisoned");
     let mut sent: BTreeMap<Digest, Vec<(Duration, u16)>> = BTreeMap::new();
     for (v, d, at) in shared.finalize_sent.lock().expect("not poisoned").iter() {
@@ -811,14 +806,14 @@ fn finalizing_votes(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, warm
     // (the leader's, a follower's on the leader's core, a follower's elsewhere)
     let mut whose = [0usize; 3];
     let mut after = Vec::new();
-    for (d, proposed_at) in proposed.iter().filter(|(_, p)| **p > warmup) {
-        let (Some(votes), Some(&leader)) = (sent.get_mut(d), leaders.get(d)) else { continue };
+    for (d, (proposed_at, leader)) in proposed.iter().filter(|(_, (p, _))| *p > warmup) {
+        let Some(votes) = sent.get_mut(d) else { continue };
         votes.sort();
         let Some(&(at, v)) = votes.get(quorum - 1) else { continue };
         let core = |w: u16| cores.get(usize::from(w)).copied();
-        let role = if v == leader {
+        let role = if v == *leader {
             0
-        } else if core(v).is_some() && core(v) == core(leader) {
+        } else if core(v).is_some() && core(v) == core(*leader) {
             1
         } else {
             2
@@ -848,10 +843,10 @@ fn finalizing_votes(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, warm
 /// finalization, in µs after the proposal (start-end kind); `send` is the leader encoding and
 /// queueing its proposal, `read` a follower's reader decoding it off the socket, `notarize
 /// sent` and `finalize sent` a validator queueing its votes.
-fn timeline(shared: &Shared, proposed: &BTreeMap<Digest, Duration>, count: usize, validators: u16) {
+fn timeline(shared: &Shared, proposed: &BTreeMap<Digest, (Duration, u16)>, count: usize, validators: u16) {
     let finalized = shared.finalized.lock().expect("not poisoned").clone();
     let inputs = shared.inputs.lock().expect("not poisoned");
-    let mut props: Vec<(Duration, Digest)> = proposed.iter().map(|(d, at)| (*at, *d)).collect();
+    let mut props: Vec<(Duration, Digest)> = proposed.iter().map(|(d, (at, _))| (*at, *d)).collect();
     props.sort();
     let step = (props.len() / (count + 1)).max(1);
     for (at, digest) in props.iter().skip(step).step_by(step).take(count) {
