@@ -3,9 +3,11 @@
 //! own mesh (`node::net`: libp2p, QUIC), committing one tick per period with a load of signed
 //! sim events. Reports the commit latency per tick (leader proposes → each validator holds the
 //! finalization) and its ratio to the round trip measured on the same connections in the same
-//! run. Over TCP each validator has its own thread and single-threaded runtime, which by default
-//! busy-polls (`--idle spin`: see `frames::busy`) rather than sleeping between messages
-//! (`--idle block`); the report says how much of their time the validator threads were on a core.
+//! run. Over TCP the validators placed on a core by default share one thread, which busy-polls
+//! their sockets and hands them their inputs in the order they came (`--threads reactor`: see
+//! `reactor`); or each validator has its own thread and single-threaded runtime, busy-polling
+//! (`--idle spin`: see `frames::busy`) or sleeping between messages (`--idle block`). The report
+//! says how much of their time the validator threads were on a core.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -17,6 +19,8 @@ use metatopia_sim::genesis::demo_key;
 use metatopia_sim::{Payload, SignedEvent, SimId};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
+
+mod reactor;
 
 #[derive(Debug, clap::Args)]
 pub struct AgreementArgs {
@@ -71,17 +75,29 @@ pub struct AgreementArgs {
     /// TCP transport only.
     #[arg(long, value_enum, default_value_t = Idle::Spin)]
     idle: Idle,
-    /// `validator`: each validator on a thread of its own (two threads to a core, shared by the
-    /// OS's scheduler); `core`: one thread to a core, running the validators placed there
-    /// as tasks of its runtime, which take turns input by input. TCP transport only.
-    #[arg(long, value_enum, default_value_t = Threads::Validator)]
-    threads: Threads,
+    /// `reactor` (the default with `--idle spin`): one thread to a core, running the
+    /// validators placed there on one event loop that polls their sockets at every turn and
+    /// hands them their inputs in the order they arrived; `validator` (the default with
+    /// `--idle block`): each validator on a thread of its own with its own runtime (two
+    /// threads to a core, shared by the OS's scheduler); `core`: one thread to a core, running
+    /// the validators placed there as tasks of its runtime, which take turns input by input.
+    /// TCP transport only.
+    #[arg(long, value_enum)]
+    threads: Option<Threads>,
+}
+
+impl AgreementArgs {
+    /// `--threads`, or its default.
+    fn threads(&self) -> Threads {
+        self.threads.unwrap_or(if self.idle == Idle::Spin { Threads::Reactor } else { Threads::Validator })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Threads {
     Validator,
     Core,
+    Reactor,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -117,6 +133,10 @@ struct Shared {
 
 pub fn run(args: AgreementArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.validators >= 4, "--validators must be at least 4");
+    anyhow::ensure!(
+        args.threads() != Threads::Reactor || args.idle == Idle::Spin,
+        "--threads reactor busy-polls its sockets: it takes --idle spin only"
+    );
     bench(args)
 }
 
@@ -168,11 +188,21 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         }
     }
     let raw_rtt = measure_rtt(&mut streams)?;
-    let rtt = measure_rtt_runtimes(&mut streams, args.idle)?;
+    let rtt = if args.threads() == Threads::Reactor {
+        let a = streams.remove(&(0, 1)).context("stream")?;
+        let b = streams.remove(&(1, 0)).context("stream")?;
+        let (rtt, a, b) = reactor::round_trip(a, b, 400)?;
+        streams.insert((0, 1), a);
+        streams.insert((1, 0), b);
+        rtt
+    } else {
+        measure_rtt_runtimes(&mut streams, args.idle)?
+    };
     println!(
         "loopback round trip (64-byte frame there and back over the same TCP connections): p50 {:.1} µs between \
-         two validators' runtimes (the path a vote takes; {}), {:.1} µs between blocking sockets",
+         two validators' {} (the path a vote takes; {}), {:.1} µs between blocking sockets",
         rtt.as_secs_f64() * 1e6,
+        if args.threads() == Threads::Reactor { "event loops" } else { "runtimes" },
         match args.idle {
             Idle::Spin => "busy-polling, as the validators here",
             Idle::Block => "sleeping until woken, as the validators here",
@@ -183,12 +213,14 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     let shared = new_shared();
     let cfg = config_for(&args);
     let period_us = cfg.period_us;
-    // Each validator runs on its own thread with its own single-threaded runtime, its readers
-    // and writers local to it, as on separate machines (on a shared work-stealing pool, a
-    // message waited behind other validators' tasks: 60-250 µs a hop under load). With
-    // `--threads core`, the validators placed on a core share one such thread and runtime
-    // instead, taking turns input by input with no OS scheduler between them (the same
-    // latency here: the OS shares a core between two busy-polling threads as finely).
+    // The validators placed on a core share its one thread: by default an event loop of their
+    // sockets (`reactor`), with `--threads core` a single-threaded runtime. With `--threads
+    // validator` each runs on its own thread with its own single-threaded runtime, its readers
+    // and writers local to it (on a shared work-stealing pool, a message waited behind other
+    // validators' tasks: 60-250 µs a hop under load). Two busy-polling threads on one core
+    // took turns as the OS's scheduler chose, and a vote that came for one of them waited
+    // while the other handled whatever it had (commit p50 ~0.06 ms higher than the reactor's,
+    // and p99 0.1-0.3 ms: README).
     let mut inboxes = Vec::new();
     let mut event_txs = Vec::new();
     let mut threads = Vec::new();
@@ -214,16 +246,17 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         println!(
             "validator threads pinned: {} ({})",
             placed.join(", "),
-            match args.threads {
+            match args.threads() {
                 Threads::Validator => "a thread per validator",
                 Threads::Core => "a thread per core, shared by its validators",
+                Threads::Reactor => "a thread per core, its validators on one event loop",
             }
         );
     }
     // The validators each thread runs, and the core it is pinned to.
     let mut groups: BTreeMap<usize, (Option<usize>, Vec<u16>)> = BTreeMap::new();
     for i in 0..n {
-        let key = if args.threads == Threads::Core { slot_of(i) } else { usize::from(i) };
+        let key = if args.threads() == Threads::Validator { usize::from(i) } else { slot_of(i) };
         groups.entry(key).or_insert((cores.get(slot_of(i)).copied(), Vec::new())).1.push(i);
     }
     for (core, members) in groups.into_values() {
@@ -237,22 +270,34 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
             bundles.push((i, v, links, evs));
         }
         let shared = shared.clone();
-        let idle = args.idle;
+        let (idle, threads_kind) = (args.idle, args.threads());
         let name = members.iter().map(|i| format!("-{i}")).collect::<String>();
         threads.push(std::thread::Builder::new().name(format!("validator{name}")).spawn(
             move || -> anyhow::Result<()> {
                 if let Some(core) = core {
                     pin_to(core);
                 }
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 let (wall, cpu) = (Instant::now(), thread_cpu());
                 let sh = shared.clone();
-                rt.block_on(async move {
-                    let runs = bundles
+                if threads_kind == Threads::Reactor {
+                    let members = bundles
                         .into_iter()
-                        .map(|(i, v, links, evs)| run_validator(i, v, links, evs, shared.clone(), total_ticks, idle));
-                    futures::future::try_join_all(runs).await
-                })?;
+                        .map(|(_, v, links, events)| reactor::Member {
+                            driver: Driver::new(v, shared.clone(), total_ticks, Links::Tcp(idle)),
+                            links,
+                            events,
+                        })
+                        .collect();
+                    reactor::run(members, &shared)?;
+                } else {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                    rt.block_on(async move {
+                        let runs = bundles.into_iter().map(|(i, v, links, evs)| {
+                            run_validator(i, v, links, evs, shared.clone(), total_ticks, idle)
+                        });
+                        futures::future::try_join_all(runs).await
+                    })?;
+                }
                 sh.cpu.lock().expect("not poisoned").push((thread_cpu().saturating_sub(cpu), wall.elapsed()));
                 Ok(())
             },
@@ -564,76 +609,70 @@ enum Links {
     Mesh,
 }
 
-async fn validator_loop(
-    mut v: Validator,
-    (mut inbox, mut gossip): Inboxes,
-    mut events: mpsc::UnboundedReceiver<Vec<Vec<u8>>>,
-    peers: BTreeMap<u16, mpsc::UnboundedSender<Frame>>,
+/// An input for a validator.
+enum Input {
+    Message(ValidatorIndex, Box<Message>),
+    Events(Vec<Vec<u8>>),
+    Timeout,
+}
+
+/// A validator and what the bench records of it, whatever runs it (a task of its own, or a
+/// core's reactor): it handles one input at a time and hands each frame it sends to the caller.
+struct Driver {
+    v: Validator,
     shared: Arc<Shared>,
+    me: u16,
+    /// How many peers a broadcast goes to.
+    peers: usize,
     until_tick: u64,
-    links: Links,
-) {
-    let spin = links == Links::Tcp(Idle::Spin);
-    let encode = |m: Message| {
-        if links == Links::Mesh {
+    mesh: bool,
+}
+
+impl Driver {
+    fn new(v: Validator, shared: Arc<Shared>, until_tick: u64, links: Links) -> Driver {
+        let me = v.index().expect("every bench node is a validator").0;
+        let peers = v.keys().len().saturating_sub(1);
+        Driver { v, shared, me, peers, until_tick, mesh: links == Links::Mesh }
+    }
+
+    fn micros(&self) -> u64 {
+        self.shared.start.elapsed().as_micros() as u64
+    }
+
+    /// When the validator next wants a timeout input (µs on the bench's clock), if ever.
+    fn deadline(&self) -> Option<u64> {
+        self.v.poll_timeout()
+    }
+
+    fn encode(&self, m: Message) -> Frame {
+        if self.mesh {
             Arc::new(metatopia_node::wire::NodeMsg::Consensus { epoch: 0, msg: m }.encode())
         } else {
             Arc::new(m.encode())
         }
-    };
-    let me = v.index().expect("every bench node is a validator").0;
-    let micros = |s: &Shared| s.start.elapsed().as_micros() as u64;
-    loop {
-        let deadline = v.poll_timeout().unwrap_or(u64::MAX);
-        let wait = Duration::from_micros(deadline.saturating_sub(micros(&shared)));
-        enum Input {
-            Message(ValidatorIndex, Box<Message>),
-            Events(Vec<Vec<u8>>),
-            Timeout,
-            Closed,
-        }
-        let input = busy(
-            async {
-                tokio::select! {
-                    biased;
-                    m = inbox.recv() => match m {
-                        Some((from, msg)) => Input::Message(from, Box::new(msg)),
-                        None => Input::Closed,
-                    },
-                    m = gossip.recv() => match m {
-                        Some((from, msg)) => Input::Message(from, Box::new(msg)),
-                        None => Input::Closed,
-                    },
-                    e = events.recv() => match e {
-                        Some(batch) => Input::Events(batch),
-                        None => Input::Closed,
-                    },
-                    // (A timer due now fires now: tokio's timers round up to the next millisecond.)
-                    _ = tokio::time::sleep(wait), if !wait.is_zero() => Input::Timeout,
-                    _ = tokio::task::yield_now(), if wait.is_zero() => Input::Timeout,
-                }
-            },
-            spin,
-        )
-        .await;
+    }
+
+    /// Handle `input`, timing and recording it, then pass each frame the validator sends to
+    /// `send` (for one peer, or for all with `None`). `false` once it has committed its last tick.
+    fn step(&mut self, input: Input, send: &mut impl FnMut(Option<u16>, &Frame)) -> bool {
+        let (me, shared) = (self.me, self.shared.clone());
         // Only the handling is timed (not the wait for the input).
         let t0 = Instant::now();
         let started = shared.start.elapsed();
         let kind = match input {
             Input::Message(from, msg) => {
                 let kind = msg.kind();
-                v.handle_message(micros(&shared), from, *msg);
+                self.v.handle_message(self.micros(), from, *msg);
                 kind
             }
             Input::Events(batch) => {
-                v.submit_events(micros(&shared), batch);
+                self.v.submit_events(self.micros(), batch);
                 "submit"
             }
             Input::Timeout => {
-                v.handle_timeout(micros(&shared));
+                self.v.handle_timeout(self.micros());
                 "timeout"
             }
-            Input::Closed => return,
         };
         let took = t0.elapsed();
         shared.inputs.lock().expect("not poisoned").push((me, started, started + took, kind));
@@ -652,7 +691,8 @@ async fn validator_loop(
         };
         let sending = shared.start.elapsed();
         let mut proposing = false;
-        while let Some(o) = v.poll_output() {
+        let mut more = true;
+        while let Some(o) = self.v.poll_output() {
             let at = shared.start.elapsed();
             proposing |= matches!(&o, Output::Broadcast(m) if m.kind() == "propose");
             match o {
@@ -670,31 +710,28 @@ async fn validator_loop(
                             shared.finalize_sent.lock().expect("not poisoned").push((me, vote.digest, at));
                         }
                     }
-                    let frame = encode(m);
-                    count(kind, peers.len(), frame.len());
-                    for tx in peers.values() {
-                        let _ = tx.send(frame.clone());
-                    }
+                    let frame = self.encode(m);
+                    count(kind, self.peers, frame.len());
+                    send(None, &frame);
                 }
                 Output::Send(to, m) => {
                     if let Some(vote) = m.vote().filter(|_| m.kind() == "propose") {
                         // (Full to some peers, compact to others: one proposal.)
                         shared.proposed.lock().expect("not poisoned").entry(vote.digest).or_insert((at, vote.signer.0));
                     }
-                    if let Some(tx) = peers.get(&to.0) {
-                        let kind = m.kind();
-                        let frame = encode(m);
-                        count(kind, 1, frame.len());
-                        let _ = tx.send(frame);
-                    }
+                    let kind = m.kind();
+                    let frame = self.encode(m);
+                    count(kind, 1, frame.len());
+                    send(Some(to.0), &frame);
                 }
                 Output::Finalized { digest, .. } => {
                     shared.finalized.lock().expect("not poisoned").push((me, digest, at))
                 }
                 Output::Committed(c) => {
                     shared.committed.lock().expect("not poisoned").push((me, c.block.tick, at, c.block.events.len()));
-                    if c.block.tick >= until_tick {
-                        return;
+                    if c.block.tick >= self.until_tick {
+                        more = false;
+                        break;
                     }
                 }
                 Output::RootMismatch { .. } | Output::Evidence(_) => {}
@@ -703,6 +740,55 @@ async fn validator_loop(
         if proposing {
             // (For `--timeline`: the leader encoding and queueing its proposal.)
             shared.inputs.lock().expect("not poisoned").push((me, sending, shared.start.elapsed(), "send"));
+        }
+        more
+    }
+}
+
+async fn validator_loop(
+    v: Validator,
+    (mut inbox, mut gossip): Inboxes,
+    mut events: mpsc::UnboundedReceiver<Vec<Vec<u8>>>,
+    peers: BTreeMap<u16, mpsc::UnboundedSender<Frame>>,
+    shared: Arc<Shared>,
+    until_tick: u64,
+    links: Links,
+) {
+    let spin = links == Links::Tcp(Idle::Spin);
+    let mut d = Driver::new(v, shared, until_tick, links);
+    let mut send = |to: Option<u16>, frame: &Frame| match to {
+        None => {
+            for tx in peers.values() {
+                let _ = tx.send(frame.clone());
+            }
+        }
+        Some(to) => {
+            if let Some(tx) = peers.get(&to) {
+                let _ = tx.send(frame.clone());
+            }
+        }
+    };
+    loop {
+        let deadline = d.deadline().unwrap_or(u64::MAX);
+        let wait = Duration::from_micros(deadline.saturating_sub(d.micros()));
+        let input = busy(
+            async {
+                tokio::select! {
+                    biased;
+                    m = inbox.recv() => m.map(|(from, msg)| Input::Message(from, Box::new(msg))),
+                    m = gossip.recv() => m.map(|(from, msg)| Input::Message(from, Box::new(msg))),
+                    e = events.recv() => e.map(Input::Events),
+                    // (A timer due now fires now: tokio's timers round up to the next millisecond.)
+                    _ = tokio::time::sleep(wait), if !wait.is_zero() => Some(Input::Timeout),
+                    _ = tokio::task::yield_now(), if wait.is_zero() => Some(Input::Timeout),
+                }
+            },
+            spin,
+        )
+        .await;
+        let Some(input) = input else { return };
+        if !d.step(input, &mut send) {
+            return;
         }
         // Let the writers send what was just queued before the next input is handled (they
         // are tasks of this thread: a proposal otherwise waited behind queued events).

@@ -29,16 +29,20 @@ fn cpu_percent(stdout: &str) -> f64 {
 }
 
 #[test]
-fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_or_not_threads_per_validator_or_core() {
+fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_or_not_on_each_kind_of_thread() {
     let mut cpu = Vec::new();
-    for (pin, spin, per_core) in [(true, true, false), (false, false, false), (true, true, true)] {
+    // (pinned, spinning, `--threads`: None for its default, a reactor when spinning)
+    let variants =
+        [(true, true, None), (false, false, None), (true, true, Some("core")), (false, true, Some("validator"))];
+    for (pin, spin, threads) in variants {
         let mut extra = vec!["--idle", if spin { "spin" } else { "block" }];
         if !pin {
             extra.push("--no-pin");
         }
-        if per_core {
-            extra.extend(["--threads", "core"]);
+        if let Some(t) = threads {
+            extra.extend(["--threads", t]);
         }
+        let reactor = spin && threads.is_none();
         let out = bench(&extra);
         // 30 measured ticks after a second's warm-up at 60 Hz, and 5 more: 95 ticks of 40 events.
         let submitted = 95.0 * 40.0;
@@ -68,11 +72,13 @@ fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_o
         assert_eq!(finalizing.contains("on another core"), pin && cfg!(target_os = "linux"), "{finalizing}");
         if cfg!(target_os = "linux") {
             assert_eq!(out.contains("validator threads pinned: v0 -> core"), pin, "{out}");
-            assert_eq!(out.contains("(a thread per core, shared by its validators)"), pin && per_core, "{out}");
+            assert_eq!(out.contains("(a thread per core, shared by its validators)"), threads == Some("core"), "{out}");
+            assert_eq!(out.contains("(a thread per core, its validators on one event loop)"), pin && reactor, "{out}");
         }
-        // The round trip is measured the way the validators wait.
+        // The round trip is measured the way the validators wait, on what they run on.
         let rtt = out.lines().find(|l| l.starts_with("loopback round trip")).expect("a round-trip line");
         assert_eq!(rtt.contains("busy-polling"), spin, "{rtt}");
+        assert_eq!(rtt.contains("between two validators' event loops"), reactor, "{rtt}");
         cpu.push(cpu_percent(&out));
     }
     if cfg!(target_os = "linux") {
@@ -80,5 +86,17 @@ fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_o
         // (at 40 events a tick these handle inputs a few per cent of it).
         assert!(cpu[0] > 2.0 * cpu[1] && cpu[1] > 0.0, "spinning {}% against sleeping {}%", cpu[0], cpu[1]);
         assert!(cpu[2] > 2.0 * cpu[1], "spinning a thread per core {}% against sleeping {}%", cpu[2], cpu[1]);
+        assert!(cpu[3] > 2.0 * cpu[1], "spinning a thread per validator {}% against sleeping {}%", cpu[3], cpu[1]);
     }
+}
+
+#[test]
+fn bench_agreement_refuses_a_reactor_that_would_sleep() {
+    let out = Command::new(env!("CARGO_BIN_EXE_metatopia"))
+        .args(["bench", "agreement", "--ticks", "5", "--threads", "reactor", "--idle", "block"])
+        .output()
+        .expect("metatopia runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--threads reactor busy-polls its sockets: it takes --idle spin only"), "{stderr}");
 }
