@@ -1,5 +1,6 @@
 //! `metatopia bench agreement`: 4 validators in this process, connected over real loopback TCP
-//! (tokio, length-prefixed frames, `TCP_NODELAY`), or with `--transport libp2p` over the node's
+//! (tokio, length-prefixed frames, `TCP_NODELAY`), UDP (`--transport udp`: a socket per
+//! validator, frames in pieces when longer than a datagram), or with `--transport libp2p` over the node's
 //! own mesh (`node::net`: libp2p, QUIC), committing one tick per period with a load of signed
 //! sim events. Reports the commit latency per tick (leader proposes → each validator holds the
 //! finalization) and its ratio to the round trip measured on the same connections in the same
@@ -39,9 +40,10 @@ pub struct AgreementArgs {
     /// Signed events submitted per tick.
     #[arg(long, default_value_t = 1_000)]
     events_per_tick: usize,
-    /// `tcp`: plain TCP between the validators (the agreement alone); `libp2p`: the node's mesh
-    /// (QUIC, encrypted, multiplexed), what real nodes use.
-    #[arg(long, default_value = "tcp", value_parser = ["tcp", "libp2p"])]
+    /// `tcp`: plain TCP between the validators (the agreement alone); `udp`: a UDP socket per
+    /// validator, frames longer than a datagram in pieces (on the reactor only); `libp2p`: the
+    /// node's mesh (QUIC, encrypted, multiplexed), what real nodes use.
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "udp", "libp2p"])]
     transport: String,
     /// Leaders send full proposals (every event's bytes) instead of compact ones (the events'
     /// ids; the events were disseminated before): for comparison.
@@ -137,6 +139,10 @@ pub fn run(args: AgreementArgs) -> anyhow::Result<()> {
         args.threads() != Threads::Reactor || args.idle == Idle::Spin,
         "--threads reactor busy-polls its sockets: it takes --idle spin only"
     );
+    anyhow::ensure!(
+        args.transport != "udp" || args.threads() == Threads::Reactor,
+        "--transport udp runs on the reactor: it takes --threads reactor (the default) and --idle spin"
+    );
     bench(args)
 }
 
@@ -147,7 +153,11 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
     let total_ticks = args.ticks + warmup_ticks(&args) + 5;
     println!(
         "bench agreement: {n} validators on loopback ({}), {} Hz, {} signed events per tick ({}), {} ticks measured, {} proposals",
-        if args.transport == "libp2p" { "the node's libp2p mesh" } else { "plain TCP" },
+        match args.transport.as_str() {
+            "libp2p" => "the node's libp2p mesh",
+            "udp" => "UDP",
+            _ => "plain TCP",
+        },
         args.rate_hz,
         args.events_per_tick,
         match (args.load_batches, args.load_phase.as_str()) {
@@ -166,49 +176,11 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().worker_threads(2).build()?;
         return rt.block_on(bench_libp2p(args, keys, vks, events, total_ticks));
     }
-    // Full mesh: listeners first, then every pair connects once.
-    let mut listeners = Vec::new();
-    for _ in 0..n {
-        listeners.push(std::net::TcpListener::bind("127.0.0.1:0")?);
+    let (mut setups, rtt) = if args.transport == "udp" { udp_links(n)? } else { tcp_links(n, &args)? };
+    let mut pending = Vec::new();
+    for i in 0..n {
+        pending.push(setups.remove(&i));
     }
-    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
-    let mut streams: BTreeMap<(u16, u16), std::net::TcpStream> = BTreeMap::new();
-    for (i, listener) in listeners.iter().enumerate() {
-        for j in (i + 1)..n as usize {
-            let out = std::net::TcpStream::connect(addrs[i])?;
-            let (inc, _) = listener.accept()?;
-            for s in [&out, &inc] {
-                s.set_nodelay(true)?;
-                // Room for a whole proposal in the send buffer (the default, 16 KiB, split a
-                // 32 KiB compact proposal into writes that waited for the reader's thread).
-                socket2::SockRef::from(s).set_send_buffer_size(1 << 20)?;
-            }
-            streams.insert((j as u16, i as u16), out); // j's end towards i
-            streams.insert((i as u16, j as u16), inc); // i's end towards j
-        }
-    }
-    let raw_rtt = measure_rtt(&mut streams)?;
-    let rtt = if args.threads() == Threads::Reactor {
-        let a = streams.remove(&(0, 1)).context("stream")?;
-        let b = streams.remove(&(1, 0)).context("stream")?;
-        let (rtt, a, b) = reactor::round_trip(a, b, 400)?;
-        streams.insert((0, 1), a);
-        streams.insert((1, 0), b);
-        rtt
-    } else {
-        measure_rtt_runtimes(&mut streams, args.idle)?
-    };
-    println!(
-        "loopback round trip (64-byte frame there and back over the same TCP connections): p50 {:.1} µs between \
-         two validators' {} (the path a vote takes; {}), {:.1} µs between blocking sockets",
-        rtt.as_secs_f64() * 1e6,
-        if args.threads() == Threads::Reactor { "event loops" } else { "runtimes" },
-        match args.idle {
-            Idle::Spin => "busy-polling, as the validators here",
-            Idle::Block => "sleeping until woken, as the validators here",
-        },
-        raw_rtt.as_secs_f64() * 1e6
-    );
 
     let shared = new_shared();
     let cfg = config_for(&args);
@@ -228,11 +200,6 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         let (etx, erx) = mpsc::unbounded_channel::<Vec<Vec<u8>>>();
         event_txs.push(etx);
         inboxes.push(Some(erx));
-    }
-    let mut by_validator: BTreeMap<u16, Vec<(u16, std::net::TcpStream)>> = BTreeMap::new();
-    for ((me, peer), stream) in streams {
-        stream.set_nonblocking(true)?;
-        by_validator.entry(me).or_default().push((peer, stream));
     }
     let cores = if args.no_pin { Vec::new() } else { allowed_cores() };
     // Validator i goes to slot i * slots / n (with 4 on 2 cores, 0 and 1 on the first): the
@@ -263,7 +230,7 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         let mut bundles = Vec::new();
         for &i in &members {
             let evs = inboxes[i as usize].take().expect("once");
-            let links = by_validator.remove(&i).unwrap_or_default();
+            let links = pending[usize::from(i)].take().context("a validator's links, once")?;
             // Each validator verifies signatures itself (its own cache), as separate machines would.
             let own = Config { sig_cache: Default::default(), ..cfg.clone() };
             let v = Validator::new(own, keys[i as usize].clone(), vks.clone(), 0);
@@ -282,9 +249,9 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
                 if threads_kind == Threads::Reactor {
                     let members = bundles
                         .into_iter()
-                        .map(|(_, v, links, events)| reactor::Member {
+                        .map(|(_, v, net, events)| reactor::Member {
                             driver: Driver::new(v, shared.clone(), total_ticks, Links::Tcp(idle)),
-                            links,
+                            net,
                             events,
                         })
                         .collect();
@@ -320,12 +287,13 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
 async fn run_validator(
     i: u16,
     v: Validator,
-    links: Vec<(u16, std::net::TcpStream)>,
+    links: reactor::Setup,
     evs: mpsc::UnboundedReceiver<Vec<Vec<u8>>>,
     shared: Arc<Shared>,
     total_ticks: u64,
     idle: Idle,
 ) -> anyhow::Result<()> {
+    let reactor::Setup::Tcp(links) = links else { anyhow::bail!("a validator on a runtime takes TCP links") };
     let (tx, inbox) = Inbox::new();
     let mut peers = BTreeMap::new();
     for (peer, stream) in links {
@@ -358,6 +326,113 @@ async fn run_validator(
     }
     validator_loop(v, inbox, evs, peers, shared, total_ticks, Links::Tcp(idle)).await;
     Ok(())
+}
+
+/// Every pair of validators connected once over loopback TCP (each validator's end towards each
+/// peer), and the round trip between two validators as they will run, printed.
+fn tcp_links(n: u16, args: &AgreementArgs) -> anyhow::Result<(BTreeMap<u16, reactor::Setup>, Duration)> {
+    // Full mesh: listeners first, then every pair connects once.
+    let mut listeners = Vec::new();
+    for _ in 0..n {
+        listeners.push(std::net::TcpListener::bind("127.0.0.1:0")?);
+    }
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
+    let mut streams: BTreeMap<(u16, u16), std::net::TcpStream> = BTreeMap::new();
+    for (i, listener) in listeners.iter().enumerate() {
+        for j in (i + 1)..n as usize {
+            let out = std::net::TcpStream::connect(addrs[i])?;
+            let (inc, _) = listener.accept()?;
+            for s in [&out, &inc] {
+                s.set_nodelay(true)?;
+                // Room for a whole proposal in the send buffer (the default, 16 KiB, split a
+                // 32 KiB compact proposal into writes that waited for the reader's thread).
+                socket2::SockRef::from(s).set_send_buffer_size(1 << 20)?;
+            }
+            streams.insert((j as u16, i as u16), out); // j's end towards i
+            streams.insert((i as u16, j as u16), inc); // i's end towards j
+        }
+    }
+    let raw_rtt = measure_rtt(&mut streams)?;
+    let reactor = args.threads() == Threads::Reactor;
+    let rtt = if reactor {
+        let a = streams.remove(&(0, 1)).context("stream")?;
+        let b = streams.remove(&(1, 0)).context("stream")?;
+        let (rtt, a, b) =
+            reactor::round_trip((0, reactor::Setup::Tcp(vec![(1, a)])), (1, reactor::Setup::Tcp(vec![(0, b)])), 400)?;
+        for (me, setup) in [(0, a), (1, b)] {
+            if let reactor::Setup::Tcp(links) = setup {
+                for (peer, s) in links {
+                    streams.insert((me, peer), s);
+                }
+            }
+        }
+        rtt
+    } else {
+        measure_rtt_runtimes(&mut streams, args.idle)?
+    };
+    println!(
+        "loopback round trip (64-byte frame there and back over the same TCP connections): p50 {:.1} µs between \
+         two validators' {} (the path a vote takes; {}), {:.1} µs between blocking sockets",
+        rtt.as_secs_f64() * 1e6,
+        if reactor { "event loops" } else { "runtimes" },
+        match args.idle {
+            Idle::Spin => "busy-polling, as the validators here",
+            Idle::Block => "sleeping until woken, as the validators here",
+        },
+        raw_rtt.as_secs_f64() * 1e6
+    );
+    let mut by_validator: BTreeMap<u16, Vec<(u16, std::net::TcpStream)>> = BTreeMap::new();
+    for ((me, peer), stream) in streams {
+        stream.set_nonblocking(true)?;
+        by_validator.entry(me).or_default().push((peer, stream));
+    }
+    Ok((by_validator.into_iter().map(|(me, links)| (me, reactor::Setup::Tcp(links))).collect(), rtt))
+}
+
+/// A loopback UDP socket for each validator, with every peer's address, and the round trip
+/// between two validators' event loops, printed.
+fn udp_links(n: u16) -> anyhow::Result<(BTreeMap<u16, reactor::Setup>, Duration)> {
+    let mut sockets = Vec::new();
+    for _ in 0..n {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        // Room for a burst: every peer's share of a tick's events at once (the default, 208 KiB,
+        // held three of them; what does not fit is lost, and asked for again by the protocol).
+        let sock = socket2::SockRef::from(&s);
+        sock.set_recv_buffer_size(8 << 20)?;
+        sock.set_send_buffer_size(8 << 20)?;
+        sockets.push(Some(s));
+    }
+    let addrs: Vec<std::net::SocketAddr> =
+        sockets.iter().flatten().map(|s| s.local_addr()).collect::<Result<_, _>>()?;
+    let peers_of = |i: u16, only: Option<u16>| -> BTreeMap<u16, std::net::SocketAddr> {
+        (0..n).filter(|&j| j != i && only.is_none_or(|o| o == j)).map(|j| (j, addrs[usize::from(j)])).collect()
+    };
+    let a = sockets[0].take().context("socket")?;
+    let b = sockets[1].take().context("socket")?;
+    let (rtt, a, b) = reactor::round_trip(
+        (0, reactor::Setup::Udp(a, peers_of(0, Some(1)))),
+        (1, reactor::Setup::Udp(b, peers_of(1, Some(0)))),
+        400,
+    )?;
+    for (i, setup) in [(0, a), (1, b)] {
+        if let reactor::Setup::Udp(s, _) = setup {
+            sockets[i] = Some(s);
+        }
+    }
+    let rcvbuf = socket2::SockRef::from(sockets[0].as_ref().context("socket")?).recv_buffer_size()?;
+    println!(
+        "loopback round trip (64-byte datagram there and back between the same UDP sockets): p50 {:.1} µs between \
+         two validators' event loops (the path a vote takes; busy-polling, as the validators here); receive \
+         buffers {} KiB",
+        rtt.as_secs_f64() * 1e6,
+        rcvbuf / 1024
+    );
+    let mut setups = BTreeMap::new();
+    for (i, s) in sockets.into_iter().enumerate() {
+        let i = i as u16;
+        setups.insert(i, reactor::Setup::Udp(s.context("socket")?, peers_of(i, None)));
+    }
+    Ok((setups, rtt))
 }
 
 /// CPU time of the calling thread so far (zero where the OS does not tell).

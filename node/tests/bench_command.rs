@@ -91,12 +91,36 @@ fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_o
 }
 
 #[test]
-fn bench_agreement_refuses_a_reactor_that_would_sleep() {
-    let out = Command::new(env!("CARGO_BIN_EXE_metatopia"))
-        .args(["bench", "agreement", "--ticks", "5", "--threads", "reactor", "--idle", "block"])
-        .output()
-        .expect("metatopia runs");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--threads reactor busy-polls its sockets: it takes --idle spin only"), "{stderr}");
+fn bench_agreement_over_udp_commits_the_load_and_reports_its_round_trip() {
+    let out = bench(&["--transport", "udp"]);
+    assert!(out.starts_with("bench agreement: 4 validators on loopback (UDP)"), "{out}");
+    let submitted = 95.0 * 40.0;
+    let committed = number_after(&out, "events committed:");
+    assert!(committed >= 0.9 * submitted && committed <= submitted, "{committed} of {submitted}\n{out}");
+    assert!(number_after(&out, "every validator,") >= 4.0 * 25.0, "{out}");
+    let rtt = out.lines().find(|l| l.starts_with("loopback round trip")).expect("a round-trip line");
+    assert!(rtt.contains("64-byte datagram there and back between the same UDP sockets"), "{rtt}");
+    assert!(number_after(rtt, "p50") > 0.0, "{rtt}");
+    let latency = out.lines().find(|l| l.starts_with("commit latency")).expect("a latency line");
+    assert!(number_after(latency, "p50") <= number_after(latency, "p99"), "{latency}");
+}
+
+#[test]
+fn bench_agreement_refuses_a_reactor_that_would_sleep_and_udp_off_the_reactor() {
+    for (args, error) in [
+        (
+            ["--threads", "reactor", "--idle", "block"],
+            "--threads reactor busy-polls its sockets: it takes --idle spin only",
+        ),
+        (["--transport", "udp", "--threads", "validator"], "--transport udp runs on the reactor"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_metatopia"))
+            .args(["bench", "agreement", "--ticks", "5"])
+            .args(args)
+            .output()
+            .expect("metatopia runs");
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(error), "{args:?}: {stderr}");
+    }
 }

@@ -14,27 +14,34 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::ErrorKind;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use metatopia_consensus::{Message, ValidatorIndex};
 use metatopia_node::frames::MAX_FRAME;
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::mpsc;
 
 use super::{Driver, Frame, Input, Shared};
 
-/// A validator the reactor runs: its links (each to one peer, non-blocking) and its clients'
-/// events.
+/// What a validator's messages travel over, as set up before its thread starts.
+pub(super) enum Setup {
+    /// A TCP connection to each peer.
+    Tcp(Vec<(u16, std::net::TcpStream)>),
+    /// One UDP socket, and each peer's address.
+    Udp(std::net::UdpSocket, BTreeMap<u16, SocketAddr>),
+}
+
+/// A validator the reactor runs: its links and its clients' events.
 pub(super) struct Member {
     pub driver: Driver,
-    pub links: Vec<(u16, std::net::TcpStream)>,
+    pub net: Setup,
     pub events: mpsc::UnboundedReceiver<Vec<Vec<u8>>>,
 }
 
 /// One end of a link: a validator's connection to a peer, with what was read of it and not yet
 /// framed, and what is to be written to it and not yet taken by the socket.
 struct Link {
-    owner: usize,
     peer: u16,
     stream: TcpStream,
     inbound: Vec<u8>,
@@ -102,28 +109,216 @@ impl Link {
         self.inbound.drain(..at);
     }
 
-    /// The whole frames read so far, decoded (a frame that does not decode is dropped, as the
-    /// tokio readers drop it).
-    fn frames(&mut self) -> Vec<Message> {
-        let mut out = Vec::new();
-        let peer = self.peer;
-        self.frames_raw(|f| match Message::decode(f, MAX_FRAME as usize) {
-            Ok(m) => out.push(m),
-            Err(e) => tracing::warn!(peer, "dropping a bad frame: {e}"),
-        });
-        out
-    }
-
     /// (Inside a runtime: the stream is registered with its driver.)
-    fn new(owner: usize, peer: u16, s: std::net::TcpStream) -> std::io::Result<Link> {
+    fn new(peer: u16, s: std::net::TcpStream) -> std::io::Result<Link> {
         s.set_nonblocking(true)?;
         let stream = TcpStream::from_std(s)?;
         let (inbound, outbound) = (Vec::with_capacity(1 << 16), Vec::with_capacity(1 << 16));
-        Ok(Link { owner, peer, stream, inbound, outbound, written: 0, open: true })
+        Ok(Link { peer, stream, inbound, outbound, written: 0, open: true })
     }
 
     fn into_std(self) -> std::io::Result<std::net::TcpStream> {
         self.stream.into_std()
+    }
+}
+
+/// The bytes of one UDP datagram at most, after its header: a frame longer than this goes in
+/// pieces (a loopback datagram carries up to 65,507 bytes).
+const PIECE: usize = 60_000;
+/// Messages in pieces kept per peer while their other pieces are awaited (the oldest is dropped
+/// beyond: UDP may lose a piece, and the protocol asks again for what it misses).
+const PARTIAL_MAX: usize = 16;
+
+/// A validator's UDP socket. Each datagram is `[seq u32][piece u16][pieces u16]` and a piece of
+/// one frame (`seq` numbers this socket's frames), read from known peers' addresses only.
+struct Port {
+    socket: UdpSocket,
+    peers: BTreeMap<u16, SocketAddr>,
+    by_addr: BTreeMap<SocketAddr, u16>,
+    /// Datagrams the socket did not take yet, in order.
+    pending: VecDeque<(SocketAddr, Vec<u8>)>,
+    next_seq: u32,
+    /// Frames in pieces: (peer, seq) -> (pieces, those received), the oldest first.
+    partial: BTreeMap<(u16, u32), Pieces>,
+}
+
+/// A frame's count of pieces, and the pieces received, by index.
+type Pieces = (u16, BTreeMap<u16, Vec<u8>>);
+
+impl Port {
+    fn new(socket: std::net::UdpSocket, peers: BTreeMap<u16, SocketAddr>) -> std::io::Result<Port> {
+        socket.set_nonblocking(true)?;
+        let by_addr = peers.iter().map(|(p, a)| (*a, *p)).collect();
+        let socket = UdpSocket::from_std(socket)?;
+        Ok(Port { socket, peers, by_addr, pending: VecDeque::new(), next_seq: 0, partial: BTreeMap::new() })
+    }
+
+    fn queue(&mut self, to: Option<u16>, frame: &[u8]) {
+        let seq = self.next_seq;
+        self.next_seq = self.next_seq.wrapping_add(1);
+        let pieces = frame.len().div_ceil(PIECE).max(1);
+        let Ok(count) = u16::try_from(pieces) else { return };
+        let targets: Vec<SocketAddr> = match to {
+            None => self.peers.values().copied().collect(),
+            Some(p) => self.peers.get(&p).copied().into_iter().collect(),
+        };
+        for i in 0..pieces {
+            let body = &frame[(i * PIECE).min(frame.len())..((i + 1) * PIECE).min(frame.len())];
+            let mut d = Vec::with_capacity(8 + body.len());
+            d.extend_from_slice(&seq.to_le_bytes());
+            d.extend_from_slice(&(i as u16).to_le_bytes());
+            d.extend_from_slice(&count.to_le_bytes());
+            d.extend_from_slice(body);
+            for &addr in &targets {
+                self.pending.push_back((addr, d.clone()));
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        while let Some((addr, d)) = self.pending.front() {
+            match self.socket.try_send_to(d, *addr) {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                // (A datagram refused, say to a peer gone: lost, as UDP may lose it anyway.)
+                Err(_) => {}
+            }
+            self.pending.pop_front();
+        }
+    }
+
+    /// The whole frames received so far (nothing, without a system call, unless the runtime's
+    /// driver saw the socket readable since the last read found it empty), with their senders.
+    fn receive(&mut self, buf: &mut [u8], mut each: impl FnMut(u16, &[u8])) {
+        loop {
+            let (n, from) = match self.socket.try_recv_from(buf) {
+                Ok(got) => got,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                // (WouldBlock: nothing more; anything else, say an ICMP error reported for an
+                // earlier send, is not this datagram's.)
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(_) => continue,
+            };
+            let Some(&peer) = self.by_addr.get(&from) else { continue };
+            if let Some(frame) = self.piece(peer, &buf[..n]) {
+                each(peer, &frame);
+            }
+        }
+    }
+
+    /// Take one datagram: the frame it completes, if any.
+    fn piece(&mut self, peer: u16, d: &[u8]) -> Option<Vec<u8>> {
+        if d.len() < 8 {
+            return None;
+        }
+        let seq = u32::from_le_bytes(d[..4].try_into().expect("4 bytes"));
+        let index = u16::from_le_bytes(d[4..6].try_into().expect("2 bytes"));
+        let count = u16::from_le_bytes(d[6..8].try_into().expect("2 bytes"));
+        let body = &d[8..];
+        if count == 0 || index >= count || count as usize > MAX_FRAME as usize / PIECE + 1 {
+            return None;
+        }
+        if count == 1 {
+            return Some(body.to_vec());
+        }
+        let (want, got) = self.partial.entry((peer, seq)).or_insert_with(|| (count, BTreeMap::new()));
+        if *want != count {
+            return None;
+        }
+        got.insert(index, body.to_vec());
+        if got.len() == usize::from(count) {
+            let (_, got) = self.partial.remove(&(peer, seq)).expect("just seen");
+            return Some(got.into_values().flatten().collect());
+        }
+        while self.partial.keys().filter(|(p, _)| *p == peer).count() > PARTIAL_MAX {
+            let oldest = self.partial.keys().find(|(p, _)| *p == peer).copied();
+            oldest.map(|k| self.partial.remove(&k));
+        }
+        None
+    }
+
+    fn into_std(self) -> std::io::Result<std::net::UdpSocket> {
+        self.socket.into_std()
+    }
+}
+
+/// A validator's links, live on the reactor's runtime.
+enum Net {
+    Tcp(BTreeMap<u16, Link>),
+    Udp(Port),
+}
+
+impl Net {
+    /// (Inside a runtime: the sockets are registered with its driver.)
+    fn new(setup: Setup) -> std::io::Result<Net> {
+        Ok(match setup {
+            Setup::Tcp(links) => {
+                let mut by_peer = BTreeMap::new();
+                for (peer, s) in links {
+                    by_peer.insert(peer, Link::new(peer, s)?);
+                }
+                Net::Tcp(by_peer)
+            }
+            Setup::Udp(socket, peers) => Net::Udp(Port::new(socket, peers)?),
+        })
+    }
+
+    fn into_setup(self) -> std::io::Result<Setup> {
+        Ok(match self {
+            Net::Tcp(links) => {
+                Setup::Tcp(links.into_iter().map(|(p, l)| l.into_std().map(|s| (p, s))).collect::<Result<_, _>>()?)
+            }
+            Net::Udp(port) => {
+                let peers = port.peers.clone();
+                Setup::Udp(port.into_std()?, peers)
+            }
+        })
+    }
+
+    /// Queue a frame for one peer, or for all with `None`.
+    fn queue(&mut self, to: Option<u16>, frame: &[u8]) {
+        match self {
+            Net::Tcp(links) => match to {
+                None => links.values_mut().for_each(|l| l.queue(frame)),
+                Some(p) => {
+                    if let Some(l) = links.get_mut(&p) {
+                        l.queue(frame);
+                    }
+                }
+            },
+            Net::Udp(port) => port.queue(to, frame),
+        }
+    }
+
+    /// Write what is queued, as far as the sockets take it now.
+    fn flush(&mut self) {
+        match self {
+            Net::Tcp(links) => links.values_mut().filter(|l| !l.outbound.is_empty()).for_each(Link::flush),
+            Net::Udp(port) => port.flush(),
+        }
+    }
+
+    /// The frames that came, with their senders.
+    fn receive(&mut self, buf: &mut [u8], mut each: impl FnMut(u16, &[u8])) {
+        match self {
+            Net::Tcp(links) => {
+                for l in links.values_mut().filter(|l| l.open) {
+                    l.read_all(buf);
+                    let peer = l.peer;
+                    l.frames_raw(|f| each(peer, f));
+                }
+            }
+            Net::Udp(port) => port.receive(buf, each),
+        }
+    }
+
+    /// Every link gone (a UDP socket has none to lose).
+    fn closed(&self) -> bool {
+        match self {
+            Net::Tcp(links) => links.values().all(|l| !l.open),
+            Net::Udp(_) => false,
+        }
     }
 }
 
@@ -141,54 +336,56 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_io().build()
 }
 
-/// The round trip of a 64-byte frame between two such event loops, over `a` and `b` (each loop
-/// on a thread of its own, polling and yielding as the reactor does): the median of `rounds`.
-/// The streams are handed back.
+/// The round trip of a 64-byte frame between two such event loops, over `a` (a validator's links,
+/// with one to `b_id`) and `b` (with one to `a_id`), each loop on a thread of its own, polling
+/// and yielding as the reactor does: the median of `rounds`. The links are handed back.
 pub(super) fn round_trip(
-    a: std::net::TcpStream,
-    b: std::net::TcpStream,
+    (a_id, a): (u16, Setup),
+    (b_id, b): (u16, Setup),
     rounds: usize,
-) -> anyhow::Result<(Duration, std::net::TcpStream, std::net::TcpStream)> {
-    let echo = std::thread::spawn(move || -> anyhow::Result<std::net::TcpStream> {
+) -> anyhow::Result<(Duration, Setup, Setup)> {
+    let echo = std::thread::spawn(move || -> anyhow::Result<Setup> {
         runtime()?.block_on(async move {
-            let mut link = Link::new(0, 0, b)?;
-            let mut buf = vec![0u8; 1 << 12];
+            let mut net = Net::new(b)?;
+            let mut buf = vec![0u8; 1 << 16];
             let mut echoed = 0;
             while echoed < rounds {
-                anyhow::ensure!(link.open, "the round trip's link closed");
-                link.read_all(&mut buf);
+                anyhow::ensure!(!net.closed(), "the round trip's link closed");
                 let mut got = Vec::new();
-                link.frames_raw(|f| got.push(f.to_vec()));
+                net.receive(&mut buf, |from, f| {
+                    if from == a_id {
+                        got.push(f.to_vec());
+                    }
+                });
                 for f in &got {
-                    link.queue(f);
+                    net.queue(Some(a_id), f);
                     echoed += 1;
                 }
-                link.flush();
+                net.flush();
                 turn(got.is_empty()).await;
             }
-            Ok(link.into_std()?)
+            Ok(net.into_setup()?)
         })
     });
     let (rtt, a) = runtime()?.block_on(async move {
-        let mut link = Link::new(0, 1, a)?;
-        let mut buf = vec![0u8; 1 << 12];
+        let mut net = Net::new(a)?;
+        let mut buf = vec![0u8; 1 << 16];
         let mut samples = Vec::with_capacity(rounds);
         for _ in 0..rounds {
             let t = std::time::Instant::now();
-            link.queue(&[7u8; 64]);
-            link.flush();
+            net.queue(Some(b_id), &[7u8; 64]);
+            net.flush();
             let mut back = 0;
             while back == 0 {
-                anyhow::ensure!(link.open, "the round trip's link closed");
+                anyhow::ensure!(!net.closed(), "the round trip's link closed");
                 turn(true).await;
-                link.flush();
-                link.read_all(&mut buf);
-                link.frames_raw(|_| back += 1);
+                net.flush();
+                net.receive(&mut buf, |from, _| back += usize::from(from == b_id));
             }
             samples.push(t.elapsed());
         }
         samples.sort();
-        anyhow::Ok((samples[samples.len() / 2], link.into_std()?))
+        anyhow::Ok((samples[samples.len() / 2], net.into_setup()?))
     })?;
     let b = echo.join().map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
     Ok((rtt, a, b))
@@ -196,8 +393,7 @@ pub(super) fn round_trip(
 
 struct Slot {
     driver: Driver,
-    /// Its link to each peer (an index into the reactor's links).
-    to: BTreeMap<u16, usize>,
+    net: Net,
     events: mpsc::UnboundedReceiver<Vec<Vec<u8>>>,
     /// Its validator's next timer (`Validator::poll_timeout`, which depends on its state only:
     /// asked again after each input, not at every turn).
@@ -212,16 +408,10 @@ pub(super) fn run(members: Vec<Member>, shared: &Shared) -> anyhow::Result<()> {
 }
 
 async fn run_loop(members: Vec<Member>, shared: &Shared) -> anyhow::Result<()> {
-    let mut links: Vec<Link> = Vec::new();
     let mut slots: Vec<Slot> = Vec::new();
-    for (owner, m) in members.into_iter().enumerate() {
-        let mut to = BTreeMap::new();
-        for (peer, s) in m.links {
-            to.insert(peer, links.len());
-            links.push(Link::new(owner, peer, s)?);
-        }
+    for m in members {
         let deadline = m.driver.deadline();
-        slots.push(Slot { driver: m.driver, to, events: m.events, deadline, done: false });
+        slots.push(Slot { net: Net::new(m.net)?, driver: m.driver, events: m.events, deadline, done: false });
     }
     // Peers' messages in arrival order, in two queues as each validator's inbox has them.
     let mut first: VecDeque<(usize, ValidatorIndex, Message)> = VecDeque::new();
@@ -235,33 +425,24 @@ async fn run_loop(members: Vec<Member>, shared: &Shared) -> anyhow::Result<()> {
         if slots.iter().all(|s| s.done) {
             return Ok(());
         }
-        for link in links.iter_mut().filter(|l| !l.outbound.is_empty()) {
-            // (What a full socket did not take last time.)
-            link.flush();
-        }
-        // What arrived.
-        for link in links.iter_mut().filter(|l| l.open) {
-            link.read_all(&mut buf);
-            if link.inbound.is_empty() && link.open {
-                continue;
-            }
-            let read = shared.start.elapsed();
-            let (owner, peer) = (link.owner, link.peer);
-            for m in link.frames() {
-                if m.kind() == "propose" {
-                    // (For `--timeline`: the proposal read and decoded.)
-                    let me = slots[owner].driver.me;
-                    shared.inputs.lock().expect("not poisoned").push((me, read, shared.start.elapsed(), "read"));
-                }
-                let queue = if matches!(m, Message::Events(_)) { &mut gossip } else { &mut first };
-                queue.push_back((owner, ValidatorIndex(peer), m));
-            }
-        }
-        for s in slots.iter_mut().filter(|s| !s.done) {
-            // (As a validator task ends once all its links are gone.)
-            s.done = s.to.values().all(|&l| !links[l].open);
-        }
+        // What arrived (and what a full socket did not take last time).
         for (k, s) in slots.iter_mut().enumerate() {
+            s.net.flush();
+            let me = s.driver.me;
+            s.net.receive(&mut buf, |peer, f| match (shared.start.elapsed(), Message::decode(f, MAX_FRAME as usize)) {
+                (read, Ok(m)) => {
+                    if m.kind() == "propose" {
+                        // (For `--timeline`: the proposal read and decoded.)
+                        let decoded = shared.start.elapsed();
+                        shared.inputs.lock().expect("not poisoned").push((me, read, decoded, "read"));
+                    }
+                    let queue = if matches!(m, Message::Events(_)) { &mut gossip } else { &mut first };
+                    queue.push_back((k, ValidatorIndex(peer), m));
+                }
+                (_, Err(e)) => tracing::warn!(peer, "dropping a bad frame: {e}"),
+            });
+            // (As a validator task ends once all its links are gone.)
+            s.done |= s.net.closed();
             while let Ok(batch) = s.events.try_recv() {
                 submits.push_back((k, batch));
             }
@@ -284,26 +465,15 @@ async fn run_loop(members: Vec<Member>, shared: &Shared) -> anyhow::Result<()> {
             });
         idle = picked.is_none();
         let Some((k, input)) = picked else { continue };
-        let slot = &mut slots[k];
-        if slot.done {
+        let Slot { driver, net, deadline, done, .. } = &mut slots[k];
+        if *done {
             continue;
         }
-        let to = &slot.to;
-        let mut send = |peer: Option<u16>, frame: &Frame| match peer {
-            None => to.values().for_each(|&l| links[l].queue(frame)),
-            Some(p) => {
-                if let Some(&l) = to.get(&p) {
-                    links[l].queue(frame);
-                }
-            }
-        };
-        if !slot.driver.step(input, &mut send) {
-            slot.done = true;
+        if !driver.step(input, &mut |to, frame: &Frame| net.queue(to, frame)) {
+            *done = true;
         }
-        slot.deadline = slot.driver.deadline();
-        for &l in slot.to.values() {
-            links[l].flush();
-        }
+        *deadline = driver.deadline();
+        net.flush();
     }
 }
 
@@ -318,7 +488,14 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let peer = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
         let (ours, _) = l.accept().expect("accept");
-        (Link::new(0, 1, ours).expect("link"), peer)
+        (Link::new(1, ours).expect("link"), peer)
+    }
+
+    /// The whole frames read so far, decoded (a frame that does not decode is dropped).
+    fn frames(link: &mut Link) -> Vec<Message> {
+        let mut out = Vec::new();
+        link.frames_raw(|f| out.extend(Message::decode(f, MAX_FRAME as usize).ok()));
+        out
     }
 
     /// Read what the peer sent (waiting for it up to a second), turn by turn as the loop does.
@@ -341,13 +518,13 @@ mod tests {
             bytes.extend_from_slice(&vote);
             peer.write_all(&bytes[..5]).expect("write");
             read_until(&mut link, |l| l.inbound.len() >= 5).await;
-            assert!(link.frames().is_empty(), "half a frame is not a frame");
+            assert!(frames(&mut link).is_empty(), "half a frame is not a frame");
             // The rest, then a frame that is not a message, then the message again.
             peer.write_all(&bytes[5..]).expect("write");
             peer.write_all(&[3, 0, 0, 0, 0xff, 0xff, 0xff]).expect("write");
             peer.write_all(&bytes).expect("write");
             read_until(&mut link, |l| l.inbound.len() >= 2 * bytes.len() + 7).await;
-            let got = link.frames();
+            let got = frames(&mut link);
             assert_eq!(got.len(), 2, "the two messages, the bad frame dropped");
             assert!(got.iter().all(|m| m.encode() == vote));
             assert!(link.open && link.inbound.is_empty());
@@ -361,7 +538,7 @@ mod tests {
             peer.write_all(&(MAX_FRAME + 1).to_le_bytes()).expect("write");
             peer.write_all(&[0; 64]).expect("write");
             read_until(&mut link, |l| l.inbound.len() >= 68).await;
-            assert!(link.frames().is_empty());
+            assert!(frames(&mut link).is_empty());
             assert!(!link.open);
             // Nothing more is queued to a closed link.
             link.queue(&[1, 2, 3]);
@@ -395,8 +572,11 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let a = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
         let (b, _) = l.accept().expect("accept");
-        let (rtt, mut a, mut b) = round_trip(a, b, 20).expect("round trip");
-        assert!(rtt > Duration::ZERO && rtt < Duration::from_secs(1), "{rtt:?}");
+        let (rtt, a, b) =
+            round_trip((0, Setup::Tcp(vec![(1, a)])), (1, Setup::Tcp(vec![(0, b)])), 20).expect("round trip");
+        assert!(rtt > Duration::ZERO && rtt < Duration::from_millis(100), "{rtt:?}");
+        let (Setup::Tcp(mut a), Setup::Tcp(mut b)) = (a, b) else { panic!("TCP in, TCP out") };
+        let ((1, mut a), (0, mut b)) = (a.remove(0), b.remove(0)) else { panic!("each with its peer") };
         // Still connected, to each other.
         a.set_nonblocking(false).expect("blocking");
         b.set_nonblocking(false).expect("blocking");
@@ -404,5 +584,83 @@ mod tests {
         let mut got = [0u8; 2];
         b.read_exact(&mut got).expect("read");
         assert_eq!(&got, b"ok");
+    }
+
+    /// Two UDP sockets on loopback, each knowing the other as its one peer.
+    fn udp_pair() -> (Setup, Setup) {
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let b = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let (aa, ba) = (a.local_addr().expect("addr"), b.local_addr().expect("addr"));
+        (Setup::Udp(a, BTreeMap::from([(1, ba)])), Setup::Udp(b, BTreeMap::from([(0, aa)])))
+    }
+
+    #[test]
+    fn the_round_trip_over_udp_is_measured_and_the_sockets_come_back() {
+        let (a, b) = udp_pair();
+        let (rtt, a, b) = round_trip((0, a), (1, b), 20).expect("round trip");
+        assert!(rtt > Duration::ZERO && rtt < Duration::from_millis(100), "{rtt:?}");
+        let (Setup::Udp(a, pa), Setup::Udp(b, _)) = (a, b) else { panic!("UDP in, UDP out") };
+        a.set_nonblocking(false).expect("blocking");
+        b.set_nonblocking(false).expect("blocking");
+        a.send_to(b"ok", pa[&1]).expect("send");
+        let mut got = [0u8; 8];
+        let (n, from) = b.recv_from(&mut got).expect("recv");
+        assert_eq!((&got[..n], from), (&b"ok"[..], a.local_addr().expect("addr")));
+    }
+
+    #[test]
+    fn a_frame_longer_than_a_datagram_goes_in_pieces_and_comes_whole() {
+        runtime().expect("runtime").block_on(async {
+            let (a, b) = udp_pair();
+            let (mut a, mut b) = (Net::new(a).expect("net"), Net::new(b).expect("net"));
+            let long: Vec<u8> = (0..2 * PIECE + 123).map(|i| (i % 251) as u8).collect();
+            // A datagram from a socket that is not a peer's, first: dropped.
+            let Net::Udp(port) = &b else { panic!("a UDP net") };
+            let stranger = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+            stranger.send_to(&[0, 0, 0, 0, 0, 0, 1, 0, 42], port.socket.local_addr().expect("addr")).expect("send");
+            a.queue(Some(1), &long);
+            a.queue(None, b"short");
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 1 << 16];
+            let t = std::time::Instant::now();
+            while got.len() < 2 {
+                assert!(t.elapsed() < Duration::from_secs(1), "only {} frames came", got.len());
+                turn(true).await;
+                a.flush();
+                b.receive(&mut buf, |from, f| got.push((from, f.to_vec())));
+            }
+            assert_eq!(got, vec![(0, long), (0, b"short".to_vec())]);
+        });
+    }
+
+    #[test]
+    fn bad_datagrams_and_strangers_are_dropped_and_partial_frames_are_bounded() {
+        let (a, _b) = udp_pair();
+        let Ok(Net::Udp(mut port)) = runtime().expect("runtime").block_on(async { Net::new(a) }) else {
+            panic!("a UDP net")
+        };
+        let datagram = |seq: u32, index: u16, count: u16, body: &[u8]| {
+            let mut d = seq.to_le_bytes().to_vec();
+            d.extend_from_slice(&index.to_le_bytes());
+            d.extend_from_slice(&count.to_le_bytes());
+            d.extend_from_slice(body);
+            d
+        };
+        assert_eq!(port.piece(1, &[1, 2, 3]), None, "shorter than a header");
+        assert_eq!(port.piece(1, &datagram(0, 0, 0, b"x")), None, "no pieces");
+        assert_eq!(port.piece(1, &datagram(0, 2, 2, b"x")), None, "a piece past the last");
+        assert_eq!(port.piece(1, &datagram(0, 0, u16::MAX, b"x")), None, "more pieces than a frame may have");
+        assert_eq!(port.piece(1, &datagram(7, 0, 1, b"whole")), Some(b"whole".to_vec()));
+        // Pieces out of order, a duplicate, and a piece that disagrees on the count.
+        assert_eq!(port.piece(1, &datagram(8, 1, 2, b"lo")), None);
+        assert_eq!(port.piece(1, &datagram(8, 1, 3, b"??")), None);
+        assert_eq!(port.piece(1, &datagram(8, 1, 2, b"lo")), None);
+        assert_eq!(port.piece(1, &datagram(8, 0, 2, b"hel")), Some(b"hello".to_vec()));
+        // A peer that never finishes its frames holds at most PARTIAL_MAX of them.
+        for seq in 100..200 {
+            assert_eq!(port.piece(1, &datagram(seq, 0, 2, b"half")), None);
+        }
+        assert_eq!(port.partial.len(), PARTIAL_MAX);
+        assert!(port.partial.keys().all(|(_, seq)| *seq >= 200 - PARTIAL_MAX as u32), "the newest kept");
     }
 }
