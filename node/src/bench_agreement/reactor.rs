@@ -125,9 +125,11 @@ impl Link {
 /// The bytes of one UDP datagram at most, after its header: a frame longer than this goes in
 /// pieces (a loopback datagram carries up to 65,507 bytes).
 const PIECE: usize = 60_000;
-/// Messages in pieces kept per peer while their other pieces are awaited (the oldest is dropped
-/// beyond: UDP may lose a piece, and the protocol asks again for what it misses).
+/// Frames in pieces kept per peer while their other pieces are awaited, and the bytes of their
+/// pieces held, at most (the oldest frames are dropped beyond: UDP may lose a piece, and the
+/// protocol asks again for what it misses).
 const PARTIAL_MAX: usize = 16;
+const PARTIAL_BYTES: usize = MAX_FRAME as usize;
 
 /// A validator's UDP socket. Each datagram is `[seq u32][piece u16][pieces u16]` and a piece of
 /// one frame (`seq` numbers this socket's frames), read from known peers' addresses only.
@@ -140,6 +142,8 @@ struct Port {
     next_seq: u32,
     /// Frames in pieces: (peer, seq) -> (pieces, those received), the oldest first.
     partial: BTreeMap<(u16, u32), Pieces>,
+    /// The bytes of the pieces held, per peer.
+    held: BTreeMap<u16, usize>,
 }
 
 /// A frame's count of pieces, and the pieces received, by index.
@@ -150,7 +154,8 @@ impl Port {
         socket.set_nonblocking(true)?;
         let by_addr = peers.iter().map(|(p, a)| (*a, *p)).collect();
         let socket = UdpSocket::from_std(socket)?;
-        Ok(Port { socket, peers, by_addr, pending: VecDeque::new(), next_seq: 0, partial: BTreeMap::new() })
+        let (pending, partial, held) = (VecDeque::new(), BTreeMap::new(), BTreeMap::new());
+        Ok(Port { socket, peers, by_addr, pending, next_seq: 0, partial, held })
     }
 
     fn queue(&mut self, to: Option<u16>, frame: &[u8]) {
@@ -226,16 +231,27 @@ impl Port {
         if *want != count {
             return None;
         }
-        got.insert(index, body.to_vec());
+        let held = self.held.entry(peer).or_default();
+        *held += body.len();
+        if let Some(old) = got.insert(index, body.to_vec()) {
+            *held -= old.len();
+        }
         if got.len() == usize::from(count) {
             let (_, got) = self.partial.remove(&(peer, seq)).expect("just seen");
-            return Some(got.into_values().flatten().collect());
+            let frame: Vec<u8> = got.into_values().flatten().collect();
+            *held -= frame.len();
+            return Some(frame);
         }
-        while self.partial.keys().filter(|(p, _)| *p == peer).count() > PARTIAL_MAX {
-            let oldest = self.partial.keys().find(|(p, _)| *p == peer).copied();
-            oldest.map(|k| self.partial.remove(&k));
+        loop {
+            let mine: Vec<(u16, u32)> = self.partial.keys().filter(|(p, _)| *p == peer).copied().collect();
+            let held = self.held.entry(peer).or_default();
+            if mine.len() <= PARTIAL_MAX && *held <= PARTIAL_BYTES {
+                return None;
+            }
+            if let Some((_, got)) = self.partial.remove(&mine[0]) {
+                *held -= got.values().map(Vec::len).sum::<usize>();
+            }
         }
-        None
     }
 
     fn into_std(self) -> std::io::Result<std::net::UdpSocket> {
@@ -635,17 +651,7 @@ mod tests {
 
     #[test]
     fn bad_datagrams_and_strangers_are_dropped_and_partial_frames_are_bounded() {
-        let (a, _b) = udp_pair();
-        let Ok(Net::Udp(mut port)) = runtime().expect("runtime").block_on(async { Net::new(a) }) else {
-            panic!("a UDP net")
-        };
-        let datagram = |seq: u32, index: u16, count: u16, body: &[u8]| {
-            let mut d = seq.to_le_bytes().to_vec();
-            d.extend_from_slice(&index.to_le_bytes());
-            d.extend_from_slice(&count.to_le_bytes());
-            d.extend_from_slice(body);
-            d
-        };
+        let mut port = port();
         assert_eq!(port.piece(1, &[1, 2, 3]), None, "shorter than a header");
         assert_eq!(port.piece(1, &datagram(0, 0, 0, b"x")), None, "no pieces");
         assert_eq!(port.piece(1, &datagram(0, 2, 2, b"x")), None, "a piece past the last");
@@ -662,5 +668,106 @@ mod tests {
         }
         assert_eq!(port.partial.len(), PARTIAL_MAX);
         assert!(port.partial.keys().all(|(_, seq)| *seq >= 200 - PARTIAL_MAX as u32), "the newest kept");
+        // Nor more than PARTIAL_BYTES of pieces: two long frames, neither finished.
+        let body = vec![5u8; PIECE];
+        for seq in [300, 301] {
+            for i in 0..150 {
+                assert_eq!(port.piece(2, &datagram(seq, i, 280, &body)), None);
+                assert!(port.held[&2] <= PARTIAL_BYTES, "{}", port.held[&2]);
+            }
+        }
+        assert!(!port.partial.contains_key(&(2, 300)), "the older one dropped");
+        assert_eq!(port.partial[&(2, 301)].1.len(), 150);
+        assert_eq!(port.held[&2], 150 * PIECE);
+    }
+
+    /// One datagram of the pieces format.
+    fn datagram(seq: u32, index: u16, count: u16, body: &[u8]) -> Vec<u8> {
+        let mut d = seq.to_le_bytes().to_vec();
+        d.extend_from_slice(&index.to_le_bytes());
+        d.extend_from_slice(&count.to_le_bytes());
+        d.extend_from_slice(body);
+        d
+    }
+
+    fn port() -> Port {
+        let (a, _) = udp_pair();
+        match runtime().expect("runtime").block_on(async { Net::new(a) }) {
+            Ok(Net::Udp(port)) => port,
+            _ => panic!("a UDP net"),
+        }
+    }
+
+    use proptest::prelude::Strategy;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Whatever peers send, taking it in never panics, and what is held for unfinished
+        /// frames stays within its bounds (counted right: the tally matches the pieces held).
+        #[test]
+        fn any_datagrams_leave_the_pieces_held_bounded(
+            sent in proptest::collection::vec(
+                (0u16..3, proptest::prop_oneof![
+                    proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+                    (0u32..40, 0u16..8, 0u16..8, 0usize..3000)
+                        .prop_map(|(seq, i, n, len)| datagram(seq, i, n, &vec![7; len])),
+                    (0u32..40, 0u16..300, 200u16..300)
+                        .prop_map(|(seq, i, n)| datagram(seq, i, n, &[9; 60_000])),
+                ]),
+                0..200,
+            )
+        ) {
+            let mut port = port();
+            for (peer, d) in &sent {
+                if let Some(frame) = port.piece(*peer, d) {
+                    proptest::prop_assert!(frame.len() <= 300 * 65_536);
+                }
+                for p in 0..3u16 {
+                    let held: usize = port
+                        .partial
+                        .iter()
+                        .filter(|((q, _), _)| *q == p)
+                        .map(|(_, (_, got))| got.values().map(Vec::len).sum::<usize>())
+                        .sum();
+                    proptest::prop_assert_eq!(held, port.held.get(&p).copied().unwrap_or(0));
+                    proptest::prop_assert!(held <= PARTIAL_BYTES);
+                    proptest::prop_assert!(port.partial.keys().filter(|(q, _)| *q == p).count() <= PARTIAL_MAX);
+                }
+            }
+        }
+
+        /// A frame's pieces in any order, some twice, among another peer's pieces, make the
+        /// frame once its last piece is in, and not before.
+        #[test]
+        fn pieces_in_any_order_make_the_frame_when_the_last_comes(
+            frame in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+            cuts in 1usize..6,
+            order in proptest::collection::vec(0usize..100, 1..12),
+        ) {
+            let size = frame.len().div_ceil(cuts).max(1);
+            let parts: Vec<&[u8]> = if frame.is_empty() { vec![&[][..]] } else { frame.chunks(size).collect() };
+            let n = parts.len();
+            let mut idx: Vec<usize> = (0..n).collect();
+            for (k, o) in order.iter().enumerate() {
+                idx.swap(k % n, o % n);
+            }
+            // Every piece but the last drawn, some of them again, then the last.
+            let mut sent: Vec<usize> = idx[..n - 1].to_vec();
+            if n > 1 {
+                sent.extend(order.iter().map(|o| idx[o % (n - 1)]));
+            }
+            sent.push(idx[n - 1]);
+            let mut port = port();
+            let mut made = Vec::new();
+            for (k, &i) in sent.iter().enumerate() {
+                proptest::prop_assert_eq!(port.piece(2, &datagram(5, 0, 2, b"other")), None);
+                if let Some(f) = port.piece(1, &datagram(77, i as u16, n as u16, parts[i])) {
+                    made.push((k, f));
+                }
+            }
+            proptest::prop_assert_eq!(made, vec![(sent.len() - 1, frame)]);
+            proptest::prop_assert_eq!(port.held.get(&1).copied().unwrap_or(0), 0);
+        }
     }
 }
