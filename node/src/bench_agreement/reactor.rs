@@ -2,6 +2,9 @@
 //! loop instead of as tasks: a single future on a single-threaded tokio runtime that owns all
 //! their sockets, as a busy-polling runtime such as Seastar's runs the shards of a core.
 //!
+//! A validator's links are a TCP connection to each peer, or with `--transport udp` one UDP
+//! socket (a frame longer than a datagram in numbered pieces: `Port`).
+//!
 //! Every turn the loop yields to the runtime, whose driver then polls the sockets (epoll, no
 //! wait), reads whatever arrived on any of its validators' links, and handles one input: the
 //! earliest message that arrived for any of them (votes, proposals and certificates before
