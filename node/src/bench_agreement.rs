@@ -177,10 +177,6 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         return rt.block_on(bench_libp2p(args, keys, vks, events, total_ticks));
     }
     let (mut setups, rtt) = if args.transport == "udp" { udp_links(n)? } else { tcp_links(n, &args)? };
-    let mut pending = Vec::new();
-    for i in 0..n {
-        pending.push(setups.remove(&i));
-    }
 
     let shared = new_shared();
     let cfg = config_for(&args);
@@ -230,7 +226,7 @@ fn bench(args: AgreementArgs) -> anyhow::Result<()> {
         let mut bundles = Vec::new();
         for &i in &members {
             let evs = inboxes[i as usize].take().expect("once");
-            let links = pending[usize::from(i)].take().context("a validator's links, once")?;
+            let links = setups.remove(&i).context("a validator's links, once")?;
             // Each validator verifies signatures itself (its own cache), as separate machines would.
             let own = Config { sig_cache: Default::default(), ..cfg.clone() };
             let v = Validator::new(own, keys[i as usize].clone(), vks.clone(), 0);

@@ -15,9 +15,11 @@
 //! task queue between a socket and the validator: a vote that arrives while the other validator
 //! handles an input is read right after that input.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::io::ErrorKind;
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::time::Duration;
 
 use metatopia_consensus::{Message, ValidatorIndex};
@@ -141,7 +143,7 @@ struct Port {
     peers: BTreeMap<u16, SocketAddr>,
     by_addr: BTreeMap<SocketAddr, u16>,
     /// Datagrams the socket did not take yet, in order.
-    pending: VecDeque<(SocketAddr, Vec<u8>)>,
+    pending: VecDeque<(SocketAddr, Rc<[u8]>)>,
     next_seq: u32,
     /// Frames in pieces: (peer, seq) -> (pieces, those received), the oldest first.
     partial: BTreeMap<(u16, u32), Pieces>,
@@ -177,6 +179,8 @@ impl Port {
             d.extend_from_slice(&(i as u16).to_le_bytes());
             d.extend_from_slice(&count.to_le_bytes());
             d.extend_from_slice(body);
+            // (One datagram's bytes for all its targets.)
+            let d: Rc<[u8]> = d.into();
             for &addr in &targets {
                 self.pending.push_back((addr, d.clone()));
             }
@@ -203,10 +207,10 @@ impl Port {
             let (n, from) = match self.socket.try_recv_from(buf) {
                 Ok(got) => got,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                // (WouldBlock: nothing more; anything else, say an ICMP error reported for an
-                // earlier send, is not this datagram's.)
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(_) => continue,
+                // WouldBlock: nothing more. Anything else (say an ICMP error reported for an
+                // earlier send) ends this turn's reading too; the socket is still readable for
+                // the runtime, so the next turn reads on.
+                Err(_) => return,
             };
             let Some(&peer) = self.by_addr.get(&from) else { continue };
             if let Some(frame) = self.piece(peer, &buf[..n]) {
@@ -215,8 +219,9 @@ impl Port {
         }
     }
 
-    /// Take one datagram: the frame it completes, if any.
-    fn piece(&mut self, peer: u16, d: &[u8]) -> Option<Vec<u8>> {
+    /// Take one datagram: the frame it completes, if any (a frame of one piece is the
+    /// datagram's own bytes, not copied).
+    fn piece<'d>(&mut self, peer: u16, d: &'d [u8]) -> Option<Cow<'d, [u8]>> {
         if d.len() < 8 {
             return None;
         }
@@ -228,7 +233,7 @@ impl Port {
             return None;
         }
         if count == 1 {
-            return Some(body.to_vec());
+            return Some(Cow::Borrowed(body));
         }
         let (want, got) = self.partial.entry((peer, seq)).or_insert_with(|| (count, BTreeMap::new()));
         if *want != count {
@@ -243,7 +248,7 @@ impl Port {
             let (_, got) = self.partial.remove(&(peer, seq)).expect("just seen");
             let frame: Vec<u8> = got.into_values().flatten().collect();
             *held -= frame.len();
-            return Some(frame);
+            return Some(Cow::Owned(frame));
         }
         loop {
             let mine: Vec<(u16, u32)> = self.partial.keys().filter(|(p, _)| *p == peer).copied().collect();
@@ -659,12 +664,12 @@ mod tests {
         assert_eq!(port.piece(1, &datagram(0, 0, 0, b"x")), None, "no pieces");
         assert_eq!(port.piece(1, &datagram(0, 2, 2, b"x")), None, "a piece past the last");
         assert_eq!(port.piece(1, &datagram(0, 0, u16::MAX, b"x")), None, "more pieces than a frame may have");
-        assert_eq!(port.piece(1, &datagram(7, 0, 1, b"whole")), Some(b"whole".to_vec()));
+        assert_eq!(port.piece(1, &datagram(7, 0, 1, b"whole")), Some(Cow::from(&b"whole"[..])));
         // Pieces out of order, a duplicate, and a piece that disagrees on the count.
         assert_eq!(port.piece(1, &datagram(8, 1, 2, b"lo")), None);
         assert_eq!(port.piece(1, &datagram(8, 1, 3, b"??")), None);
         assert_eq!(port.piece(1, &datagram(8, 1, 2, b"lo")), None);
-        assert_eq!(port.piece(1, &datagram(8, 0, 2, b"hel")), Some(b"hello".to_vec()));
+        assert_eq!(port.piece(1, &datagram(8, 0, 2, b"hel")), Some(Cow::from(&b"hello"[..])));
         // A peer that never finishes its frames holds at most PARTIAL_MAX of them.
         for seq in 100..200 {
             assert_eq!(port.piece(1, &datagram(seq, 0, 2, b"half")), None);
@@ -764,9 +769,10 @@ mod tests {
             let mut port = port();
             let mut made = Vec::new();
             for (k, &i) in sent.iter().enumerate() {
-                proptest::prop_assert_eq!(port.piece(2, &datagram(5, 0, 2, b"other")), None);
+                let other = datagram(5, 0, 2, b"other");
+                proptest::prop_assert_eq!(port.piece(2, &other), None);
                 if let Some(f) = port.piece(1, &datagram(77, i as u16, n as u16, parts[i])) {
-                    made.push((k, f));
+                    made.push((k, f.into_owned()));
                 }
             }
             proptest::prop_assert_eq!(made, vec![(sent.len() - 1, frame)]);
