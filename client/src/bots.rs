@@ -29,6 +29,9 @@ pub struct BotPlan {
     /// One walk in this many heads up to half a sim past the sim's border (into a neighbour
     /// sim if there is one: the client follows its avatar there); zero: bots stay in their sim.
     pub roam_one_in: u32,
+    /// Bot n is named `bot{first_number + n}`: plans run side by side (one per node, say) give
+    /// their bots distinct names.
+    pub first_number: usize,
 }
 
 impl Default for BotPlan {
@@ -41,6 +44,7 @@ impl Default for BotPlan {
             connect_per_second: 100,
             seed: 1,
             roam_one_in: 0,
+            first_number: 0,
         }
     }
 }
@@ -140,7 +144,7 @@ async fn bot(
         Rng(plan.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (n as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
     let mut c = Client::connect_on(endpoint, bootstrap, bot_key(plan.seed, n)).await?;
     report.connected.fetch_add(1, Ordering::Relaxed);
-    c.login(&format!("bot{n}")).await?;
+    c.login(&format!("bot{}", plan.first_number + n)).await?;
     report.logged_in.fetch_add(1, Ordering::Relaxed);
     let mut avatar = c.avatar().await?.ok_or_else(|| anyhow::anyhow!("logged in without an avatar"))?;
     let mut crossings = c.crossings;

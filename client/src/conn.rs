@@ -162,6 +162,9 @@ pub struct Client {
     /// Why the node closed this client's session on purpose (kicked, banned, misbehaving): it
     /// does not fail over then.
     closed: Option<String>,
+    /// When the session was last refreshed (a `Login` while logged in): a client that stops
+    /// refreshing has its avatar removed after the sim's grace period.
+    refreshed: Option<tokio::time::Instant>,
 }
 
 /// `Link` without a `Debug` of its streams.
@@ -243,6 +246,7 @@ impl Client {
             crossings: 0,
             moving: None,
             closed: None,
+            refreshed: None,
         };
         c.link = Some(LinkBox(c.dial(bootstrap).await?));
         let route = c
@@ -394,6 +398,7 @@ impl Client {
         if self.moving.is_some() && !self.finish_move().await {
             return None;
         }
+        self.refresh_session().await;
         if let Some(m) = self.pending.pop_front() {
             return self.handle(m).await;
         }
@@ -587,9 +592,32 @@ impl Client {
     pub async fn login(&mut self, name: &str) -> Result<u64, ActError> {
         self.name = Some(name.to_string());
         let tick = self.act(Payload::Login { name: name.to_string() }).await?;
+        self.refreshed = Some(tokio::time::Instant::now());
         // The view follows the avatar from now on.
         self.follow().await.map_err(|e| ActError::Connection(format!("{e:#}")))?;
         Ok(tick)
+    }
+
+    /// Keep the session: once logged in, log in again every
+    /// [`metatopia_sim::governance::SESSION_REFRESH_MS`] (it only refreshes the account's last
+    /// login while the avatar is in the world). Called by [`Client::next`]; the outcome is not
+    /// awaited.
+    pub async fn refresh_session(&mut self) {
+        let every = Duration::from_millis(metatopia_sim::governance::SESSION_REFRESH_MS);
+        let (Some(name), Some(last)) = (self.name.clone(), self.refreshed) else { return };
+        if last.elapsed() < every || self.closed.is_some() {
+            return;
+        }
+        self.refreshed = Some(tokio::time::Instant::now());
+        if let Err(e) = self.submit(Payload::Login { name }).await {
+            tracing::debug!("refreshing the session: {e}");
+        }
+    }
+
+    /// Log out: the avatar leaves the world now (rather than after the grace period).
+    pub async fn logout(&mut self) -> Result<u64, ActError> {
+        self.refreshed = None;
+        self.act(Payload::Logout).await
     }
 
     /// The avatar's object id (asked from the sim).

@@ -62,7 +62,18 @@ pub struct Status {
     pub accepted: u64,
     pub rejected: u64,
     pub refused_submissions: u64,
+    /// Nodes of any sim this node is connected to.
     pub peers: u32,
+    /// Validators of this sim's current set this node reaches (itself included when it is one);
+    /// a quorum needs 2f + 1 of `validators`.
+    #[serde(default)]
+    pub validators_connected: u32,
+    /// Keys (hex) of this sim's validators this node does not reach now.
+    #[serde(default)]
+    pub validators_missing: Vec<String>,
+    /// The sim's genesis hash (hex).
+    #[serde(default)]
+    pub genesis: String,
     /// Clients connected to this node (QUIC and WebSocket).
     pub clients: u32,
     /// The tick this node diverged at, if it did (it then stops executing).
@@ -378,11 +389,13 @@ impl std::fmt::Display for NodeAddr {
 
 impl std::str::FromStr for NodeAddr {
     type Err = String;
-    /// A join address as `metatopia init` prints it: `KEYHEX@HOST:PORT`.
+    /// A join address as `metatopia init` prints it: `KEYHEX@HOST:PORT`, perhaps with the sim's
+    /// genesis hash after a `/` (for joining nodes; a client needs only the node).
     fn from_str(s: &str) -> Result<NodeAddr, String> {
         let (key, addr) = s
             .split_once('@')
             .ok_or_else(|| format!("{s:?}: a node address is KEY@HOST:PORT (as `metatopia init` prints it)"))?;
+        let addr = addr.split_once('/').map_or(addr, |(a, _)| a);
         if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(format!("{key:?}: a node key is 64 hex digits"));
         }

@@ -272,7 +272,7 @@ pub fn draw(f: &mut Frame, app: &App, view: &View) {
     f.render_widget(Paragraph::new(status_line).style(Style::default().add_modifier(Modifier::REVERSED)), status);
     f.render_widget(
         Paragraph::new(
-            "arrows/wasd walk  space stop  enter talk  t touch nearest  v script of nearest  +/- zoom  q quit",
+            "arrows/wasd walk  space stop  enter talk  t touch nearest  v script of nearest  +/- zoom  q log out and quit",
         ),
         help,
     );
@@ -315,7 +315,13 @@ fn centered(r: Rect, pw: u16, ph: u16) -> Rect {
 pub async fn perform(client: &mut Client, app: &mut App, intent: Intent) -> bool {
     let result = match intent {
         Intent::None => return true,
-        Intent::Quit => return false,
+        Intent::Quit => {
+            // The avatar leaves now; a client killed instead leaves it for the sim's grace period.
+            if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(3), client.logout()).await {
+                tracing::debug!("logging out: {e}");
+            }
+            return false;
+        }
         Intent::Walk(vx, vy) => match client.view().avatar_of(client.account()).and_then(|a| parse_object(&a.id)) {
             Some(object) => {
                 let velocity = Vec2::new(Fx::from_int(vx), Fx::from_int(vy));

@@ -6,7 +6,6 @@ use std::time::Duration;
 use anyhow::Context;
 use metatopia_node::core::Outcome;
 use metatopia_node::http::{AccountView, Client, GovernanceView, Status, parse_hash};
-use metatopia_sim::state::DAY_MS;
 use metatopia_sim::{AccountId, AdminAct, ObjectId, Payload, SignedEvent, SimId};
 
 #[derive(Debug, clap::Args)]
@@ -74,7 +73,8 @@ pub fn render_stats(s: &Status) -> String {
          scripts            {}\n\
          accounts           {}\n\
          events             {} accepted, {} refused by the sim, {} refused at the door, {} waiting\n\
-         peers              {} of {}\n",
+         validators         {} of {} connected{}\n\
+         peers              {} (nodes of any sim)\n",
         s.sim,
         s.node,
         s.validators,
@@ -96,8 +96,14 @@ pub fn render_stats(s: &Status) -> String {
         s.rejected,
         s.refused_submissions,
         s.pool_events,
+        s.validators_connected,
+        s.validators,
+        if s.validators_missing.is_empty() {
+            String::new()
+        } else {
+            format!(" (unreachable: {})", s.validators_missing.join(", "))
+        },
         s.peers,
-        s.validators.saturating_sub(1),
     );
     text + neighbours.as_str()
 }
@@ -201,10 +207,6 @@ fn object(s: &str) -> anyhow::Result<ObjectId> {
     metatopia_client::conn::parse_object(s).with_context(|| format!("{s:?} is not an object id like 12v0"))
 }
 
-fn days(ms: u64) -> String {
-    format!("{:.1} days", ms as f64 / DAY_MS as f64)
-}
-
 /// `metatopia admin`.
 pub fn admin(args: AdminArgs) -> anyhow::Result<()> {
     let client = Client::new(&args.node.node);
@@ -249,6 +251,8 @@ pub fn admin(args: AdminArgs) -> anyhow::Result<()> {
             s.limits.max_source_bytes = max_source_bytes.unwrap_or(s.limits.max_source_bytes);
             s.limits.max_script_outputs = max_script_outputs.unwrap_or(s.limits.max_script_outputs);
             s.limits.script_failure_limit = script_failure_limit.unwrap_or(s.limits.script_failure_limit);
+            // The sim refuses the same way; saying so here names the setting before anything is signed.
+            s.check().map_err(|e| anyhow::anyhow!("settings: {e}; nothing was submitted"))?;
             Payload::Admin(AdminAct::SetSettings(s))
         }
     };
@@ -286,7 +290,7 @@ pub fn render_governance(g: &GovernanceView) -> String {
         None => id.to_owned(),
     };
     let mut out = format!(
-        "tick {} at sim time {}\n\
+        "tick {} at {} (sim time)\n\
          admin              {}\n\
          admin last seen    {} days ago ({})\n\
          temp admin         {}\n\
@@ -294,7 +298,7 @@ pub fn render_governance(g: &GovernanceView) -> String {
          rules              X = {} days (admin absent), Y = {} days (temp admin active)\n\
          validators         {}\n",
         g.tick,
-        days(g.time_ms),
+        metatopia_node::when::date(g.time_ms),
         named(&g.admin, &g.admin_name),
         g.admin_days_absent,
         if g.admin_absent { "absent" } else { "present" },

@@ -11,9 +11,9 @@ use metatopia_client::proto::NodeAddr;
 
 #[derive(Debug, Args)]
 pub struct ClientArgs {
-    /// Any node, as its join address KEY@HOST:PORT (`metatopia init` and `devnet` print them);
-    /// it routes the client to a node of the sim its avatar is in.
-    #[arg(long, env = "METATOPIA_NODE")]
+    /// Any node, as its join address KEY@HOST:PORT (`metatopia init`, `run` and `devnet` print
+    /// them); it routes the client to a node of the sim its avatar is in.
+    #[arg(long = "join", env = "METATOPIA_JOIN", value_name = "KEY@HOST:PORT")]
     pub node: NodeAddr,
     /// The account key (made on first use): default `$METATOPIA_HOME/client.key`, else
     /// `./metatopia-client.key`.
@@ -37,7 +37,7 @@ fn parse_point(s: &str) -> Result<[i64; 2], String> {
 #[derive(Debug, Args)]
 pub struct BotArgs {
     /// Any node, as its join address KEY@HOST:PORT.
-    #[arg(long, env = "METATOPIA_NODE")]
+    #[arg(long = "join", env = "METATOPIA_JOIN", value_name = "KEY@HOST:PORT")]
     pub node: NodeAddr,
     /// How many bots.
     #[arg(long, default_value_t = 10)]
@@ -100,6 +100,7 @@ pub fn bot(args: BotArgs) -> anyhow::Result<()> {
         connect_per_second: args.connect_rate.max(1),
         seed: args.seed,
         roam_one_in: args.roam_one_in,
+        first_number: 0,
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {

@@ -44,7 +44,11 @@ pub struct NodeConfig {
     /// further behind (64 ticks, for 10 s) catches up from a snapshot its peers certify.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_history_mib: Option<u64>,
-    /// The genesis world (a seeded demo world for now).
+    /// The hash of the sim's genesis (`genesis.bin` in the data directory, as `metatopia sim
+    /// new`, `init --genesis` or a join wrote it): a node refuses a genesis file that differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub genesis_hash: Option<String>,
+    /// The sim this node belongs to; with `demo = true` only, a seeded demo world (devnet, tests).
     #[serde(default)]
     pub world: WorldConfig,
     /// Bots this node runs (signed events it submits every tick).
@@ -134,13 +138,25 @@ impl RaynetConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorldConfig {
+    /// A demo sim: its genesis is built from `seed`, `objects`, `players` or `scenario`, with
+    /// **demo keys anyone can derive** (its admin's included). For devnets and tests only; a
+    /// real sim's genesis comes from `metatopia sim new`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub demo: bool,
+    /// A demo sim's genesis time, Unix milliseconds (every node of the sim the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub genesis_time_ms: Option<u64>,
+    #[serde(default = "one")]
     pub seed: u64,
+    #[serde(default)]
     pub objects: u32,
+    #[serde(default = "one_u32")]
     pub players: u32,
     /// A distinct number per sim (goes into every signed event).
     pub sim_id: u32,
-    /// Sim milliseconds per BFT millisecond (1: real time; scenarios accelerate governance
-    /// "days"). Every node of a sim must use the same value.
+    /// A demo sim's time scale: sim milliseconds per BFT millisecond (1: real time; tests make
+    /// governance days pass faster). A real sim's is in its genesis (`[world] time_scale` of
+    /// the world file `sim new` read).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub time_scale: u64,
     /// Build the genesis world from this scenario file instead of the demo world (its
@@ -156,13 +172,35 @@ fn one() -> u64 {
     1
 }
 
+fn one_u32() -> u32 {
+    1
+}
+
 fn is_one(x: &u64) -> bool {
     *x == 1
 }
 
 impl Default for WorldConfig {
     fn default() -> Self {
-        WorldConfig { seed: 1, objects: 300, players: 20, sim_id: 1, time_scale: 1, scenario: None, scripts: None }
+        WorldConfig {
+            demo: false,
+            genesis_time_ms: None,
+            seed: 1,
+            objects: 300,
+            players: 20,
+            sim_id: 1,
+            time_scale: 1,
+            scenario: None,
+            scripts: None,
+        }
+    }
+}
+
+impl WorldConfig {
+    /// A demo sim's world (devnets, tests): the seeded demo world with demo keys, its genesis at
+    /// `genesis_time_ms` (Unix milliseconds).
+    pub fn demo(genesis_time_ms: u64) -> WorldConfig {
+        WorldConfig { demo: true, genesis_time_ms: Some(genesis_time_ms), ..WorldConfig::default() }
     }
 }
 
@@ -218,12 +256,27 @@ impl NodeConfig {
             self.snapshot_every
         );
         let voting = self.validators.iter().filter(|v| !v.observer).count();
+        // A node made by `init` alone waits for a genesis (`sim new`, `init --genesis`) or a join:
+        // it lists no validators yet.
+        let awaiting = self.genesis_hash.is_none() && !self.world.demo && self.validators.is_empty();
         anyhow::ensure!(
-            voting >= 4,
+            awaiting || voting >= 4,
             "validators: a sim needs at least 4 (n = 3f + 1 with f >= 1), this config lists {voting} (not counting observers); add the others' keys and addresses",
         );
+        if let Some(h) = &self.genesis_hash {
+            parse_hex32(h).context("genesis_hash")?;
+        }
+        anyhow::ensure!(self.world.time_scale >= 1, "world.time_scale must be at least 1");
+        anyhow::ensure!(
+            !self.world.demo || self.world.genesis_time_ms.is_some(),
+            "world.demo needs world.genesis_time_ms: the demo sim's genesis time in Unix milliseconds, the same on every node"
+        );
+        anyhow::ensure!(
+            self.world.demo || self.bots.events_per_tick == 0,
+            "bots sign as a demo world's players: they need world.demo = true"
+        );
         anyhow::ensure!(self.validators.len() <= 100, "validators: at most 100");
-        anyhow::ensure!(self.world.players >= 1, "world.players must be at least 1");
+        anyhow::ensure!(!self.world.demo || self.world.players >= 1, "world.players must be at least 1");
         for (i, v) in self.validators.iter().enumerate() {
             parse_public(&v.key).with_context(|| format!("validators[{i}].key"))?;
         }
@@ -301,7 +354,9 @@ impl NodeConfig {
         format!(
             "# Metatopia node config. Precedence: command-line flags > METATOPIA_* environment > this file.\n\
              # listen: address for peers. tick_rate_hz: the sim's rate. snapshot_every: ticks between snapshots.\n\
-             # [world]: the seeded genesis world. [bots]: signed events per tick this node submits.\n\
+             # genesis_hash: the hash of this sim's genesis (genesis.bin beside this file; `metatopia sim show`).\n\
+             # [world]: sim_id; `demo = true` marks a devnet's or a test's seeded demo world (public keys).\n\
+             # [bots]: signed events per tick this node submits (demo worlds only).\n\
              # [[validators]]: the sim's nodes, in index order, the same on every node; `observer = true`\n\
              # marks a node that follows (and serves clients) until the admin admits its key.\n\
              # [[sims]]: in a world of several sims, the other sims (sim_id, validators' keys; their\n\
@@ -312,23 +367,46 @@ impl NodeConfig {
     }
 }
 
-/// A join address, `KEY@HOST:PORT`: a node's public key (64 hex digits) and its peer address.
+/// A join address, `KEY@HOST:PORT`: a node's public key (64 hex digits) and its peer address;
+/// `KEY@HOST:PORT/HASH` names the sim's genesis hash too (see [`parse_join_genesis`]).
 pub fn parse_join(s: &str) -> anyhow::Result<(VerifyingKey, SocketAddr)> {
-    let (key, addr) = s
+    parse_join_genesis(s).map(|(k, a, _)| (k, a))
+}
+
+/// A join address with the genesis hash it may name (`KEY@HOST:PORT/HASH`): a node joining
+/// through it refuses a sim whose genesis has another hash.
+pub fn parse_join_genesis(s: &str) -> anyhow::Result<(VerifyingKey, SocketAddr, Option<[u8; 32]>)> {
+    let (key, rest) = s
         .split_once('@')
         .with_context(|| format!("a join address is KEY@HOST:PORT (as `init` and `devnet` print it), not {s:?}"))?;
     let key = parse_public(key).context("the key before '@'")?;
+    let (addr, genesis) = match rest.split_once('/') {
+        Some((a, h)) => (a, Some(parse_hex32(h).context("the genesis hash after '/'")?)),
+        None => (rest, None),
+    };
     let addr = addr.parse().with_context(|| format!("{addr:?} is not HOST:PORT"))?;
-    Ok((key, addr))
+    Ok((key, addr, genesis))
 }
 
 pub fn parse_public(hex: &str) -> anyhow::Result<VerifyingKey> {
-    anyhow::ensure!(hex.len() == 64, "a public key is 64 hex digits, this one has {}", hex.len());
-    let mut b = [0u8; 32];
-    for (i, x) in b.iter_mut().enumerate() {
-        *x = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).context("a public key is hex digits")?;
-    }
+    let b = parse_hex32(hex).context("a public key")?;
     VerifyingKey::from_bytes(&b).map_err(|e| anyhow::anyhow!("not an ed25519 public key: {e}"))
+}
+
+/// 32 bytes written as 64 hex digits (keys, hashes); any other text is an error saying why.
+pub fn parse_hex32(text: &str) -> anyhow::Result<[u8; 32]> {
+    let digits = text.chars().count();
+    anyhow::ensure!(digits == 64, "64 hex digits are needed, this has {digits} characters");
+    let mut b = [0u8; 32];
+    let mut chars = text.chars();
+    for x in &mut b {
+        let (hi, lo) = (chars.next().and_then(|c| c.to_digit(16)), chars.next().and_then(|c| c.to_digit(16)));
+        let (Some(hi), Some(lo)) = (hi, lo) else {
+            anyhow::bail!("only hex digits (0-9, a-f) may appear, not {text:?}")
+        };
+        *x = (hi * 16 + lo) as u8;
+    }
+    Ok(b)
 }
 
 #[cfg(test)]

@@ -55,6 +55,9 @@ pub struct DevnetArgs {
     /// that node of every sim (more processes, more isolation, more CPU).
     #[arg(long)]
     process_per_node: bool,
+    /// Print every node's status line (once a second each) instead of one line per sim.
+    #[arg(long)]
+    each_node: bool,
 }
 
 /// The built-in world of one sim (`--single`).
@@ -128,6 +131,9 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     }
     let of_sim = |k: usize| validators[k * per..(k + 1) * per].to_vec();
     let seed = if sims > 1 { vec![format!("{}@{}", validators[0].key, validators[0].address)] } else { Vec::new() };
+    // The demo sims' genesis time: now (a node builds its genesis from this at its first start,
+    // and keeps it after; a devnet resumed keeps its genesis).
+    let genesis_ms = metatopia_node::unix_ms();
     for (i, d) in dirs.iter().enumerate() {
         let k = i / per;
         let world = WorldConfig {
@@ -136,7 +142,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             time_scale: spec.world.time_scale,
             scenario: Some(scenario.clone()),
             scripts: Some(scripts.clone()),
-            ..WorldConfig::default()
+            ..WorldConfig::demo(genesis_ms)
         };
         let cfg = NodeConfig {
             listen: validators[i].address,
@@ -144,6 +150,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             http: None,
             tick_rate_hz: args.rate,
             snapshot_every: 640,
+            genesis_hash: None,
             world,
             bots: BotsConfig { events_per_tick: if i == 0 && sims == 1 { args.bots } else { 0 } },
             validators: of_sim(k),
@@ -184,7 +191,6 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             args.dir.display()
         );
     }
-    println!("join address: {}@{}", validators[0].key, validators[0].address);
     // The admin's key, so the devnet can be governed with `metatopia admin`.
     let admin = match spec.accounts.iter().find(|a| a.get_ref().admin) {
         Some(a) => metatopia_node::scenario::account_key(&a.get_ref().name),
@@ -194,23 +200,39 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     write_key(&admin_key, &admin)?;
     let http = |i: usize| std::net::SocketAddr::new(validators[i].address.ip(), validators[i].address.port() + 1000);
     let http0 = http(0);
-    println!(
-        "node http: http://{http0} .. port {} (/healthz /readyz /metrics); `metatopia stats --node {http0}`",
-        http0.port() + total as u16 - 1
-    );
-    println!("admin: `metatopia admin --node {http0} --key {} status`", admin_key.display());
+    // What a person needs to use the devnet: printed now, again on Enter, and at the end.
+    let mut info = vec![
+        format!("join address: {}@{}", validators[0].key, validators[0].address),
+        format!(
+            "node http: http://{http0} .. port {} (/healthz /readyz /metrics); `metatopia stats --node {http0}`",
+            http0.port() + total as u16 - 1
+        ),
+        format!(
+            "admin (a demo key: devnets only): `metatopia admin --node {http0} --key {} status`",
+            admin_key.display()
+        ),
+    ];
     if sims == 1 {
-        println!("web viewer: http://{http0}/  (any node's http port serves it); Ctrl-C stops the devnet");
+        info.push(format!("web viewer: http://{http0}/  (any node's http port serves it)"));
     } else {
         let urls: Vec<String> = (0..sims).map(|k| format!("sim {}: http://{}/", k + 1, http(k * per))).collect();
-        println!("web viewer, one per sim (a node shows its own sim): {}; Ctrl-C stops the devnet", urls.join("  "));
+        info.push(format!("web viewer, one per sim (a node shows its own sim): {}", urls.join("  ")));
     }
-    println!("terminal client: `metatopia client --node {}@{} --name you`", validators[0].key, validators[0].address);
-    println!(
+    info.push(format!(
+        "terminal client: `metatopia client --join {}@{} --name you`",
+        validators[0].key, validators[0].address
+    ));
+    info.push(format!(
         "another node: `metatopia run --data-dir <new dir> --join {}@{} --listen 127.0.0.1:{}`",
         validators[0].key,
         validators[0].address,
         args.port + 100
+    ));
+    let info = info.join("\n");
+    println!("{info}");
+    println!(
+        "one status line per sim every {} s; Enter prints the addresses again; Ctrl-C stops the devnet",
+        BOARD_EVERY.as_secs()
     );
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -233,6 +255,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     }
     let mut children: Vec<(String, Child)> = Vec::new();
     let mut printers = Vec::new();
+    let board = Arc::new(Board::new(sims, per));
     for nodes in processes {
         let mut cmd = Command::new(&exe);
         cmd.arg("run").arg("--data-dir").arg(dirs[nodes[0]].root());
@@ -245,6 +268,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         let name = if nodes.len() == 1 { format!("node {}", nodes[0]) } else { format!("process {}", nodes[0]) };
         let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("starting {name}"))?;
         let out = child.stdout.take().expect("piped");
+        let (board, each_node) = (board.clone(), args.each_node);
         printers.push(std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 // A process of several nodes tags each line with its sim: say which node it is.
@@ -253,9 +277,17 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
                     .and_then(|r| r.split_once("] "))
                     .and_then(|(k, rest)| Some((k.parse::<usize>().ok()?.checked_sub(1)?, rest)))
                     .and_then(|(k, rest)| Some((*nodes.get(k)?, rest)));
-                match node {
+                let of_node = node.or_else(|| (nodes.len() == 1).then_some((nodes[0], line.as_str())));
+                // A node's status line goes to the board (one line per sim, below).
+                if let Some((i, rest)) = of_node
+                    && !each_node
+                    && let Some(status) = StatusLine::parse(rest)
+                {
+                    board.note(i, status);
+                    continue;
+                }
+                match of_node {
                     Some((i, rest)) => println!("[node {i}] {rest}"),
-                    None if nodes.len() == 1 => println!("[node {}] {line}", nodes[0]),
                     None => println!("[process {}] {line}", nodes[0]),
                 }
             }
@@ -269,6 +301,23 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             .collect();
         println!("client bots: {} over QUIC, spread over the nodes (`--clients 0` for none)", args.clients);
         std::thread::spawn(move || client_bots(joins, args.clients));
+    }
+    {
+        let (board, stop) = (board.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(BOARD_EVERY);
+                for line in board.lines() {
+                    println!("{line}");
+                }
+            }
+        });
+        let info = info.clone();
+        std::thread::spawn(move || {
+            for _ in std::io::stdin().lines().map_while(Result::ok) {
+                println!("{info}");
+            }
+        });
     }
     // Wait for the nodes to finish, or for Ctrl-C (which the terminal also sends them).
     let mut interrupted = false;
@@ -300,12 +349,110 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     for p in printers {
         let _ = p.join();
     }
+    for line in board.lines() {
+        println!("{line}");
+    }
     if stop.load(Ordering::SeqCst) {
         println!("devnet stopped cleanly by Ctrl-C; run it again to resume from {}", args.dir.display());
     } else {
         println!("devnet finished");
     }
+    println!("{info}");
     Ok(())
+}
+
+/// How often the devnet prints its sims' status.
+const BOARD_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a node's status line says (`tick T root R ... validators A of B connected dilation D`).
+#[derive(Clone, Debug, PartialEq)]
+struct StatusLine {
+    tick: u64,
+    root: String,
+    connected: String,
+    dilation: String,
+}
+
+impl StatusLine {
+    fn parse(line: &str) -> Option<StatusLine> {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() < 4 || w[0] != "tick" || w[2] != "root" {
+            return None;
+        }
+        let after = |word: &str| w.iter().position(|x| *x == word).and_then(|i| w.get(i + 1)).copied();
+        let connected = match w.iter().position(|x| *x == "validators") {
+            Some(i) if w.len() > i + 3 => format!("{} of {}", w[i + 1], w[i + 3]),
+            _ => "?".to_owned(),
+        };
+        Some(StatusLine {
+            tick: w[1].parse().ok()?,
+            root: w[3].to_owned(),
+            connected,
+            dilation: after("dilation").unwrap_or("?").to_owned(),
+        })
+    }
+}
+
+/// The nodes' latest status lines, summed up as one line per sim.
+struct Board {
+    sims: usize,
+    per: usize,
+    /// node -> its recent status lines (the newest last; a few, to find a tick all reported).
+    lines: std::sync::Mutex<std::collections::BTreeMap<usize, std::collections::VecDeque<StatusLine>>>,
+}
+
+impl Board {
+    fn new(sims: usize, per: usize) -> Board {
+        Board { sims, per, lines: Default::default() }
+    }
+
+    fn note(&self, node: usize, s: StatusLine) {
+        let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let q = lines.entry(node).or_default();
+        q.push_back(s);
+        if q.len() > 16 {
+            q.pop_front();
+        }
+    }
+
+    /// For each sim that reported: the newest tick all its reporting nodes printed, how many
+    /// agree on its root, and the first node's dilation and validators connected.
+    fn lines(&self) -> Vec<String> {
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for k in 0..self.sims {
+            let nodes: Vec<&std::collections::VecDeque<StatusLine>> =
+                (k * self.per..(k + 1) * self.per).filter_map(|i| lines.get(&i)).collect();
+            let Some(newest) = nodes.iter().filter_map(|q| q.back()).max_by_key(|s| s.tick) else { continue };
+            let common = nodes
+                .iter()
+                .filter_map(|q| q.back().map(|s| s.tick))
+                .min()
+                .and_then(|t| nodes[0].iter().rev().map(|s| s.tick).find(|x| *x <= t));
+            let agreement = match common {
+                Some(t) => {
+                    let roots: Vec<&str> =
+                        nodes.iter().filter_map(|q| q.iter().find(|s| s.tick == t)).map(|s| s.root.as_str()).collect();
+                    let same = roots.iter().filter(|r| **r == roots[0]).count();
+                    let root = roots[0].get(..12).unwrap_or(roots[0]);
+                    if same == roots.len() {
+                        format!("{same} of {} nodes on root {root}… at tick {t}", self.per)
+                    } else {
+                        format!("NODES DISAGREE at tick {t}: {same} of {} on root {root}…", roots.len())
+                    }
+                }
+                None => "waiting for the nodes".to_owned(),
+            };
+            out.push(format!(
+                "sim {}: tick {}, {agreement}, dilation {}, validators {} connected",
+                k + 1,
+                newest.tick,
+                newest.dilation,
+                newest.connected
+            ));
+        }
+        out
+    }
 }
 
 /// Client bots over QUIC for as long as the devnet runs, a line about them every 30 seconds.
@@ -316,6 +463,7 @@ fn client_bots(nodes: Vec<metatopia_client::proto::NodeAddr>, count: usize) {
         // Let the nodes start listening first.
         tokio::time::sleep(std::time::Duration::from_secs(3)).await;
         let report = Arc::new(BotReport::default());
+        let mut first_number = 0;
         for (i, node) in nodes.iter().enumerate() {
             let n = count / nodes.len() + usize::from(i < count % nodes.len());
             if n == 0 {
@@ -329,8 +477,10 @@ fn client_bots(nodes: Vec<metatopia_client::proto::NodeAddr>, count: usize) {
                 // One walk in two heads up to half a sim past the border (into a neighbour sim,
                 // where there is one).
                 roam_one_in: 2,
+                first_number,
                 ..BotPlan::default()
             };
+            first_number += n;
             tokio::spawn(metatopia_client::bots::run(node.clone(), plan, report.clone()));
         }
         let g = BotReport::get;
@@ -357,4 +507,33 @@ fn client_bots(nodes: Vec<metatopia_client::proto::NodeAddr>, count: usize) {
 /// Ask a child to stop as Ctrl-C would (SIGINT), so it syncs its log.
 fn interrupt(c: &mut Child) {
     let _ = Command::new("kill").arg("-INT").arg(c.id().to_string()).stderr(Stdio::null()).status();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_board_sums_up_the_nodes_status_lines_per_sim() {
+        let line = |t: u64, root: &str| {
+            StatusLine::parse(&format!(
+                "tick {t} root {root} accepted 3 rejected 0 (total 9 / 0) validators 4 of 4 connected dilation 1.00"
+            ))
+            .unwrap()
+        };
+        assert_eq!(line(19, "ab").connected, "4 of 4");
+        assert_eq!(StatusLine::parse("resynced: from tick 40"), None);
+        let board = Board::new(2, 2);
+        board.note(0, line(19, "aaaa"));
+        board.note(0, line(39, "bbbb"));
+        board.note(1, line(19, "aaaa"));
+        board.note(2, line(19, "cccc"));
+        board.note(3, line(19, "dddd"));
+        let lines = board.lines();
+        assert_eq!(
+            lines[0],
+            "sim 1: tick 39, 2 of 2 nodes on root aaaa… at tick 19, dilation 1.00, validators 4 of 4 connected"
+        );
+        assert!(lines[1].contains("NODES DISAGREE at tick 19: 1 of 2"), "{}", lines[1]);
+    }
 }

@@ -285,15 +285,20 @@ async fn healthz(State(s): State<Service>) -> Response {
 async fn readyz(State(s): State<Service>) -> Response {
     let st = s.status.borrow().clone();
     let now_ms = crate::unix_ms();
-    let quorum_peers = st.validators.saturating_sub(1) / 3 * 2; // 2f others + this node = 2f+1
+    let quorum = st.validators.saturating_sub(1) / 3 * 2 + 1; // 2f + 1
     let why = if let Some(t) = st.desynced {
         Some(format!("diverged at tick {t}"))
     } else if st.last_executed_unix_ms == 0 {
         Some("no tick executed yet".to_owned())
+    } else if st.validators_connected < quorum {
+        Some(format!(
+            "{} of {} validators of this sim reachable, a quorum needs {quorum} (missing: {})",
+            st.validators_connected,
+            st.validators,
+            st.validators_missing.join(", ")
+        ))
     } else if now_ms.saturating_sub(st.last_executed_unix_ms) > READY_STALE.as_millis() as u64 {
-        Some(format!("no tick executed for {} ms", now_ms.saturating_sub(st.last_executed_unix_ms)))
-    } else if st.peers < quorum_peers {
-        Some(format!("connected to {} peers, a quorum needs {quorum_peers}", st.peers))
+        Some(format!("no tick executed for {}", crate::when::duration(now_ms.saturating_sub(st.last_executed_unix_ms))))
     } else {
         None
     };

@@ -22,6 +22,7 @@ pub mod core;
 pub mod epochs;
 pub mod frames;
 pub mod gateway;
+pub mod genesis;
 pub mod http;
 pub mod net;
 pub mod overlay;
@@ -32,6 +33,8 @@ pub mod simnet;
 pub mod store;
 pub mod timing;
 pub mod verify;
+pub mod watch;
+pub mod when;
 pub mod wire;
 
 /// Milliseconds since the UNIX epoch (0 if the clock is before it).

@@ -8,12 +8,14 @@ mod admin;
 mod bench_agreement;
 mod bench_nodes;
 mod client_cmd;
+mod demo;
 mod devnet;
 mod local;
 mod raynet_sim;
 mod run;
 mod scenario_cmd;
 mod scenario_real;
+mod sim_new;
 
 use clap::{Parser, Subcommand};
 
@@ -58,8 +60,10 @@ enum Command {
     Client(client_cmd::ClientArgs),
     /// Headless clients that log in, wander and chat, for load; prints what they receive.
     Bot(client_cmd::BotArgs),
-    /// Run one sim locally on a seeded default world, with bots, and print its progress.
-    Sim(local::SimArgs),
+    /// Sims: make a new one you own (`sim new`), read a genesis (`sim show`), or run a seeded
+    /// demo sim in this process with no network (`sim local`).
+    #[command(subcommand)]
+    Sim(SimCmd),
     /// Simulate the Raynet overlay with N peers and measure it against exact Delaunay.
     Raynet(raynet_sim::RaynetArgs),
     /// Whole-system benchmarks (run by hand; figures go in the issue notes).
@@ -71,6 +75,16 @@ enum Command {
 enum ScenarioCmd {
     /// Run a scenario in the deterministic cluster; a summary table; non-zero exit on failure.
     Run(scenario_cmd::RunArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum SimCmd {
+    /// The genesis of a new sim: your admin key, a world file, its validators, the time now.
+    New(sim_new::NewArgs),
+    /// What a genesis file (or a data directory's) holds, and its hash.
+    Show(sim_new::ShowArgs),
+    /// Run one sim locally on a seeded demo world, with bots, and print its progress.
+    Local(local::SimArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -121,7 +135,9 @@ fn run() -> anyhow::Result<()> {
         Command::Config(ConfigCmd::Check(args)) => run::config_check(args),
         Command::Client(args) => client_cmd::client(args),
         Command::Bot(args) => client_cmd::bot(args),
-        Command::Sim(args) => local::run(args),
+        Command::Sim(SimCmd::New(args)) => sim_new::new(args),
+        Command::Sim(SimCmd::Show(args)) => sim_new::show(args),
+        Command::Sim(SimCmd::Local(args)) => local::run(args),
         Command::Raynet(args) => raynet_sim::run(args),
         Command::Bench(Bench::Agreement(args)) => bench_agreement::run(args),
         Command::Bench(Bench::Nodes(args)) => bench_nodes::run(args),

@@ -351,6 +351,13 @@ impl Mesh {
     pub fn connected(&self) -> usize {
         lock(&self.shared.writers).len()
     }
+
+    /// The keys of the nodes this one is connected to now.
+    pub fn connected_keys(&self) -> std::collections::BTreeSet<[u8; 32]> {
+        let indices: Vec<u16> = lock(&self.shared.writers).keys().copied().collect();
+        let book = lock(&self.shared.book);
+        indices.iter().filter_map(|i| book.keys.get(usize::from(*i))).map(|k| k.to_bytes()).collect()
+    }
 }
 
 /// The peer index of `peer` (numbered now and announced if it is new; `connected`: a connection

@@ -10,6 +10,7 @@ use metatopia_node::config::{NodeConfig, ValidatorEntry};
 use metatopia_node::core::{Agreement as _, CoreOutput, DesyncReport, NodeCore};
 use metatopia_node::epochs::Epochs;
 use metatopia_node::gateway::{Feed, Hub};
+use metatopia_node::genesis::{Genesis, GenesisHash};
 use metatopia_node::http::object_view;
 use metatopia_node::http::{Query, Service, Status};
 use metatopia_node::net::{Mesh, MeshEvent, PeerAddr};
@@ -19,7 +20,7 @@ use metatopia_node::store::{CommitLog, DataDir};
 use metatopia_node::timing::{StageTimes, TimedHost, TimedPhysics};
 use metatopia_node::wire::NodeMsg;
 use metatopia_scripting::RhaiHost;
-use metatopia_sim::genesis::{DemoSpec, DemoWorld, EventGen};
+use metatopia_sim::genesis::{DemoWorld, EventGen};
 use metatopia_sim::{SimId, Snapshot};
 
 #[derive(Clone, Debug, clap::Args)]
@@ -39,6 +40,11 @@ pub struct InitArgs {
     /// Address to listen on for peers over QUIC (UDP; default: the listen port + 2000).
     #[arg(long, env = "METATOPIA_QUIC")]
     pub quic: Option<std::net::SocketAddr>,
+    /// Install this sim's genesis (a `genesis.bin` that `metatopia sim new` wrote, as its
+    /// operator sends it): the node starts as one of its validators (or follows, if its key is
+    /// not among them). Without it, the node waits for `sim new --data-dir` or `run --join`.
+    #[arg(long, value_name = "FILE")]
+    pub genesis: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -88,7 +94,7 @@ pub struct RunArgs {
     pub report_every: Option<u64>,
 }
 
-/// `metatopia init`: a key and a commented config naming this node as the only validator.
+/// `metatopia init`: a key and a commented config; with `--genesis`, the sim it belongs to.
 pub fn init(args: InitArgs) -> anyhow::Result<()> {
     let dir = DataDir::open(&args.dir.data_dir)?;
     let key = dir.key()?;
@@ -101,34 +107,86 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
             args.listen.port().checked_add(2000).context("--listen's port + 2000 is not a port: give --quic")?,
         ),
     };
-    if path.exists() {
+    if path.exists() && args.genesis.is_none() {
         println!("{} exists; left as it is", path.display());
     } else {
-        let cfg = NodeConfig {
-            listen: args.listen,
-            quic: Some(quic),
-            http: None,
-            tick_rate_hz: 20,
-            snapshot_every: 640,
-            world: Default::default(),
-            bots: Default::default(),
-            validators: vec![ValidatorEntry {
-                key: public.clone(),
-                address: args.listen,
+        let mut cfg = match NodeConfig::load(&path) {
+            Ok(c) => c,
+            Err(_) if !path.exists() => NodeConfig {
+                listen: args.listen,
                 quic: Some(quic),
-                observer: false,
-            }],
-            join: None,
-            sims: Vec::new(),
-            raynet: Default::default(),
-            sim_workers: None,
-            block_history_mib: None,
+                http: None,
+                tick_rate_hz: 20,
+                snapshot_every: 640,
+                genesis_hash: None,
+                world: metatopia_node::config::WorldConfig { objects: 0, players: 1, ..Default::default() },
+                bots: Default::default(),
+                validators: Vec::new(),
+                join: None,
+                sims: Vec::new(),
+                raynet: Default::default(),
+                sim_workers: None,
+                block_history_mib: None,
+            },
+            Err(e) => return Err(e),
         };
+        if let Some(file) = &args.genesis {
+            let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+            let g = Genesis::decode(&bytes).with_context(|| format!("reading {}", file.display()))?;
+            install_genesis(&dir, &mut cfg, &g)?;
+            println!("installed the genesis of {}", g.describe());
+        }
         metatopia_node::store::write_atomic(&path, cfg.commented().as_bytes())?;
-        println!("wrote {}: add the sim's other validators (at least 4 in all) before `metatopia run`", path.display());
+        if cfg.genesis_hash.is_some() {
+            println!(
+                "wrote {}: start the node with `metatopia run --data-dir {}`",
+                path.display(),
+                dir.root().display()
+            );
+        } else {
+            println!(
+                "wrote {}; next, one of:\n  a new sim: `metatopia sim new --out DIR --data-dir {} --data-dir ...` (four nodes or more: you hold its admin key)\n  a running sim: `metatopia run --data-dir {} --join KEY@HOST:PORT` (its join address)",
+                path.display(),
+                dir.root().display(),
+                dir.root().display()
+            );
+        }
     }
     println!("peer id (public key): {public}");
     println!("join address: {public}@{}", args.listen);
+    Ok(())
+}
+
+/// Make `cfg` a node of the sim of genesis `g` and put the genesis file in `dir`: its hash, its
+/// sim, its validators (from the genesis's contacts, keeping this node's own addresses), its rate.
+pub fn install_genesis(dir: &DataDir, cfg: &mut NodeConfig, g: &Genesis) -> anyhow::Result<()> {
+    if let Some(old) = Genesis::read(dir.root())? {
+        anyhow::ensure!(
+            old.hash == g.hash,
+            "{} already holds the genesis of another sim ({}): a data directory holds one sim",
+            dir.root().display(),
+            old.hash
+        );
+    }
+    let me = dir.key()?.verifying_key().to_bytes();
+    cfg.genesis_hash = Some(g.hash.to_string());
+    cfg.world =
+        metatopia_node::config::WorldConfig { sim_id: g.world().sim().0, objects: 0, players: 1, ..Default::default() };
+    cfg.tick_rate_hz = g.world().settings().tick_rate_hz;
+    cfg.validators = g
+        .contacts
+        .iter()
+        .map(|c| {
+            let own = c.key == me;
+            ValidatorEntry {
+                key: metatopia_sim::ids::hex(&c.key),
+                address: if own { cfg.listen } else { c.address },
+                quic: if own { cfg.quic } else { c.quic },
+                observer: false,
+            }
+        })
+        .collect();
+    g.write(dir.root())?;
     Ok(())
 }
 
@@ -138,95 +196,101 @@ pub fn config_check(args: DirArgs) -> anyhow::Result<()> {
     let cfg = NodeConfig::load(&dir.config_path())?;
     let key = dir.key()?;
     let me = cfg.keys()?.iter().position(|k| *k == key.verifying_key());
+    let sim = match Genesis::read(dir.root())? {
+        Some(g) => {
+            check_genesis(&cfg, &g)?;
+            g.describe()
+        }
+        None if cfg.world.demo => format!(
+            "a demo sim (seed {}, {}; demo keys: devnets and tests only), built at its first start",
+            cfg.world.seed,
+            cfg.world.scenario.as_ref().map_or("the seeded demo world".to_owned(), |p| p.display().to_string())
+        ),
+        None => "no genesis yet (`metatopia sim new --data-dir`, `init --genesis FILE` or `run --join`)".to_owned(),
+    };
     println!(
-        "{}: ok. listen {}, http {}, {} Hz, snapshot every {} ticks, world seed {} ({} objects, {} players), {} validators; this node is {}",
+        "{}: ok. listen {}, http {}, snapshot every {} ticks, {} validators; this node is {}; sim: {sim}",
         dir.config_path().display(),
         cfg.listen,
         cfg.http_addr(),
-        cfg.tick_rate_hz,
         cfg.snapshot_every,
-        cfg.world.seed,
-        cfg.world.objects,
-        cfg.world.players,
         cfg.validators.len(),
         me.map_or("not a validator".to_owned(), |i| format!("validator {i}"))
     );
     Ok(())
 }
 
-fn now_us() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
-}
-
-/// The genesis world a config describes: the seeded demo world (or the scenario file's), with
-/// the config's validators and tick rate in its governance state; and its physics.
-pub fn demo_of(cfg: &NodeConfig) -> anyhow::Result<(DemoWorld, String)> {
-    // The genesis set is the validators, not the observers (they vote once admitted).
-    let keys = cfg.genesis_validators()?;
-    let validators: Vec<metatopia_sim::AccountId> =
-        keys.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect();
-    let (mut demo, physics) = match &cfg.world.scenario {
-        Some(path) => {
-            let (spec, _) = metatopia_node::scenario::load(path)?;
-            let scripts_dir =
-                cfg.world.scripts.clone().unwrap_or_else(|| path.parent().unwrap_or(Path::new(".")).join("../scripts"));
-            let opts = metatopia_node::scenario::Options { seed: cfg.world.seed, scripts_dir };
-            let place = if spec.world.sims > 1 { Some(place_in_world(cfg, &spec, &validators)?) } else { None };
-            let g = metatopia_node::scenario::genesis_in(&spec, cfg.world.seed, &opts, &validators, place.as_ref())?;
-            (DemoWorld { world: g.world, admin: g.demo.admin, players: g.demo.players }, spec.world.physics)
-        }
-        None => {
-            // One prim in ten carries an example rhai script.
-            let demo = metatopia_node::scenario::rhai_demo_world(
-                DemoSpec {
-                    seed: cfg.world.seed,
-                    sim: SimId(cfg.world.sim_id),
-                    objects: cfg.world.objects,
-                    players: cfg.world.players,
-                    ..DemoSpec::default()
-                },
-                10,
-            )?;
-            (demo, "rapier".to_owned())
-        }
-    };
-    demo.world.set_genesis_validators(validators);
-    let settings = metatopia_sim::Settings { tick_rate_hz: cfg.tick_rate_hz, ..demo.world.settings().clone() };
-    demo.world.set_genesis_settings(settings);
-    Ok((demo, physics))
-}
-
-/// Where this node's sim is in a scenario's world of several sims, with its neighbours'
-/// validators' keys from `[[sims]]`.
-fn place_in_world(
-    cfg: &NodeConfig,
-    spec: &metatopia_scenarios::spec::Scenario,
-    own: &[metatopia_sim::AccountId],
-) -> anyhow::Result<metatopia_node::scenario::Place> {
-    let sims = spec.world.sims;
-    let k = cfg.world.sim_id;
-    anyhow::ensure!(
-        (1..=sims).contains(&k),
-        "world.sim_id is {k}, but the scenario's world has sims 1..={sims}: set world.sim_id to this node's sim"
-    );
-    let mut accounts = Vec::new();
-    for j in 1..=sims {
-        let keys = if j == k {
-            Some(own.to_vec())
-        } else {
-            cfg.sim_validators(j)?.map(|ks| ks.iter().map(|v| metatopia_sim::AccountId(v.to_bytes())).collect())
-        };
-        accounts.push(keys.unwrap_or_default());
-    }
-    let place = metatopia_node::scenario::place_of(&spec.world, k - 1, &accounts);
-    if let Some((sim, _)) = place.neighbours.iter().find(|(_, n)| n.validators.is_empty()) {
-        anyhow::bail!(
-            "sim {} is a neighbour of this node's sim {k}: list its validators' keys under [[sims]] (sim_id = {})",
-            sim.0,
-            sim.0
+/// A genesis and the config that names it agree: hash, sim, validators.
+fn check_genesis(cfg: &NodeConfig, g: &Genesis) -> anyhow::Result<()> {
+    if let Some(h) = &cfg.genesis_hash {
+        let want: GenesisHash = h.parse().context("the config's genesis_hash")?;
+        anyhow::ensure!(
+            want == g.hash,
+            "the data directory's genesis has hash {}, but the config names {want}: this is another sim's genesis",
+            g.hash
         );
     }
-    Ok(place)
+    anyhow::ensure!(
+        g.world().sim().0 == cfg.world.sim_id,
+        "the genesis is of {}, the config says world.sim_id = {}",
+        g.world().sim(),
+        cfg.world.sim_id
+    );
+    let listed: std::collections::BTreeSet<metatopia_sim::AccountId> =
+        cfg.genesis_validators()?.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect();
+    let named = &g.world().governance().validators;
+    if listed != *named {
+        let missing: Vec<String> = named.difference(&listed).map(|a| a.short()).collect();
+        let extra: Vec<String> = listed.difference(named).map(|a| a.short()).collect();
+        anyhow::bail!(
+            "the config's [[validators]] (not observers) must be the genesis's validators: missing {missing:?}, not in the genesis {extra:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Where a node's sim starts: its genesis, and for a demo sim the demo world (its bots' keys).
+struct Start {
+    genesis: Genesis,
+    demo: Option<DemoWorld>,
+}
+
+/// The sim's genesis: the data directory's `genesis.bin`; for a demo sim (`world.demo`) only, one
+/// built from the config at the first start and written there.
+fn start_of(dir: &DataDir, cfg: &NodeConfig, tag: &str) -> anyhow::Result<Start> {
+    let existing = Genesis::read(dir.root())?;
+    let need_demo = cfg.world.demo && (existing.is_none() || cfg.bots.events_per_tick > 0);
+    let demo = if need_demo { Some(crate::demo::demo_of(cfg)?) } else { None };
+    let genesis = match (existing, &demo) {
+        (Some(g), _) => g,
+        (None, Some((demo, physics))) => {
+            let mut world = demo.world.clone();
+            world.set_genesis_time(cfg.world.genesis_time_ms.context("world.genesis_time_ms")?);
+            let keys = cfg.genesis_validators()?;
+            let contacts = cfg
+                .validators
+                .iter()
+                .filter(|v| !v.observer)
+                .zip(&keys)
+                .map(|(v, k)| metatopia_node::genesis::Contact { key: k.to_bytes(), address: v.address, quic: v.quic })
+                .collect();
+            let g = Genesis::of_world(world, physics, cfg.world.time_scale, contacts)?;
+            let path = g.write(dir.root())?;
+            println!("{tag}a demo sim (its keys are public: for devnets and tests only); wrote {}", path.display());
+            g
+        }
+        (None, None) => anyhow::bail!(
+            "{} has no genesis: create a sim you own with `metatopia sim new --out DIR --data-dir {}` (and its other nodes), install one with `metatopia init --genesis FILE`, or join a running sim with `metatopia run --join KEY@HOST:PORT`",
+            dir.root().display(),
+            dir.root().display()
+        ),
+    };
+    check_genesis(cfg, &genesis)?;
+    Ok(Start { genesis, demo: demo.map(|(d, _)| d) })
+}
+
+fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
 /// `metatopia run`.
@@ -364,14 +428,18 @@ impl Meter {
 async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let Shared { prometheus, mut stop, several } = shared;
     let dir = DataDir::open(&args.dir.data_dir)?;
-    if !dir.config_path().exists() {
-        let Some(join) = &args.join else {
-            anyhow::bail!(
-                "{} has no config.toml: run `metatopia init` first, or give --join KEY@HOST:PORT to join a running sim",
-                dir.root().display()
-            );
-        };
-        fetch_config(&dir, &args, join).await?;
+    let existing = if dir.config_path().exists() { Some(NodeConfig::load(&dir.config_path())?) } else { None };
+    // A node with no sim yet (no config, or `init`'s alone) joins one through --join.
+    let awaiting = existing.as_ref().is_none_or(|c| {
+        c.genesis_hash.is_none() && !c.world.demo && !dir.root().join(metatopia_node::genesis::FILE).exists()
+    });
+    match (&args.join, awaiting, &existing) {
+        (Some(join), true, _) => fetch_config(&dir, &args, join, existing.as_ref()).await?,
+        (None, true, None) => anyhow::bail!(
+            "{} has no config.toml: run `metatopia init` first, or give --join KEY@HOST:PORT to join a running sim",
+            dir.root().display()
+        ),
+        _ => {}
     }
     let mut cfg = NodeConfig::load(&dir.config_path())?;
     let tag = if several { format!("[sim {}] ", cfg.world.sim_id) } else { String::new() };
@@ -391,6 +459,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     if let Some(w) = args.sim_workers {
         cfg.sim_workers = Some(w);
     }
+    // The sim: its genesis first (a node with none says how to get one).
+    let Start { genesis, demo } = start_of(&dir, &cfg, &tag)?;
     let key = dir.key()?;
     let keys = cfg.keys()?;
     let me = match keys.iter().position(|k| *k == key.verifying_key()) {
@@ -403,9 +473,12 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     };
     let unlisted = me == keys.len();
     let genesis_validators = cfg.genesis_validators()?;
-    let (demo, physics_kind) = demo_of(&cfg)?;
+    // The sim's rate is its genesis's (then its governance's), whatever a demo config said.
+    cfg.tick_rate_hz = genesis.world().settings().tick_rate_hz;
+    let physics_kind = genesis.physics.clone();
     let consensus = Config {
         period_us: 1_000_000 / u64::from(cfg.tick_rate_hz),
+        genesis_time_ms: genesis.time_ms(),
         leader_timeout_us: metatopia_node::config::LEADER_TIMEOUT_US,
         notarize_timeout_us: 2 * metatopia_node::config::LEADER_TIMEOUT_US,
         retry_us: 300_000,
@@ -447,8 +520,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     }
     let sim = match sim {
         Some(s) => s,
-        None => metatopia_sim::Sim::new(demo.world.clone(), host(), physics(), cfg.sim_workers())
-            .context("loading the genesis world's physics")?,
+        None => metatopia_sim::Sim::restore(genesis.snapshot.clone(), host(), physics(), cfg.sim_workers())
+            .context("loading the genesis")?,
     };
     let anchor_ms = consensus.genesis_time_ms;
     // The validator set follows the sim's governance epoch by epoch (admit-validator,
@@ -461,14 +534,13 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             key.clone(),
             keys.clone(),
             genesis_validators.clone(),
-            demo.world.settings().epoch_ticks,
+            genesis.world().settings().epoch_ticks,
             now_us(),
         ),
     }
     .following_tick_rate();
-    anyhow::ensure!(cfg.world.time_scale >= 1, "world.time_scale must be at least 1");
     let mut core: Core = NodeCore::new(validator, sim, cfg.sim_workers())
-        .with_time_scale(cfg.world.time_scale, anchor_ms)
+        .with_time_scale(genesis.time_scale, anchor_ms)
         .defer_execution()
         .verify_ahead()
         .with_mail_key(key.clone());
@@ -523,7 +595,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     if core.is_joining() {
         println!("{tag}joining: asking the sim's nodes for a snapshot that 2f+1 validators certify");
     }
-    let sim_info = sim_info(&cfg)?;
+    let sim_info = sim_info(&cfg, &genesis)?;
     let contacts = peers.clone();
     let (mesh, mut inbox) = Mesh::start(&key, cfg.listen, cfg.quic, peers)
         .await
@@ -550,6 +622,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             region_size: core.sim().world().region().size.floor_int(),
             tick: core.sim().world().tick().0,
             root: root.to_string(),
+            genesis: genesis.hash.to_string(),
             ..Status::default()
         },
         ..Meter::default()
@@ -593,14 +666,17 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let (quic, quic_task) = metatopia_node::gateway::serve_quic(cfg.listen, &key, service.clone())
         .with_context(|| format!("serving clients over QUIC on udp {}", cfg.listen))?;
     println!(
-        "{tag}clients: QUIC on udp {} (join address {}@{})",
+        "{tag}clients: QUIC on udp {} (join address {}@{}/{})",
         cfg.listen,
         metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
-        cfg.listen
+        cfg.listen,
+        genesis.hash
     );
     let examples: Vec<&str> = metatopia_node::scenario::EXAMPLE_SCRIPTS.iter().map(|(_, s)| *s).collect();
-    let mut bots =
-        (cfg.bots.events_per_tick > 0).then(|| EventGen::new(&demo, cfg.world.seed ^ 0xb075).with_scripts(&examples));
+    let mut bots = demo
+        .as_ref()
+        .filter(|_| cfg.bots.events_per_tick > 0)
+        .map(|demo| EventGen::new(demo, cfg.world.seed ^ 0xb075).with_scripts(&examples));
     let mut last_bot_tick = 0;
     let mut bot_timer = tokio::time::interval(Duration::from_micros(1_000_000 / u64::from(cfg.tick_rate_hz)));
     let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
@@ -615,6 +691,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     // all have too (see `Finishing`).
     let mut finishing: Option<Finishing> = None;
     let mut stall = Stall::new();
+    let mut watch = metatopia_node::watch::ValidatorWatch::default();
     let outcome: anyhow::Result<&str> = loop {
         let deadline = core.poll_timeout().unwrap_or(u64::MAX);
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()).min(1_000_000));
@@ -695,7 +772,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             // tokio's timers round up to the next millisecond.
             _ = tokio::time::sleep(wait), if !wait.is_zero() => core.handle_timeout(now_us()),
             _ = std::future::ready(()), if wait.is_zero() => core.handle_timeout(now_us()),
-            _ = rounds.tick() => reach.round(),
+            _ = rounds.tick() => {
+                reach.round();
+                watch_validators(&mut watch, &mut meter, &core, &mesh, &key, &tag);
+            }
             // Commits execute once the votes that committed them have gone out (below).
             _ = std::future::ready(()), if core.has_deferred() => core.execute_deferred(now_us()),
             _ = bot_timer.tick(), if bots.is_some() => {
@@ -841,14 +921,15 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             hub.publish(Feed::Status(Box::new(meter.status.clone())));
                         }
                         println!(
-                            "{tag}tick {} root {} accepted {} rejected {} (total {} / {}) peers {} dilation {:.2}",
+                            "{tag}tick {} root {} accepted {} rejected {} (total {} / {}) validators {} of {} connected dilation {:.2}",
                             tick.0,
                             root,
                             accepted,
                             rejected,
                             s.accepted,
                             s.rejected,
-                            mesh.connected(),
+                            meter.status.validators_connected,
+                            meter.status.validators,
                             dilation
                         );
                     }
@@ -937,9 +1018,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             && let Some(quiet) = stall.due()
         {
             eprintln!(
-                "{tag}warning: no tick committed for {} s ({} peers connected, {} validators in the sim): {}",
+                "{tag}warning: no tick committed for {} s ({} of {} validators of this sim connected): {}",
                 quiet.as_secs(),
-                mesh.connected(),
+                meter.status.validators_connected,
                 metatopia_node::core::Agreement::validators(core.agreement()),
                 metatopia_node::core::Agreement::describe(core.agreement())
             );
@@ -1143,6 +1224,37 @@ struct Locating {
     waiting: std::collections::BTreeSet<(SimId, u16)>,
 }
 
+/// Which of the sim's validators this node reaches: into the status, and a warning naming a
+/// validator out of reach for 10 s (and a line when it is back).
+fn watch_validators(
+    watch: &mut metatopia_node::watch::ValidatorWatch,
+    meter: &mut Meter,
+    core: &Core,
+    mesh: &Mesh,
+    key: &metatopia_consensus::SigningKey,
+    tag: &str,
+) {
+    let set: Vec<[u8; 32]> = core.agreement().keys().iter().map(|k| k.to_bytes()).collect();
+    let me = key.verifying_key().to_bytes();
+    let r = watch.look(metatopia_node::unix_ms(), &set, &me, &mesh.connected_keys());
+    for (k, down_ms) in &r.warn {
+        eprintln!(
+            "{tag}warning: validator {} of this sim unreachable for {} ({} of {} validators connected{})",
+            metatopia_sim::ids::hex(k),
+            metatopia_node::when::duration(*down_ms),
+            r.connected,
+            r.total,
+            if r.quorum() { "" } else { "; no quorum: the sim cannot commit" }
+        );
+    }
+    for k in &r.back {
+        println!("{tag}validator {} of this sim is reachable again", metatopia_sim::ids::hex(k));
+    }
+    meter.status.validators_connected = r.connected;
+    meter.status.validators_missing = r.missing.iter().map(|k| metatopia_sim::ids::hex(k)).collect();
+    metrics::gauge!("metatopia_validators_connected", "sim" => meter.sim.clone()).set(f64::from(r.connected));
+}
+
 /// The kicked and banned accounts as of the last tick (their sessions are closed when they change).
 #[derive(Debug, Default)]
 struct Removed {
@@ -1235,63 +1347,46 @@ fn write_desync_report(root: &Path, r: &DesyncReport) -> anyhow::Result<PathBuf>
 
 /// What a node joining this sim is sent (`run --join`): the sim's part of this node's config,
 /// and the scenario file and scripts it names (relative paths: `scenario.toml`, `scripts/…`).
-fn sim_info(cfg: &NodeConfig) -> anyhow::Result<NodeMsg> {
+fn sim_info(cfg: &NodeConfig, genesis: &Genesis) -> anyhow::Result<NodeMsg> {
     let mut shared = cfg.clone();
     shared.http = None;
     shared.bots = Default::default();
     shared.join = None;
-    let mut files = Vec::new();
-    if let Some(path) = &cfg.world.scenario {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        files.push(("scenario.toml".to_owned(), text));
-        shared.world.scenario = Some(PathBuf::from("scenario.toml"));
-        let scripts =
-            cfg.world.scripts.clone().unwrap_or_else(|| path.parent().unwrap_or(Path::new(".")).join("../scripts"));
-        let mut names: Vec<PathBuf> = std::fs::read_dir(&scripts)
-            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
-            .unwrap_or_default();
-        names.sort();
-        for p in names.into_iter().filter(|p| p.extension().is_some_and(|e| e == "rhai")).take(MAX_SIM_FILES) {
-            if let (Some(name), Ok(text)) = (p.file_name().and_then(|n| n.to_str()), std::fs::read_to_string(&p)) {
-                files.push((format!("scripts/{name}"), text));
-            }
-        }
-        shared.world.scripts = Some(PathBuf::from("scripts"));
-    }
+    shared.genesis_hash = Some(genesis.hash.to_string());
+    // The joiner starts from the genesis file: no demo world to build, no scenario to read.
+    (shared.world.scenario, shared.world.scripts) = (None, None);
     let config = toml::to_string(&shared).context("encoding the sim's config")?;
-    let msg = NodeMsg::SimInfo { config, files };
+    let msg = NodeMsg::SimInfo { config, genesis: genesis.bytes.clone() };
     anyhow::ensure!(
         msg.encode().len() < metatopia_node::net::MAX_FRAME as usize,
-        "the sim's scenario and scripts are over {} bytes: too big to send to joining nodes",
+        "the sim's genesis is over {} bytes: too big to send to joining nodes",
         metatopia_node::net::MAX_FRAME
     );
     Ok(msg)
 }
 
-/// Files a sim's description may carry.
-const MAX_SIM_FILES: usize = 512;
-
-/// `run --join` with no config: ask the node at the join address for the sim's config and
-/// files, and write them into the data directory as this node's.
-async fn fetch_config(dir: &DataDir, args: &RunArgs, join: &str) -> anyhow::Result<()> {
-    let (their_key, addr) = metatopia_node::config::parse_join(join).context("--join")?;
+/// `run --join` on a node with no sim yet: ask the node at the join address for the sim's
+/// config and genesis, check the genesis (against the hash the join address names, if it names
+/// one), and write both into the data directory as this node's, with its own addresses.
+async fn fetch_config(dir: &DataDir, args: &RunArgs, join: &str, had: Option<&NodeConfig>) -> anyhow::Result<()> {
+    let (their_key, addr, want) = metatopia_node::config::parse_join_genesis(join).context("--join")?;
     let key = dir.key()?;
-    let listen = args.listen.unwrap_or_else(|| ([127, 0, 0, 1], 7100).into());
-    let quic = match args.quic {
+    let listen = args.listen.or(had.map(|c| c.listen)).unwrap_or_else(|| ([127, 0, 0, 1], 7100).into());
+    let quic = match args.quic.or(had.and_then(|c| c.quic)) {
         Some(q) => q,
         None => std::net::SocketAddr::new(
             listen.ip(),
             listen.port().checked_add(2000).context("--listen's port + 2000 is not a port: give --quic")?,
         ),
     };
-    println!("joining through {join}: asking it for the sim's config");
+    println!("joining through {join}: asking it for the sim's config and genesis");
     // A throwaway mesh on an ephemeral port: the node's own starts once the config is written.
     let local = std::net::SocketAddr::new(listen.ip(), 0);
     let bootstrap = PeerAddr { key: their_key, tcp: Some(addr), quic: None };
     let (mesh, mut rx) = Mesh::start(&key, local, None, vec![bootstrap]).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let mut ask = tokio::time::interval(Duration::from_millis(500));
-    let (config, files) = loop {
+    let (config, genesis) = loop {
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => anyhow::bail!(
                 "no answer from {join} within 30 s: is a node of the sim running there, with that key?"
@@ -1300,47 +1395,43 @@ async fn fetch_config(dir: &DataDir, args: &RunArgs, join: &str) -> anyhow::Resu
                 mesh.send(0, &NodeMsg::SimInfoRequest);
             },
             m = rx.recv() => match m {
-                Some(MeshEvent::Message(from, NodeMsg::SimInfo { config, files })) if from.0 == 0 => break (config, files),
+                Some(MeshEvent::Message(from, NodeMsg::SimInfo { config, genesis })) if from.0 == 0 => break (config, genesis),
                 Some(_) => {}
                 None => anyhow::bail!("the mesh stopped"),
             },
         }
     };
     drop(mesh);
+    let g = Genesis::decode(&genesis).with_context(|| format!("the genesis {join} sent"))?;
+    match want {
+        Some(w) => anyhow::ensure!(
+            g.hash.0 == w,
+            "{join} serves a sim whose genesis hash is {}, not the one the join address names: refused",
+            g.hash
+        ),
+        None => println!(
+            "note: the join address names no genesis hash; this sim's is {} (KEY@HOST:PORT/HASH checks it)",
+            g.hash
+        ),
+    }
     let mut cfg: NodeConfig =
         toml::from_str(&config).map_err(|e| anyhow::anyhow!("the config {join} sent does not load: {e}"))?;
-    let world = dir.root().join("world");
-    std::fs::create_dir_all(world.join("scripts"))?;
-    for (name, text) in &files {
-        // Only `scenario.toml` and `scripts/NAME.rhai`, never a path that leaves the directory.
-        let ok = name == "scenario.toml"
-            || name.strip_prefix("scripts/").is_some_and(|n| {
-                !n.is_empty()
-                    && n.ends_with(".rhai")
-                    && n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-                    && !n.starts_with('.')
-            });
-        anyhow::ensure!(ok, "{join} sent a file named {name:?}: refused (only scenario.toml and scripts/*.rhai)");
-        metatopia_node::store::write_atomic(&world.join(name), text.as_bytes())?;
-    }
-    if cfg.world.scenario.is_some() {
-        cfg.world.scenario = Some(world.join("scenario.toml"));
-        cfg.world.scripts = Some(world.join("scripts"));
-    }
+    anyhow::ensure!(
+        cfg.genesis_hash.as_deref() == Some(g.hash.to_string().as_str()),
+        "{join} sent a config that names another genesis than the one it sent: refused"
+    );
     cfg.listen = listen;
     cfg.quic = Some(quic);
-    cfg.http = args.http;
+    cfg.http = args.http.or(had.and_then(|c| c.http));
     cfg.bots = Default::default();
     cfg.join = Some(join.to_owned());
+    if let Some(h) = had {
+        (cfg.sim_workers, cfg.block_history_mib) = (h.sim_workers, h.block_history_mib);
+    }
     cfg.check().with_context(|| format!("the config {join} sent"))?;
+    g.write(dir.root())?;
     metatopia_node::store::write_atomic(&dir.config_path(), cfg.commented().as_bytes())?;
-    println!(
-        "wrote {} ({} validators, {} Hz, {} files of the world)",
-        dir.config_path().display(),
-        cfg.validators.len(),
-        cfg.tick_rate_hz,
-        files.len()
-    );
+    println!("wrote {} and the genesis of {}", dir.config_path().display(), g.describe());
     Ok(())
 }
 
@@ -1390,92 +1481,5 @@ mod tests {
         let mut early = Finishing::skipped(99);
         assert!(!early.done(&Reported(vec![0, 1]), ""));
         assert!(early.leaving.is_none(), "a peer has yet to execute the tick");
-    }
-
-    #[test]
-    fn observers_are_not_in_the_genesis_validator_set() {
-        let keys: Vec<_> =
-            (1..=5u8).map(|i| metatopia_consensus::SigningKey::from_bytes(&[i; 32]).verifying_key()).collect();
-        let cfg = NodeConfig {
-            listen: ([127, 0, 0, 1], 7000).into(),
-            quic: None,
-            http: None,
-            tick_rate_hz: 20,
-            snapshot_every: 640,
-            world: Default::default(),
-            bots: Default::default(),
-            validators: keys
-                .iter()
-                .enumerate()
-                .map(|(i, k)| ValidatorEntry {
-                    key: metatopia_sim::ids::hex(k.as_bytes()),
-                    address: ([127, 0, 0, 1], 7000 + i as u16).into(),
-                    quic: None,
-                    observer: i == 4,
-                })
-                .collect(),
-            join: None,
-            sims: Vec::new(),
-            raynet: Default::default(),
-            sim_workers: None,
-            block_history_mib: None,
-        };
-        let (demo, _) = demo_of(&cfg).unwrap();
-        let set = &demo.world.governance().validators;
-        assert_eq!(set.len(), 4, "{set:?}");
-        assert!(!set.contains(&metatopia_sim::AccountId(keys[4].to_bytes())), "the observer votes only once admitted");
-    }
-
-    #[test]
-    fn a_sim_of_several_needs_its_neighbours_validators_and_gets_them_into_its_world() {
-        let entries = |from: u8| -> Vec<ValidatorEntry> {
-            (from..from + 4)
-                .map(|i| ValidatorEntry {
-                    key: metatopia_sim::ids::hex(
-                        metatopia_consensus::SigningKey::from_bytes(&[i; 32]).verifying_key().as_bytes(),
-                    ),
-                    address: ([127, 0, 0, 1], 7000 + u16::from(i)).into(),
-                    quic: None,
-                    observer: false,
-                })
-                .collect()
-        };
-        let scenario = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../scenarios/catalogue/border-crossing.toml")
-            .canonicalize()
-            .unwrap();
-        let mut cfg = NodeConfig {
-            listen: ([127, 0, 0, 1], 7001).into(),
-            quic: None,
-            http: None,
-            tick_rate_hz: 20,
-            snapshot_every: 640,
-            world: metatopia_node::config::WorldConfig { sim_id: 2, scenario: Some(scenario), ..Default::default() },
-            bots: Default::default(),
-            validators: entries(11),
-            join: None,
-            sims: Vec::new(),
-            raynet: Default::default(),
-            sim_workers: None,
-            block_history_mib: None,
-        };
-        let e = format!("{:#}", demo_of(&cfg).unwrap_err());
-        assert!(e.contains("sim 1 is a neighbour") && e.contains("[[sims]]"), "{e}");
-        cfg.world.sim_id = 3;
-        let e = format!("{:#}", demo_of(&cfg).unwrap_err());
-        assert!(e.contains("sims 1..=2"), "{e}");
-        cfg.world.sim_id = 2;
-        cfg.sims.push(metatopia_node::config::SimEntry {
-            sim_id: 1,
-            validators: entries(1).iter().map(metatopia_node::config::SimValidator::key_of).collect(),
-        });
-        let (demo, _) = demo_of(&cfg).unwrap();
-        let w = &demo.world;
-        assert_eq!((w.sim(), w.region().origin.x), (SimId(2), metatopia_sim::Fx::from_int(32)));
-        let n = &w.links().neighbours[&SimId(1)];
-        assert_eq!(n.validators.len(), 4);
-        // Sim 2 starts with the scenario's objects in its square only: the ball, not the counter.
-        let names: Vec<&str> = w.objects().values().map(|o| o.name.as_str()).collect();
-        assert_eq!(names, ["ball"]);
     }
 }

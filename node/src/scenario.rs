@@ -323,34 +323,47 @@ pub fn genesis_in(
             continue; // another sim's
         }
         let owner = v.owner.as_deref().map_or(account_of(&admin), |n| account_of(&account_key(n)));
-        let shape = if v.shape == "circle" {
-            Shape::Circle { radius: fx(v.size[0]) }
-        } else {
-            Shape::Box { half_width: fx(v.size[0]), half_height: fx(v.size[1]) }
-        };
-        let color = u32::from_str_radix(&v.color, 16).unwrap_or(0x808080ff);
-        let velocity = v.velocity.map_or(Vec2::ZERO, v2);
-        let id = world.add_genesis_object(
-            ObjectKind::Prim,
-            owner,
-            v.name.clone(),
-            shape,
-            v2(v.at),
-            velocity,
-            color,
-            v.text.clone(),
-        );
-        if let Some(file) = &v.script {
-            let path = opts.scripts_dir.join(file);
-            let src =
-                std::fs::read_to_string(&path).with_context(|| format!("object {:?}: {}", v.name, path.display()))?;
-            attach_script(&mut world, &host, id, owner, &src, &v.licence)
-                .map_err(|e| anyhow::anyhow!("object {:?}: script {file}: {e}", v.name))?;
-        }
+        let id = add_object(&mut world, &host, v, owner, &opts.scripts_dir)?;
         objects.insert(v.name.clone(), id);
     }
+    world.set_genesis_time(w.start_unix_ms);
     world.validate().map_err(|e| anyhow::anyhow!("the scenario's world is not valid: {e}"))?;
     Ok(Genesis { world, demo, objects })
+}
+
+/// Put one `[[objects]]` entry of a scenario or world file into a world being built, owned by
+/// `owner`, with its script (`script = "FILE"` under `scripts_dir`) attached.
+pub fn add_object(
+    world: &mut World,
+    host: &RhaiHost,
+    v: &metatopia_scenarios::spec::ObjectSpec,
+    owner: AccountId,
+    scripts_dir: &Path,
+) -> anyhow::Result<ObjectId> {
+    let shape = if v.shape == "circle" {
+        Shape::Circle { radius: fx(v.size[0]) }
+    } else {
+        Shape::Box { half_width: fx(v.size[0]), half_height: fx(v.size[1]) }
+    };
+    let color = u32::from_str_radix(&v.color, 16).unwrap_or(0x808080ff);
+    let velocity = v.velocity.map_or(Vec2::ZERO, v2);
+    let id = world.add_genesis_object(
+        ObjectKind::Prim,
+        owner,
+        v.name.clone(),
+        shape,
+        v2(v.at),
+        velocity,
+        color,
+        v.text.clone(),
+    );
+    if let Some(file) = &v.script {
+        let path = scripts_dir.join(file);
+        let src = std::fs::read_to_string(&path).with_context(|| format!("object {:?}: {}", v.name, path.display()))?;
+        attach_script(world, host, id, owner, &src, &v.licence)
+            .map_err(|e| anyhow::anyhow!("object {:?}: script {file}: {e}", v.name))?;
+    }
+    Ok(id)
 }
 
 /// A signer with its nonce and its last event (for `replay`).
@@ -393,7 +406,9 @@ pub fn run(
     let joiners: std::collections::BTreeSet<u16> = fault_of("join").into_keys().collect();
 
     let period_us = 1_000_000 / u64::from(w.tick_rate_hz);
-    let cfg = consensus_config(period_us);
+    let cfg = consensus_config(period_us, w.start_unix_ms);
+    // The nodes' clocks start at the scenario's real-looking time.
+    let start_us = w.start_unix_ms.saturating_mul(1000);
     let epoch_ticks = g.world.settings().epoch_ticks;
     // Cluster nodes: the validators, the observers, then a twin per `twin` fault.
     let mut nodes_of: BTreeMap<u16, Vec<NodeId>> = (0..total).map(|i| (i, vec![u32::from(i)])).collect();
@@ -411,7 +426,7 @@ pub fn run(
     let make = |node: usize, world: World, actor: Actor| -> anyhow::Result<Node> {
         let sim = Sim::new(world, RhaiHost::default(), AnyPhysics::of(&w.physics), 1)
             .map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
-        let core = NodeCore::new(actor, sim, 1).with_time_scale(w.time_scale, 0).defer_execution();
+        let core = NodeCore::new(actor, sim, 1).with_time_scale(w.time_scale, w.start_unix_ms).defer_execution();
         Ok(CoreProcess::new(core, nodes_of.clone()))
     };
     let mut procs = Vec::new();
@@ -427,7 +442,7 @@ pub fn run(
                 };
                 let c = Config { max_exec_lag: None, ..cfg.clone() };
                 Actor::Byz(
-                    Box::new(Byzantine::new(c, keys[k as usize].clone(), genesis_set.clone(), 0, behaviour)),
+                    Box::new(Byzantine::new(c, keys[k as usize].clone(), genesis_set.clone(), start_us, behaviour)),
                     n as usize,
                 )
             }
@@ -437,17 +452,18 @@ pub fn run(
                 public.clone(),
                 genesis_set.clone(),
                 epoch_ticks,
-                0,
+                start_us,
             ))),
         };
         let world = if diverging.contains_key(&k) { other_world()? } else { g.world.clone() };
         procs.push(make(node, world, actor)?);
     }
-    let mut c = Cluster::new(seed, net_config(spec), procs);
+    let mut c = Cluster::starting_at(seed, net_config(spec), procs, start_us);
     // A crashed node comes back from its "disk": consensus state and commit log.
     {
         let (cfg, keys, public, genesis_world) = (cfg.clone(), keys.clone(), public.clone(), g.world.clone());
         let (physics, scale, nodes_of) = (w.physics.clone(), w.time_scale, nodes_of.clone());
+        let anchor_ms = w.start_unix_ms;
         let key_of_node = key_of_node.clone();
         let genesis_n = usize::from(n);
         let joiners = joiners.clone();
@@ -469,7 +485,7 @@ pub fn run(
             let sim = Sim::new(genesis_world.clone(), RhaiHost::default(), AnyPhysics::of(&physics), 1)
                 .expect("the genesis world loaded before");
             let mut core =
-                NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1).with_time_scale(scale, 0).defer_execution();
+                NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1).with_time_scale(scale, anchor_ms).defer_execution();
             if join {
                 core = core.joining();
             }
@@ -586,9 +602,9 @@ pub fn run(
                     what: format!("{} is {want} at tick {at_tick}", v.account.as_deref().unwrap_or_default()),
                     ok: role == want,
                     detail: format!(
-                        "{role} at tick {} (day {:.1})",
+                        "{role} at tick {} (day {:.1} after genesis)",
                         world.tick(),
-                        world.time_ms() as f64 / DAY_MS as f64
+                        world.time_ms().saturating_sub(world.governance().genesis_ms) as f64 / DAY_MS as f64
                     ),
                 },
             );
@@ -613,9 +629,10 @@ pub fn run(
 }
 
 /// Agreement timing for the deterministic cluster at a tick period.
-pub(crate) fn consensus_config(period_us: u64) -> Config {
+pub(crate) fn consensus_config(period_us: u64, genesis_time_ms: u64) -> Config {
     Config {
         period_us,
+        genesis_time_ms,
         leader_timeout_us: 250 * MS,
         notarize_timeout_us: 500 * MS,
         retry_us: 250 * MS,
@@ -959,6 +976,12 @@ impl Agreement for NoAgreement {
     }
 }
 
+/// A recording's core, on its genesis time (where its accelerated time counts from).
+fn replay_core(r: &Recording, sim: Sim<RhaiHost, AnyPhysics>) -> NodeCore<NoAgreement, RhaiHost, AnyPhysics> {
+    let anchor_ms = sim.world().governance().genesis_ms;
+    NodeCore::new(NoAgreement, sim, 1).with_time_scale(r.time_scale, anchor_ms)
+}
+
 fn load_sim(r: &Recording) -> anyhow::Result<Sim<RhaiHost, AnyPhysics>> {
     let snap = Snapshot::decode(&r.genesis, 1 << 30).map_err(|e| anyhow::anyhow!("the recording's genesis: {e}"))?;
     Sim::restore(snap, RhaiHost::default(), AnyPhysics::of(&r.physics), 1).map_err(|e| anyhow::anyhow!("{e}"))
@@ -967,7 +990,7 @@ fn load_sim(r: &Recording) -> anyhow::Result<Sim<RhaiHost, AnyPhysics>> {
 /// Re-execute a recording from genesis; the number of ticks whose roots matched, or the first
 /// that did not.
 pub fn replay_verify(r: &Recording) -> anyhow::Result<usize> {
-    let mut core = NodeCore::new(NoAgreement, load_sim(r)?, 1).with_time_scale(r.time_scale, 0);
+    let mut core = replay_core(r, load_sim(r)?);
     for (rec, root) in &r.ticks {
         let got = core.replay(rec).map_err(|e| anyhow::anyhow!("tick {}: {e}", rec.tick))?;
         anyhow::ensure!(got == *root, "tick {}: replayed root {got} differs from the recorded {root}", rec.tick);
@@ -978,13 +1001,13 @@ pub fn replay_verify(r: &Recording) -> anyhow::Result<usize> {
 /// SyncTest: every tick is executed, then executed again from a snapshot of the state before
 /// it; both roots must equal the recorded one.
 pub fn synctest(r: &Recording) -> anyhow::Result<usize> {
-    let mut core = NodeCore::new(NoAgreement, load_sim(r)?, 1).with_time_scale(r.time_scale, 0);
+    let mut core = replay_core(r, load_sim(r)?);
     for (rec, root) in &r.ticks {
         let before = core.snapshot();
         let first = core.replay(rec).map_err(|e| anyhow::anyhow!("tick {}: {e}", rec.tick))?;
         let sim = Sim::restore(before, RhaiHost::default(), AnyPhysics::of(&r.physics), 1)
             .map_err(|e| anyhow::anyhow!("tick {}: restoring the snapshot before it: {e}", rec.tick))?;
-        let mut again = NodeCore::new(NoAgreement, sim, 1).with_time_scale(r.time_scale, 0);
+        let mut again = replay_core(r, sim);
         let second = again.replay(rec).map_err(|e| anyhow::anyhow!("tick {} again: {e}", rec.tick))?;
         anyhow::ensure!(
             first == second && first == *root,

@@ -166,6 +166,8 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         .filter(|f| f.get_ref().kind == "diverge")
         .filter_map(|f| f.get_ref().node.map(usize::from))
         .collect();
+    // One genesis time for the world's nodes: a real one, as an operator's sim has.
+    let genesis_ms = metatopia_node::unix_ms();
     for (i, d) in dirs.iter().enumerate().filter(|(i, _)| !joiners.contains_key(i)) {
         let cfg = NodeConfig {
             listen: ([127, 0, 0, 1], ports[i]).into(),
@@ -173,13 +175,14 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             http: Some(([127, 0, 0, 1], ports[n + i]).into()),
             tick_rate_hz: spec.world.tick_rate_hz,
             snapshot_every: 640,
+            genesis_hash: None,
             world: WorldConfig {
                 sim_id: sim_of(i) as u32 + 1,
                 seed: if diverging.contains(&i) { opts.seed ^ 0xd1fe } else { opts.seed },
                 time_scale: spec.world.time_scale,
                 scenario: Some(file.clone()),
                 scripts: Some(scripts.clone()),
-                ..WorldConfig::default()
+                ..WorldConfig::demo(genesis_ms)
             },
             bots: BotsConfig {
                 events_per_tick: if usize::from(spec.bots.node) == i { spec.bots.events_per_tick } else { 0 },

@@ -75,11 +75,12 @@ pub fn run(
     let sims = Arc::new(Sims { n, genesis, public, keys });
 
     let period_us = 1_000_000 / u64::from(w.tick_rate_hz);
-    let cfg = consensus_config(period_us);
+    let cfg = consensus_config(period_us, w.start_unix_ms);
+    let start_us = w.start_unix_ms.saturating_mul(1000);
     let epoch_ticks = sims.genesis[0].world.settings().epoch_ticks;
     let make = {
         let (sims, cfg) = (sims.clone(), cfg.clone());
-        let (physics, scale) = (w.physics.clone(), w.time_scale);
+        let (physics, scale, anchor_ms) = (w.physics.clone(), w.time_scale, w.start_unix_ms);
         let world_spec = w.clone();
         move |id: NodeId, now: Time, saved: Option<Saved>| -> anyhow::Result<Node> {
             let k = sims.sim_of(id);
@@ -94,7 +95,7 @@ pub fn run(
             let sim = Sim::new(g.world.clone(), RhaiHost::default(), AnyPhysics::of(&physics), 1)
                 .map_err(|e| anyhow::anyhow!("node {id}: {e}"))?;
             let mut core = NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1)
-                .with_time_scale(scale, 0)
+                .with_time_scale(scale, anchor_ms)
                 .with_mail_key(key)
                 .defer_execution();
             let mut log = Vec::new();
@@ -119,8 +120,8 @@ pub fn run(
             Ok(p)
         }
     };
-    let procs = (0..total).map(|id| make(NodeId::from(id), 0, None)).collect::<anyhow::Result<Vec<_>>>()?;
-    let mut c = Cluster::new(seed, net_config(spec), procs);
+    let procs = (0..total).map(|id| make(NodeId::from(id), start_us, None)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut c = Cluster::starting_at(seed, net_config(spec), procs, start_us);
     c.set_restarter(Box::new(move |id, now, saved| {
         let saved: Saved = saved.and_then(|b| postcard::from_bytes(&b).ok()).unwrap_or_default();
         make(id, now, Some(saved)).expect("the genesis world loaded before")

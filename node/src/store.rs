@@ -244,9 +244,7 @@ impl DataDir {
         match read_key(&path) {
             Ok(Some(key)) => Ok(key),
             Ok(None) => {
-                let mut seed = [0u8; 32];
-                getrandom(&mut seed)?;
-                let key = SigningKey::from_bytes(&seed);
+                let key = fresh_key()?;
                 write_key(&path, &key)?;
                 Ok(key)
             }
@@ -404,11 +402,14 @@ pub fn write_key(path: &Path, key: &SigningKey) -> anyhow::Result<()> {
 }
 
 pub fn parse_key(hex: &str) -> anyhow::Result<SigningKey> {
-    anyhow::ensure!(hex.len() == 64, "a node key is 64 hex digits, this one has {}", hex.len());
+    let seed = crate::config::parse_hex32(hex).context("a key file holds a secret key")?;
+    Ok(SigningKey::from_bytes(&seed))
+}
+
+/// A new signing key from the OS's random source (node keys, an operator's admin key).
+pub fn fresh_key() -> anyhow::Result<SigningKey> {
     let mut seed = [0u8; 32];
-    for (i, b) in seed.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).context("a node key is hex digits")?;
-    }
+    getrandom(&mut seed)?;
     Ok(SigningKey::from_bytes(&seed))
 }
 

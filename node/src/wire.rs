@@ -25,10 +25,11 @@ pub enum NodeMsg {
     /// "Send me what a new node of this sim needs to start": from `run --join`.
     SimInfoRequest,
     /// The sim's description: its config (`config.toml` without this node's own settings) and
-    /// the files it names (the scenario and its scripts), by relative path.
+    /// its genesis file (`genesis.bin`), which the joiner checks against the hash it was given.
     SimInfo {
         config: String,
-        files: Vec<(String, String)>,
+        #[serde(with = "serde_bytes")]
+        genesis: Vec<u8>,
     },
     /// "Send me your state and where your agreement is": from a node joining the running sim.
     JoinRequest,

@@ -81,6 +81,8 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
             }
         })
         .collect();
+    // One genesis time for the sim's nodes: a real one, as an operator's sim has.
+    let genesis_ms = metatopia_node::unix_ms();
     for (i, d) in dirs.iter().enumerate() {
         let cfg = NodeConfig {
             listen: validators[i].address,
@@ -88,7 +90,8 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
             http: Some(([127, 0, 0, 1], ports[n + i]).into()),
             tick_rate_hz: rate,
             snapshot_every: 128,
-            world: WorldConfig { objects: 120, players: 8, ..WorldConfig::default() },
+            genesis_hash: None,
+            world: WorldConfig { objects: 120, players: 8, ..WorldConfig::demo(genesis_ms) },
             bots: BotsConfig { events_per_tick: if i == 0 { 8 } else { 0 } },
             validators: validators.clone(),
             join: None,
@@ -485,9 +488,16 @@ fn a_validator_without_a_quorum_says_where_its_agreement_stands() {
     let node = start(0, &dirs[0], &Roots::default(), &[]);
     let said = wait_for_output("the stall warning", Duration::from_secs(60), &[&node], |said| {
         said[0].contains("warning: no tick committed for 10 s")
+            && said[0].matches("of this sim unreachable").count() == 3
     });
     let line = said[0].lines().find(|l| l.contains("no tick committed")).unwrap();
-    assert!(line.contains("(0 peers connected, 4 validators in the sim): epoch 0: view "), "{line}");
+    assert!(line.contains("(1 of 4 validators of this sim connected): epoch 0: view "), "{line}");
+    // ... and names each validator it cannot reach, once it has been 10 s.
+    assert!(
+        said[0].matches("of this sim unreachable for 10s (1 of 4 validators connected; no quorum").count() == 3,
+        "{}",
+        said[0]
+    );
     // Alone, it timed out its view and nullified it, and counted only its own vote.
     assert!(line.contains(": mine .X.") && line.contains(" x1 "), "{line}");
 }
@@ -518,6 +528,7 @@ fn health_metrics_stats_and_signed_admin_acts_through_the_http_service() {
         "metatopia_time_dilation{sim=\"1\"} ",
         "metatopia_commit_latency_seconds",
         "metatopia_peers{sim=\"1\"} 3",
+        "metatopia_validators_connected{sim=\"1\"} 4",
     ] {
         assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
     }
@@ -526,7 +537,7 @@ fn health_metrics_stats_and_signed_admin_acts_through_the_http_service() {
 
     let (ok, out, err) = cli(&["stats", "--node", &https[1]]);
     assert!(ok, "{err}");
-    assert!(out.contains("time dilation") && out.contains("peers              3 of 3"), "{out}");
+    assert!(out.contains("time dilation") && out.contains("validators         4 of 4 connected\n"), "{out}");
 
     // The demo world's admin (seed 1, key 0) governs; another account may not.
     let root = dirs[0].parent().unwrap();

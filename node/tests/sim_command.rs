@@ -4,7 +4,19 @@ use std::process::Command;
 
 fn run_sim(physics: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_metatopia"))
-        .args(["sim", "--ticks", "90", "--unpaced", "--objects", "300", "--players", "10", "--physics", physics])
+        .args([
+            "sim",
+            "local",
+            "--ticks",
+            "90",
+            "--unpaced",
+            "--objects",
+            "300",
+            "--players",
+            "10",
+            "--physics",
+            physics,
+        ])
         .output()
         .expect("metatopia runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -30,7 +42,8 @@ fn two_runs_of_the_same_world_end_on_the_same_root_with_either_physics() {
 
 #[test]
 fn a_bad_physics_name_is_a_clear_error() {
-    let out = Command::new(env!("CARGO_BIN_EXE_metatopia")).args(["sim", "--physics", "magic"]).output().unwrap();
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_metatopia")).args(["sim", "local", "--physics", "magic"]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid value 'magic'") && err.contains("rapier"), "{err}");

@@ -106,7 +106,12 @@ function connect() {
   ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/ws`);
   ws.onmessage = (e) => handle(JSON.parse(e.data));
   ws.onclose = () => { notice("disconnected from the node; reconnecting"); setTimeout(connect, 1000); };
-  ws.onopen = () => { notice(""); if (state.account && !state.avatar) login().catch((e) => notice(String(e.message || e))); };
+  ws.onopen = () => {
+    notice("");
+    // A returning visitor (a name kept with the key) enters at once; a new one chooses a name.
+    if (state.account && !state.avatar && localStorage.getItem("metatopia-name")) login().catch((e) => notice(String(e.message || e)));
+    else if (state.account && !state.avatar) askName();
+  };
 }
 
 function request(kind, id) {
@@ -350,11 +355,25 @@ function setupInput() {
     input.value = "";
   });
   $("touch").addEventListener("click", () => state.selected && act({ kind: "Touch", object: state.selected }));
+  $("name-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const name = $("name-input").value.trim();
+    if (!name) return;
+    localStorage.setItem("metatopia-name", name);
+    login().catch((err) => notice(String(err.message || err)));
+  });
+  $("logout").addEventListener("click", () => logout().catch((err) => notice(String(err.message || err))));
+}
+
+// The name form: shown to a visitor without a name, and after logging out.
+function askName() {
+  $("name-input").value = localStorage.getItem("metatopia-name") || `visitor-${state.account.slice(0, 4)}`;
+  $("name-form").hidden = false;
+  $("logout").hidden = true;
 }
 
 async function login() {
   state.name = localStorage.getItem("metatopia-name") || `visitor-${state.account.slice(0, 4)}`;
-  localStorage.setItem("metatopia-name", state.name);
   const o = await act({ kind: "Login", name: state.name });
   const acct = await request("account", state.account);
   if (acct && acct.avatar) {
@@ -362,9 +381,29 @@ async function login() {
     $("me").textContent = `${state.name} (${state.account.slice(0, 8)}…, ${state.signer})`;
     $("me").dataset.signer = state.signer;
     $("me").dataset.loggedIn = "true";
+    $("name-form").hidden = true;
+    $("logout").hidden = false;
   } else {
     notice(`login: ${o ? JSON.stringify(o) : "no answer"}`);
+    askName();
   }
+}
+
+async function logout() {
+  const o = await act({ kind: "Logout" });
+  if (o && !o.refused) {
+    state.avatar = null;
+    $("me").textContent = "logged out";
+    $("me").dataset.loggedIn = "false";
+    askName();
+  }
+}
+
+// A session lasts while the viewer logs in again now and then (every 20 s; the sim removes an
+// avatar a minute after its last login, so a closed tab leaves no avatar behind).
+const SESSION_REFRESH_MS = 20000;
+function refreshSession() {
+  if (state.avatar && ws && ws.readyState === 1) act({ kind: "Login", name: state.name }).catch(() => {});
 }
 
 async function main() {
@@ -374,6 +413,7 @@ async function main() {
   try { await loadKey(); } catch (e) { notice(`cannot sign: ${e.message || e}`); }
   connect();
   setInterval(() => { if (ws && ws.readyState === 1) ping().catch(() => {}); }, 2000);
+  setInterval(refreshSession, SESSION_REFRESH_MS);
 }
 
 main();

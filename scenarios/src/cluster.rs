@@ -135,6 +135,9 @@ pub struct NetStats {
 /// The deterministic cluster.
 pub struct Cluster<P: Process> {
     now: Time,
+    /// What every node's clock read when the cluster started (a real-looking Unix time, in
+    /// microseconds, so nodes run at the times they meet outside the lab); `now` counts from it.
+    epoch_us: Time,
     rng: DetRng,
     net: NetConfig,
     nodes: Vec<Slot<P>>,
@@ -153,10 +156,19 @@ impl<P: Process> std::fmt::Debug for Cluster<P> {
 }
 
 impl<P: Process> Cluster<P> {
-    /// A cluster of `nodes` (ids are their positions) on a network, seeded.
+    /// A cluster of `nodes` (ids are their positions) on a network, seeded; the nodes' clocks
+    /// start at 0.
     pub fn new(seed: u64, net: NetConfig, nodes: Vec<P>) -> Cluster<P> {
+        Cluster::starting_at(seed, net, nodes, 0)
+    }
+
+    /// A cluster whose nodes' clocks start at `epoch_us` (Unix microseconds): virtual time
+    /// ([`Cluster::now`], faults, partitions) still counts from 0, and a node at virtual time t
+    /// reads `epoch_us + t` (plus its skew).
+    pub fn starting_at(seed: u64, net: NetConfig, nodes: Vec<P>, epoch_us: Time) -> Cluster<P> {
         let mut c = Cluster {
             now: 0,
+            epoch_us,
             rng: DetRng::from_u64(seed),
             net,
             nodes: nodes.into_iter().map(|p| Slot { proc: Some(p), skew_us: 0, wake: None, saved: None }).collect(),
@@ -226,7 +238,12 @@ impl<P: Process> Cluster<P> {
 
     /// The local clock of a node.
     pub fn local_time(&self, id: NodeId) -> Time {
-        local(self.now, self.nodes[id as usize].skew_us)
+        local(self.now + self.epoch_us, self.nodes[id as usize].skew_us)
+    }
+
+    /// What the nodes' clocks read at virtual time 0.
+    pub fn epoch_us(&self) -> Time {
+        self.epoch_us
     }
 
     /// Run a step of one node's code by hand (to inject inputs such as client events).
@@ -272,13 +289,13 @@ impl<P: Process> Cluster<P> {
                 self.trace.update(&to.to_le_bytes());
                 self.trace.update(&P::fingerprint(&msg));
                 let mut out = Outbox::default();
-                p.on_message(local(self.now, slot.skew_us), from, msg, &mut out);
+                p.on_message(local(self.now + self.epoch_us, slot.skew_us), from, msg, &mut out);
                 self.after_step(to, out);
             }
             Event::Wake { node } => {
                 let slot = &mut self.nodes[node as usize];
                 let Some(p) = slot.proc.as_mut() else { return };
-                let due = p.next_timer().map(|t| global(t, slot.skew_us));
+                let due = p.next_timer().map(|t| global(t, slot.skew_us).saturating_sub(self.epoch_us));
                 if slot.wake != Some(self.now) || due.is_none_or(|d| d > self.now) {
                     // Stale wake-up: a newer one is (or will be) scheduled.
                     if slot.wake == Some(self.now) {
@@ -292,7 +309,7 @@ impl<P: Process> Cluster<P> {
                 self.trace.update(&[1]);
                 self.trace.update(&node.to_le_bytes());
                 let mut out = Outbox::default();
-                p.on_timer(local(self.now, slot.skew_us), &mut out);
+                p.on_timer(local(self.now + self.epoch_us, slot.skew_us), &mut out);
                 self.after_step(node, out);
             }
             Event::Fault(Fault::Crash(id)) => {
@@ -366,7 +383,7 @@ impl<P: Process> Cluster<P> {
         let slot = &self.nodes[id as usize];
         let Some(p) = slot.proc.as_ref() else { return };
         let Some(t) = p.next_timer() else { return };
-        let at = global(t, slot.skew_us).max(self.now);
+        let at = global(t, slot.skew_us).saturating_sub(self.epoch_us).max(self.now);
         if slot.wake.is_some_and(|w| w <= at) {
             return;
         }

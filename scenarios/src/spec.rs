@@ -44,6 +44,9 @@ fn one() -> u64 {
     1
 }
 
+/// When scenarios start unless they say otherwise: 2026-11-18T22:13:20Z.
+pub const DEFAULT_START_UNIX_MS: u64 = 1_795_000_000_000;
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorldSpec {
@@ -63,6 +66,10 @@ pub struct WorldSpec {
     pub moving_per_mille: u32,
     /// Sim milliseconds per BFT millisecond (governance days pass faster).
     pub time_scale: u64,
+    /// The Unix time (milliseconds) the nodes' clocks read when the scenario starts, and its
+    /// sims' genesis time: a real-looking date by default, as outside the lab (0 runs it at the
+    /// epoch).
+    pub start_unix_ms: u64,
     /// `kinematic` or `rapier`.
     pub physics: String,
     /// Settings (DESIGN §10): X and Y in days, the validator epoch, the kick cooldown.
@@ -84,6 +91,7 @@ impl Default for WorldSpec {
             random_players: 0,
             moving_per_mille: 0,
             time_scale: 1,
+            start_unix_ms: DEFAULT_START_UNIX_MS,
             physics: "kinematic".into(),
             admin_absent_days: None,
             temp_admin_active_days: None,

@@ -165,6 +165,30 @@ pub(crate) fn apply(world: &mut World, events: &[&Checked], temp: Option<Account
     out
 }
 
+/// How long an avatar stays in the world after its account last logged in (BFT time). A client
+/// keeps its session by logging in again every [`SESSION_REFRESH_MS`]; one that quits, is
+/// killed or loses its network stops, and its avatar is gone a minute later on every node.
+pub const SESSION_GRACE_MS: u64 = 60_000;
+/// How often a connected client refreshes its session (a `Login` while its avatar is in the
+/// world only refreshes `last_login`): three refreshes fit in the grace period.
+pub const SESSION_REFRESH_MS: u64 = 20_000;
+
+/// Remove the avatars whose accounts have not logged in for [`SESSION_GRACE_MS`]: sessions
+/// that ended without a logout. The despawns for physics.
+pub(crate) fn expire_sessions(world: &mut World, now_ms: u64) -> Vec<PhysicsCommand> {
+    let stale: Vec<ObjectId> = world
+        .accounts
+        .values()
+        .filter(|a| now_ms.saturating_sub(a.last_login_ms) > SESSION_GRACE_MS)
+        .filter_map(|a| a.avatar)
+        .collect();
+    let mut out = GovernanceOut::default();
+    for id in stale {
+        despawn(world, id, &mut out);
+    }
+    out.physics
+}
+
 fn login(
     world: &mut World,
     author: AccountId,

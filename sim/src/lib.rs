@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
+pub mod date;
 pub mod event;
 pub mod fx;
 pub mod genesis;

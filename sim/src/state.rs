@@ -222,6 +222,50 @@ impl Default for Settings {
     }
 }
 
+/// A setting outside its bounds (an admin's `settings` act, a world file).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field} must be {range}, not {value}")]
+pub struct SettingError {
+    pub field: &'static str,
+    pub range: &'static str,
+    pub value: String,
+}
+
+impl Settings {
+    /// Every setting within its bounds, or the first that is not, named. The bounds keep a sim
+    /// runnable (a tick rate agreement can follow, an area of interest a node can serve) and are
+    /// the same on every node, so an admin's act is refused the same way everywhere.
+    pub fn check(&self) -> Result<(), SettingError> {
+        fn within(field: &'static str, v: u64, lo: u64, hi: u64, range: &'static str) -> Result<(), SettingError> {
+            if (lo..=hi).contains(&v) { Ok(()) } else { Err(SettingError { field, range, value: v.to_string() }) }
+        }
+        let l = &self.limits;
+        within("admin_absent_days", self.admin_absent_days.into(), 1, 3_650, "1..=3650 days")?;
+        within("temp_admin_active_days", self.temp_admin_active_days.into(), 1, 3_650, "1..=3650 days")?;
+        within("tick_rate_hz", self.tick_rate_hz.into(), 1, 120, "1..=120 Hz")?;
+        within("epoch_ticks", self.epoch_ticks, 1, 10_000_000, "1..=10000000 ticks")?;
+        within("kick_cooldown_ms", self.kick_cooldown_ms, 0, 365 * DAY_MS, "0..=365 days")?;
+        within("aoi_radius_m", self.aoi_radius_m.into(), 1, 1_024, "1..=1024 m")?;
+        within("max_event_bytes", l.max_event_bytes.into(), 1_024, 96 * 1024, "1024..=98304 bytes")?;
+        within("max_name_bytes", l.max_name_bytes.into(), 1, 1_024, "1..=1024 bytes")?;
+        within("max_text_bytes", l.max_text_bytes.into(), 0, 4_096, "0..=4096 bytes")?;
+        within("max_chat_bytes", l.max_chat_bytes.into(), 1, 16_384, "1..=16384 bytes")?;
+        within("max_source_bytes", l.max_source_bytes.into(), 1, 96 * 1024, "1..=98304 bytes")?;
+        within("max_script_state_bytes", l.max_script_state_bytes.into(), 0, 1 << 20, "0..=1048576 bytes")?;
+        within("max_objects", l.max_objects.into(), 1, MAX_SLOTS.into(), "1..=4194304")?;
+        within("script_failure_limit", l.script_failure_limit.into(), 1, 1_000, "1..=1000 ticks")?;
+        within("max_script_outputs", l.max_script_outputs.into(), 0, 1_024, "0..=1024 a tick")?;
+        if l.max_speed <= Fx::ZERO || l.max_speed > Fx::from_int(1_000) {
+            return Err(SettingError {
+                field: "max_speed",
+                range: "above 0 and at most 1000 m/s",
+                value: l.max_speed.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
@@ -288,7 +332,7 @@ pub enum RejectReason {
     UnknownAccount,
     #[error("account is banned")]
     Banned,
-    #[error("account is kicked until {until_ms} ms")]
+    #[error("account is kicked until {}", crate::date::UnixDate(*until_ms))]
     Kicked { until_ms: u64 },
     #[error("event is {bytes} bytes, the limit is {max}")]
     TooLarge { bytes: u32, max: u32 },
@@ -616,6 +660,28 @@ impl World {
         links.validate()?;
         self.links = links;
         Ok(())
+    }
+
+    /// Genesis editing: move the genesis to BFT time `time_ms` (a real Unix time in
+    /// milliseconds on real nodes). Worlds are built at time 0 with accounts whose `joined_at`
+    /// and `last_login` are offsets from genesis; this shifts those by `time_ms` too, so an
+    /// account that "joined a day after genesis" still did. Only meaningful at tick 0.
+    pub fn set_genesis_time(&mut self, time_ms: u64) {
+        let shift = time_ms.saturating_sub(self.governance.genesis_ms);
+        self.time_ms = time_ms;
+        self.governance.genesis_ms = time_ms;
+        for a in self.accounts.values_mut() {
+            a.joined_at_ms = a.joined_at_ms.saturating_add(shift);
+            a.last_login_ms = a.last_login_ms.saturating_add(shift);
+            self.cache.dirty_accounts.insert(a.id);
+        }
+    }
+
+    /// Genesis editing: an account that exists from genesis (the admin's, for one), joined and
+    /// last logged in at the genesis time.
+    pub fn add_genesis_account(&mut self, id: AccountId, name: String) {
+        let at = self.governance.genesis_ms;
+        self.create_account(id, name, at);
     }
 
     /// Genesis editing: the settings. After genesis they change only through admin acts.

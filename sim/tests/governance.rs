@@ -199,6 +199,9 @@ fn the_admin_returns_an_object_to_its_owner_who_rezzes_it_again() {
     let by_dave = dave.sign(&sim, Payload::Admin(AdminAct::ReturnObject { object: lamp }));
     let r = at_day(&mut sim, 5, vec![by_dave]);
     assert_eq!(r.rejected[0].reason, RejectReason::NotAuthorized { act: "return-object".into() });
+    // Bob is online (his session refreshed), so his avatar is in the world.
+    let e = login(&mut bob, &sim, "bob");
+    at_day(&mut sim, 5, vec![e]);
     let avatar = sim.world().account(&bob.id()).unwrap().avatar.unwrap();
     let e = admin.sign(&sim, Payload::Admin(AdminAct::ReturnObject { object: avatar }));
     assert!(matches!(at_day(&mut sim, 5, vec![e]).rejected[0].reason, RejectReason::InvalidValue { .. }));
@@ -238,4 +241,219 @@ fn the_admin_returns_an_object_to_its_owner_who_rezzes_it_again() {
     assert_eq!(r.rejected.len(), 1, "{:?}", r.rejected);
     assert_eq!(sim.world().account(&bob.id()).unwrap().returned.len(), MAX_RETURNED);
     assert_eq!(sim.world().objects().values().filter(|o| o.name.starts_with("junk")).count(), 1);
+}
+
+mod real_clock {
+    //! The temp-admin rule from a genesis at a real Unix time (DESIGN §10 on real nodes): the
+    //! pipeline's roles against a model of the rule, over arbitrary logins and times.
+
+    use super::common::{self, Signer, TestSim, batch_at};
+    use metatopia_sim::genesis::{DemoSpec, demo_key, demo_world};
+    use metatopia_sim::governance::{Role, role_of, temp_admin};
+    use metatopia_sim::state::DAY_MS;
+    use metatopia_sim::{AccountId, AdminAct, Payload};
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// 2015-01-01 .. 2040-01-01 in Unix milliseconds.
+    const REAL_TIMES: std::ops::Range<u64> = 1_420_070_400_000..2_208_988_800_000;
+
+    /// A sim created at `genesis_ms` by its admin, whose account exists from genesis.
+    fn created_at(genesis_ms: u64) -> (TestSim, Signer) {
+        let mut demo = demo_world(DemoSpec { seed: 77, objects: 0, players: 0, ..DemoSpec::default() });
+        demo.world.set_genesis_time(genesis_ms);
+        let admin_id = metatopia_sim::event::account_of(&demo.admin);
+        assert_eq!(
+            demo.world.account(&admin_id).map(|a| (a.joined_at_ms, a.last_login_ms)),
+            Some((genesis_ms, genesis_ms))
+        );
+        let sim = common::sim_of(&demo, 1);
+        let admin = Signer::new(demo.admin.clone(), &sim);
+        (sim, admin)
+    }
+
+    /// The rule as the design states it, over (joined, last login) of every non-admin account.
+    fn model(
+        admin_seen: u64,
+        others: &BTreeMap<AccountId, (u64, u64)>,
+        now: u64,
+        x_days: u64,
+        y_days: u64,
+    ) -> Option<AccountId> {
+        if now.saturating_sub(admin_seen) <= x_days * DAY_MS {
+            return None;
+        }
+        others
+            .iter()
+            .filter(|(_, (_, last))| now.saturating_sub(*last) <= y_days * DAY_MS)
+            .min_by_key(|(id, (joined, _))| (*joined, **id))
+            .map(|(id, _)| *id)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Steps of (who logs in: 0 = the admin, 1..=4 players, 5 = nobody; hours later).
+        #[test]
+        fn the_rule_holds_from_a_real_genesis(
+            genesis in REAL_TIMES,
+            steps in proptest::collection::vec((0u64..6, 1u64..(24 * 20)), 1..40),
+        ) {
+            let (mut sim, mut admin) = created_at(genesis);
+            let (x, y) = (u64::from(sim.world().settings().admin_absent_days), u64::from(sim.world().settings().temp_admin_active_days));
+            let mut players: Vec<Signer> = (1..=4).map(|i| Signer::new(demo_key(991, i), &sim)).collect();
+            let mut admin_seen = genesis;
+            let mut others = BTreeMap::new();
+            let mut now = genesis;
+            for (who, hours) in steps {
+                now += hours * 3_600_000;
+                let temp_before = model(admin_seen, &others, now, x, y);
+                // An admin act by every player: only the temp admin of the tick's start may act.
+                let acts: Vec<_> = players
+                    .iter_mut()
+                    .map(|p| p.sign(&sim, Payload::Admin(AdminAct::Unban { account: AccountId([9; 32]) })))
+                    .collect();
+                let events = match who {
+                    0 => vec![admin.sign(&sim, Payload::Login { name: "admin".into() })],
+                    1..=4 => vec![players[who as usize - 1].sign(&sim, Payload::Login { name: format!("p{who}") })],
+                    _ => vec![],
+                };
+                let r = sim.step(&batch_at(&sim, now, acts.clone())).expect("the batch is for this tick");
+                let refused: Vec<_> = r.rejected.iter().map(|j| j.author).collect();
+                for p in &players {
+                    prop_assert_eq!(!refused.contains(&p.id()), temp_before == Some(p.id()));
+                }
+                let r = sim.step(&batch_at(&sim, now, events)).expect("the batch is for this tick");
+                prop_assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+                match who {
+                    0 => admin_seen = now,
+                    1..=4 => {
+                        let id = players[who as usize - 1].id();
+                        others.entry(id).or_insert((now, now)).1 = now;
+                    }
+                    _ => {}
+                }
+                let want = model(admin_seen, &others, now, x, y);
+                prop_assert_eq!(temp_admin(sim.world(), now), want);
+                // Nobody is temp admin while the admin was seen within X days of now; the admin
+                // is always the admin.
+                if now - admin_seen <= x * DAY_MS {
+                    prop_assert_eq!(want, None);
+                }
+                prop_assert_eq!(role_of(sim.world(), &admin.id(), now), Role::Admin);
+            }
+        }
+    }
+
+    /// The reported take-over: a stranger logs in one tick after a sim made at a real time and is
+    /// not temp admin, and its admin act is refused.
+    #[test]
+    fn a_stranger_on_a_fresh_sim_is_never_temp_admin() {
+        let genesis = 1_795_700_000_000;
+        let (mut sim, _admin) = created_at(genesis);
+        let mut stranger = Signer::new(demo_key(4040, 1), &sim);
+        let login = stranger.sign(&sim, Payload::Login { name: "stranger".into() });
+        sim.step(&batch_at(&sim, genesis + 50, vec![login])).unwrap();
+        for t in [genesis + 100, genesis + 29 * DAY_MS] {
+            assert_eq!(temp_admin(sim.world(), t), None);
+            let act = stranger.sign(&sim, Payload::Admin(AdminAct::TransferAdmin { to: stranger.id() }));
+            let r = sim.step(&batch_at(&sim, t, vec![act])).unwrap();
+            assert_eq!(r.rejected.len(), 1, "the stranger's act at {t} is refused");
+        }
+        assert_ne!(sim.world().governance().admin, stranger.id());
+    }
+}
+
+/// A refused act can be tried again once its cause is gone (signed anew with the next nonce, as
+/// `metatopia admin` and the clients sign: one above the last the sim used up), and gets a fresh
+/// outcome; a replay of an executed event still never takes effect twice.
+#[test]
+fn a_kicked_or_banned_account_logs_in_again_once_its_cause_is_gone_and_replays_stay_refused() {
+    let Story { mut sim, mut admin, dave, .. } = story();
+    // The way a tool signs: the next nonce after the one the world last used up.
+    let fresh = |sim: &TestSim, key: &metatopia_sim::SigningKey, payload: Payload| {
+        let id = metatopia_sim::event::account_of(key);
+        let last = sim.world().account(&id).map_or(0, |a| a.last_nonce);
+        SignedEvent::new(key, sim.world().sim(), last + 1, payload)
+    };
+    let login = Payload::Login { name: "dave".into() };
+    let kick = admin.sign(&sim, Payload::Admin(AdminAct::Kick { account: dave.id() }));
+    at_day(&mut sim, 4, vec![kick]);
+    let cooldown = sim.world().settings().kick_cooldown_ms;
+    let day4 = 4 * DAY_MS;
+    let refused = fresh(&sim, &dave.key, login.clone());
+    let r = sim.step(&batch_at(&sim, day4 + cooldown / 2, vec![refused.clone()])).unwrap();
+    assert!(matches!(r.rejected[0].reason, RejectReason::Kicked { .. }), "{:?}", r.rejected);
+    assert!(r.rejected[0].reason.to_string().contains("kicked until 1970-01-05T00:15:00Z"), "{}", r.rejected[0].reason);
+    // After the cooldown: the retry is a new event (new id), and it executes.
+    let retry = fresh(&sim, &dave.key, login.clone());
+    assert_ne!(retry, refused, "the retry is signed anew, not the refused bytes again");
+    let r = sim.step(&batch_at(&sim, day4 + cooldown + 1, vec![retry.clone()])).unwrap();
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    // Replays of the refused and of the executed event take no effect.
+    let r = sim.step(&batch_at(&sim, day4 + cooldown + 2, vec![refused, retry])).unwrap();
+    assert_eq!(r.rejected.len(), 2);
+    assert!(r.rejected.iter().all(|j| matches!(j.reason, RejectReason::StaleNonce { .. })), "{:?}", r.rejected);
+    // Banned, then unbanned: the same.
+    let ban = admin.sign(&sim, Payload::Admin(AdminAct::Ban { account: dave.id() }));
+    at_day(&mut sim, 5, vec![ban]);
+    let e = fresh(&sim, &dave.key, login.clone());
+    let r = at_day(&mut sim, 5, vec![e]);
+    assert_eq!(r.rejected[0].reason, RejectReason::Banned);
+    let unban = admin.sign(&sim, Payload::Admin(AdminAct::Unban { account: dave.id() }));
+    at_day(&mut sim, 5, vec![unban]);
+    let e = fresh(&sim, &dave.key, login);
+    let r = at_day(&mut sim, 5, vec![e]);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+}
+
+/// Settings out of bounds are refused, naming the field and its bounds; the defaults are within.
+#[test]
+fn settings_out_of_bounds_are_refused_naming_the_field() {
+    let Story { mut sim, mut admin, .. } = story();
+    assert_eq!(sim.world().settings().check(), Ok(()));
+    let mut s = sim.world().settings().clone();
+    s.aoi_radius_m = 100_000;
+    let e = s.check().unwrap_err();
+    assert_eq!(e.to_string(), "aoi_radius_m must be 1..=1024 m, not 100000");
+    let act = admin.sign(&sim, Payload::Admin(AdminAct::SetSettings(s)));
+    let r = at_day(&mut sim, 4, vec![act]);
+    assert_eq!(
+        r.rejected[0].reason.to_string(),
+        "invalid value for settings: aoi_radius_m must be 1..=1024 m, not 100000"
+    );
+    let mut s = sim.world().settings().clone();
+    s.tick_rate_hz = 0;
+    assert_eq!(s.check().unwrap_err().field, "tick_rate_hz");
+    let mut s = sim.world().settings().clone();
+    s.limits.max_speed = metatopia_sim::Fx::ZERO;
+    assert_eq!(s.check().unwrap_err().field, "max_speed");
+}
+
+/// A session that ends without a logout (a client killed, a network lost) stops refreshing its
+/// login; its avatar is removed once the grace period has passed, and a refreshed one stays.
+#[test]
+fn avatars_of_sessions_that_stopped_refreshing_are_removed_after_the_grace_period() {
+    use metatopia_sim::governance::{SESSION_GRACE_MS, SESSION_REFRESH_MS};
+    let Story { mut sim, mut bob, mut dave, .. } = story();
+    let t0 = 4 * DAY_MS;
+    let (b, d) = (login(&mut bob, &sim, "bob"), login(&mut dave, &sim, "dave"));
+    at_day(&mut sim, 4, vec![b, d]);
+    let avatar = |sim: &TestSim, s: &Signer| sim.world().account(&s.id()).unwrap().avatar;
+    let (bob_avatar, dave_avatar) = (avatar(&sim, &bob).unwrap(), avatar(&sim, &dave).unwrap());
+    // Dave's client keeps refreshing; Bob's was killed.
+    let mut t = t0;
+    while t <= t0 + SESSION_GRACE_MS {
+        t += SESSION_REFRESH_MS;
+        let d = login(&mut dave, &sim, "dave");
+        sim.step(&batch_at(&sim, t, vec![d])).unwrap();
+        assert_eq!(avatar(&sim, &dave), Some(dave_avatar), "a refreshed session keeps its avatar");
+        let gone = t.saturating_sub(t0) > SESSION_GRACE_MS;
+        assert_eq!(sim.world().object(bob_avatar).is_none(), gone, "at +{} ms", t - t0);
+    }
+    assert_eq!(avatar(&sim, &bob), None);
+    // Bob comes back: a new avatar.
+    let b = login(&mut bob, &sim, "bob");
+    sim.step(&batch_at(&sim, t + 1, vec![b])).unwrap();
+    assert!(avatar(&sim, &bob).is_some());
 }

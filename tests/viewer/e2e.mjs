@@ -16,8 +16,13 @@ try {
   step("objects appear");
   await page.waitForSelector('#objects li[data-name="door"]', { timeout: 30000 });
   await page.waitForFunction(() => Number(document.body.dataset.tick) > 0, null, { timeout: 30000 });
-  step("logged in with a browser-made key");
+  step("a new visitor chooses a name, and enters with a browser-made key");
+  await page.waitForSelector("#name-form:not([hidden])", { timeout: 30000 });
+  await page.fill("#name-input", "ada");
+  await page.click("#name-form button");
   await page.waitForSelector('#me[data-logged-in="true"]', { timeout: 30000 });
+  if (!(await page.textContent("#me")).startsWith("ada (")) throw new Error(`not named: ${await page.textContent("#me")}`);
+  await page.waitForSelector('#objects li[data-name="ada"]', { timeout: 30000 });
   step("chat, and the echo bot's reply");
   await page.fill("#chat-input", "hello from the browser");
   await page.press("#chat-input", "Enter");
@@ -52,6 +57,9 @@ try {
   const old = await plain.newPage();
   old.on("pageerror", (e) => console.log(`  [page error] ${e.message}`));
   await old.goto(url);
+  await old.waitForSelector("#name-form:not([hidden])", { timeout: 30000 });
+  await old.fill("#name-input", "old-browser");
+  await old.press("#name-input", "Enter");
   await old.waitForSelector('#me[data-logged-in="true"]', { timeout: 30000 });
   if ((await old.getAttribute("#me", "data-signer")) !== "tweetnacl") throw new Error("expected the TweetNaCl fallback");
   await old.fill("#chat-input", "signed by tweetnacl");
@@ -59,6 +67,16 @@ try {
   await old.waitForFunction(
     () => [...document.querySelectorAll("#chat-log li")].some((li) => li.textContent.includes("echo: signed by tweetnacl")),
     null, { timeout: 30000 });
+  step("log out: the avatar leaves at once");
+  await old.waitForSelector('#objects li[data-name="old-browser"]', { timeout: 30000 });
+  await old.click("#logout");
+  await old.waitForSelector('#me[data-logged-in="false"]', { timeout: 30000 });
+  await old.waitForSelector('#objects li[data-name="old-browser"]', { state: "detached", timeout: 30000 });
+  await old.waitForSelector("#name-form:not([hidden])", { timeout: 5000 });
+  step("a returning visitor enters with the name kept with its key");
+  await page.reload();
+  await page.waitForSelector('#me[data-logged-in="true"]', { timeout: 30000 });
+  if (!(await page.textContent("#me")).startsWith("ada (")) throw new Error("the name was not kept");
   console.log("viewer e2e passed");
 } finally {
   await browser.close();

@@ -100,6 +100,8 @@ impl Cluster {
             .collect();
         let of_sim = |k: usize| validators[4 * k..4 * k + 4].to_vec();
         let world = repo.join("scenarios").join("catalogue").join(scenario).canonicalize().unwrap();
+        // One genesis time for the world's nodes: a real one, as an operator's sim has.
+        let genesis_ms = metatopia_node::unix_ms();
         for (i, d) in dirs.iter().enumerate() {
             let k = i / 4;
             let cfg = NodeConfig {
@@ -108,7 +110,12 @@ impl Cluster {
                 http: Some(([127, 0, 0, 1], ports[n + i]).into()),
                 tick_rate_hz: 20,
                 snapshot_every: 640,
-                world: WorldConfig { sim_id: k as u32 + 1, scenario: Some(world.clone()), ..WorldConfig::default() },
+                genesis_hash: None,
+                world: WorldConfig {
+                    sim_id: k as u32 + 1,
+                    scenario: Some(world.clone()),
+                    ..WorldConfig::demo(genesis_ms)
+                },
                 bots: BotsConfig::default(),
                 validators: of_sim(k),
                 join: None,

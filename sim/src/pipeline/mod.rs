@@ -266,6 +266,7 @@ fn step_here(
     let gov = governance::apply(world, &routes.governance, temp_admin, ctx.time_ms);
     rejected.extend(gov.rejected);
     merged.physics.extend(gov.physics);
+    merged.physics.extend(governance::expire_sessions(world, ctx.time_ms));
     for (author, nonce) in &verdicts.nonces {
         if let Some(a) = world.account_mut(author) {
             a.last_nonce = *nonce;

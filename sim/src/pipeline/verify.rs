@@ -14,7 +14,8 @@ use crate::state::{Limits, RejectReason, Rejection, World};
 pub(crate) struct Verdicts<'a> {
     pub accepted: Vec<&'a Checked>,
     pub rejected: Vec<Rejection>,
-    /// The highest accepted nonce per author.
+    /// The highest nonce used up per author: accepted, or refused in a way that uses it up
+    /// ([`consumes_nonce`]).
     pub nonces: BTreeMap<AccountId, u64>,
     /// Neighbours' mail with good signatures, for the links to count (in canonical order).
     pub mail: Vec<&'a Checked>,
@@ -53,7 +54,12 @@ pub(crate) fn check<'a>(world: &World, batch: &'a VerifiedBatch) -> Verdicts<'a>
                 v.nonces.insert(c.event.body.author, c.event.body.nonce);
                 v.accepted.push(c);
             }
-            Err(reason) => v.rejected.push(Rejection { event: c.id, author: c.event.body.author, reason }),
+            Err(reason) => {
+                if consumes_nonce(world, c, &reason, &v.nonces) {
+                    v.nonces.insert(c.event.body.author, c.event.body.nonce);
+                }
+                v.rejected.push(Rejection { event: c.id, author: c.event.body.author, reason })
+            }
         }
     }
     v
@@ -90,6 +96,27 @@ fn check_one(world: &World, now_ms: u64, c: &Checked, nonces: &BTreeMap<AccountI
     check_fields(&body.payload, limits)
 }
 
+/// Whether a refused event still uses up its nonce: one its author really signed, for this sim,
+/// with a fresh nonce, refused for what it asks or for its author's standing (kicked, banned, a
+/// field too long). Its author's next try is then a new event with a new id, which gets an
+/// outcome of its own once the cause is gone, while a replay of either stays stale. Events that
+/// are not the author's (bad signature), not for this sim, or not new (stale nonce) use up
+/// nothing: anyone could make those.
+fn consumes_nonce(world: &World, c: &Checked, reason: &RejectReason, nonces: &BTreeMap<AccountId, u64>) -> bool {
+    let body = &c.event.body;
+    let by_standing_or_content = matches!(
+        reason,
+        RejectReason::Banned
+            | RejectReason::Kicked { .. }
+            | RejectReason::TooLarge { .. }
+            | RejectReason::FieldTooLong { .. }
+            | RejectReason::InvalidValue { .. }
+    );
+    let Some(account) = world.accounts.get(&body.author) else { return false };
+    let last = nonces.get(&body.author).copied().unwrap_or(account.last_nonce);
+    by_standing_or_content && c.signature_ok && body.sim == world.sim && body.nonce > last
+}
+
 fn too_long(field: &str, s: &str, max: u32) -> Result<(), RejectReason> {
     let len = s.len().min(u32::MAX as usize) as u32;
     if len > max { Err(RejectReason::FieldTooLong { field: field.into(), len, max }) } else { Ok(()) }
@@ -113,14 +140,7 @@ fn check_fields(p: &Payload, l: &Limits) -> Result<(), RejectReason> {
             too_long("source", source, l.max_source_bytes)?;
             too_long("licence", licence, 64)
         }
-        Payload::Admin(AdminAct::SetSettings(s)) => {
-            let ok = s.tick_rate_hz >= 1
-                && s.tick_rate_hz <= 120
-                && s.epoch_ticks >= 1
-                && s.limits.max_event_bytes >= 1024
-                && s.limits.max_speed > crate::fx::Fx::ZERO;
-            if ok { Ok(()) } else { Err(invalid("settings")) }
-        }
+        Payload::Admin(AdminAct::SetSettings(s)) => s.check().map_err(|e| invalid(&format!("settings: {e}"))),
         Payload::Logout
         | Payload::Move { .. }
         | Payload::Touch { .. }
