@@ -36,6 +36,10 @@ pub struct NodesArgs {
     /// The devnet's data (deleted first).
     #[arg(long, default_value_os_t = std::env::temp_dir().join("metatopia-bench-nodes"))]
     dir: PathBuf,
+    /// Nodes send votes without syncing them to disk first (`run --unsafe-no-sync`): run it
+    /// alternately with the default to see what durability costs.
+    #[arg(long)]
+    unsafe_no_sync: bool,
 }
 
 /// One node's samples.
@@ -118,6 +122,7 @@ pub fn run(args: NodesArgs) -> anyhow::Result<()> {
         .args(["--nodes", &args.nodes.to_string(), "--rate", &args.rate.to_string()])
         .args(["--bots", &args.bots.to_string(), "--clients", &args.clients.to_string()])
         .args(["--port", &args.port.to_string()])
+        .args(args.unsafe_no_sync.then_some("--unsafe-no-sync"))
         .stdout(Stdio::from(out.try_clone()?))
         .stderr(Stdio::from(out))
         .spawn()

@@ -825,12 +825,13 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     }
 
     /// The log record of a commit agreement just handed out ([`CoreOutput::Committed`]), unless
-    /// it is one this node executed before (a restart), the sim stopped on a desync, or it
-    /// leaves a gap (execution stops the sim there; the log never holds a gap).
+    /// it is one this node executed before (a restart) or the sim stopped on a desync. A commit
+    /// past a gap is logged too (the log starts a new segment there) and execution repairs the
+    /// gap from a snapshot the peers certify.
     fn log_commit(&mut self, c: &Commit) -> &mut Self {
         let resyncing = self.resync.is_some();
         let next = self.logged_to.max(self.sim.world().tick().0);
-        if resyncing || (self.desynced.is_none() && c.block.tick == next) {
+        if resyncing || (self.desynced.is_none() && c.block.tick >= next) {
             self.logged_to = c.block.tick + 1;
             self.out.push_back(CoreOutput::Committed(Box::new(crate::store::LogRecord {
                 tick: c.block.tick,
@@ -854,10 +855,13 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             return; // already executed (a restart replays what it has)
         }
         if tick > at && !resyncing {
-            // Consensus hands commits out in order; a gap is a bug, not bad input.
-            tracing::error!(%tick, %at, "commit out of order; stopping this sim");
-            self.desynced = Some(at.0);
-            return;
+            // Agreement hands commits out in order, so a gap means this node's own state is
+            // behind what its agreement restored (a log cut short, a snapshot lost): it repairs
+            // itself from a snapshot its peers certify, then replays the commits from there.
+            tracing::warn!(%tick, %at, "commits resume past this node's state: taking a snapshot its peers certify");
+            self.stats.stranded += 1;
+            self.agreement.hold(self.now);
+            self.resync = Some(Resync { held: true, next_request: self.now, ..Resync::default() });
         }
         let mut events = Vec::with_capacity(c.block.events.len());
         for bytes in &c.block.events {

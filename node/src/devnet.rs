@@ -58,6 +58,9 @@ pub struct DevnetArgs {
     /// Print every node's status line (once a second each) instead of one line per sim.
     #[arg(long)]
     each_node: bool,
+    /// Measurement only (`bench nodes`): the nodes send votes before they are on disk.
+    #[arg(long, hide = true)]
+    unsafe_no_sync: bool,
 }
 
 /// The built-in world of one sim (`--single`).
@@ -264,6 +267,9 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         }
         if let Some(t) = args.ticks {
             cmd.arg("--ticks").arg(t.to_string());
+        }
+        if args.unsafe_no_sync {
+            cmd.arg("--unsafe-no-sync");
         }
         let name = if nodes.len() == 1 { format!("node {}", nodes[0]) } else { format!("process {}", nodes[0]) };
         let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("starting {name}"))?;

@@ -28,14 +28,20 @@ pub async fn write_frames(w: impl AsyncWriteExt + Unpin, mut queue: mpsc::Unboun
     }
 }
 
-/// One length-prefixed frame (u32 LE length, at most [`MAX_FRAME`] bytes).
+/// One length-prefixed frame (u32 LE length, at most [`MAX_FRAME`] bytes). The buffer grows
+/// as the bytes arrive: a peer that sends a large length and little else costs at most
+/// [`FIRST_READ`] bytes, not the length it claims.
 pub async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result<Vec<u8>> {
     let len = r.read_u32_le().await?;
     anyhow::ensure!(len <= MAX_FRAME, "a frame of {len} bytes is over the limit");
-    let mut buf = vec![0; len as usize];
-    r.read_exact(&mut buf).await?;
+    let mut buf = Vec::with_capacity((len as usize).min(FIRST_READ));
+    let got = r.take(u64::from(len)).read_to_end(&mut buf).await?;
+    anyhow::ensure!(got == len as usize, "the stream ended {got} bytes into a frame of {len}");
     Ok(buf)
 }
+
+/// What a frame's buffer starts at (it grows as the frame's bytes come).
+const FIRST_READ: usize = 64 << 10;
 
 pub async fn write_frame(w: &mut (impl AsyncWriteExt + Unpin), f: &[u8]) -> std::io::Result<()> {
     w.write_u32_le(f.len() as u32).await?;
@@ -64,5 +70,24 @@ pub async fn busy<F: std::future::Future>(f: F, spin: bool) -> F::Output {
                 let _ = nix::sched::sched_yield();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip_and_a_short_one_is_an_error_not_a_big_allocation() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, b"hello").await.unwrap();
+        assert_eq!(read_frame(&mut wire.as_slice()).await.unwrap(), b"hello");
+        // A header that claims the largest frame, then ten bytes and the end of the stream.
+        let mut short = MAX_FRAME.to_le_bytes().to_vec();
+        short.extend_from_slice(&[7; 10]);
+        let e = read_frame(&mut short.as_slice()).await.unwrap_err().to_string();
+        assert!(e.contains("ended 10 bytes into a frame"), "{e}");
+        let over = (MAX_FRAME + 1).to_le_bytes();
+        assert!(read_frame(&mut over.as_slice()).await.unwrap_err().to_string().contains("over the limit"));
     }
 }

@@ -517,7 +517,16 @@ async fn read_streams(
             if stream.write_all(&[ACK]).await.is_err() || stream.flush().await.is_err() {
                 return;
             }
-            while let Ok(frame) = read_frame(&mut stream).await {
+            let mut bad = 0u64;
+            loop {
+                let frame = match read_frame(&mut stream).await {
+                    Ok(f) => f,
+                    // One line per stream: why the peer's stream ended (closed, reset, over the limit).
+                    Err(e) => {
+                        tracing::debug!(%peer, index, "a peer's stream ended: {e:#}");
+                        break;
+                    }
+                };
                 metrics::counter!("metatopia_net_bytes_in_total").increment(frame.len() as u64 + 4);
                 match NodeMsg::decode(&frame, MAX_FRAME as usize) {
                     Ok(m) => {
@@ -525,7 +534,14 @@ async fn read_streams(
                             break;
                         }
                     }
-                    Err(e) => tracing::warn!(%peer, index, "dropping a bad frame: {e}"),
+                    Err(e) => {
+                        // Rate-limited: the first, then every 1,000th of a stream.
+                        bad += 1;
+                        metrics::counter!("metatopia_net_bad_frames_total").increment(1);
+                        if bad == 1 || bad.is_multiple_of(1000) {
+                            tracing::warn!(%peer, index, bad, "dropping a bad frame: {e}");
+                        }
+                    }
                 }
             }
         });

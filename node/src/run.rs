@@ -92,6 +92,11 @@ pub struct RunArgs {
     /// Print a status line every this many ticks (default: once a second).
     #[arg(long)]
     pub report_every: Option<u64>,
+    /// Measurement only, never for a real node: send votes without syncing the journal and the
+    /// log first (what durability costs is the difference). A power cut can then make a
+    /// restarted validator vote twice.
+    #[arg(long, hide = true)]
+    pub unsafe_no_sync: bool,
 }
 
 /// `metatopia init`: a key and a commented config; with `--genesis`, the sim it belongs to.
@@ -491,13 +496,18 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     };
 
     // Recover: the newest snapshot that loads, then the log since.
-    let (mut log, recovery) = CommitLog::open(&dir.log_path())?;
+    // The log from the oldest snapshot kept on (what a restart may replay): not the sim's
+    // whole history, which the log no longer holds.
+    let (mut log, recovery) = CommitLog::open(&dir.log_dir(), dir.oldest_snapshot()?.unwrap_or(0))?;
     if recovery.truncated > 0 {
         eprintln!(
-            "{tag}warning: cut {} bytes off the commit log's tail ({}); the ticks are fetched again from peers",
+            "{tag}warning: cut {} bytes off the commit log's torn tail ({}); what it held comes again from the peers",
             recovery.truncated,
             recovery.reason.as_deref().unwrap_or("")
         );
+    }
+    for d in &recovery.damaged {
+        eprintln!("{tag}error: the commit log is damaged: {d}; what it lacks comes from the peers");
     }
     let times = StageTimes::default();
     let host = || TimedHost::new(RhaiHost::default(), &times);
@@ -546,6 +556,12 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         .with_mail_key(key.clone());
     // Written before every vote leaves (read above, before this opens it).
     let mut journal = metatopia_node::store::StateJournal::open(&dir)?;
+    let durable = !args.unsafe_no_sync;
+    if !durable {
+        eprintln!(
+            "{tag}warning: --unsafe-no-sync: votes are sent before they are on stable storage (measurement only)"
+        );
+    }
     let from = core.sim().world().tick().0;
     // A node that joined and has no state of its own yet starts from a certified snapshot.
     let fresh = from == 0 && recovery.records.is_empty() && dir.read_consensus_state()?.is_none();
@@ -554,7 +570,12 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     }
     let mut replayed = 0;
     for rec in recovery.records.iter().filter(|r| r.tick >= from) {
-        core.replay(rec).map_err(|e| anyhow::anyhow!("replaying the log: {e}"))?;
+        // A gap (a segment lost or damaged) ends the replay: the node takes the rest from its
+        // peers, from a snapshot they certify if they no longer hold the blocks.
+        if let Err(e) = core.replay(rec) {
+            eprintln!("{tag}warning: the log replays no further ({e}); the rest comes from the peers");
+            break;
+        }
         replayed += 1;
     }
     // The blocks committed before, for peers that fetch them (the agreement's own state keeps
@@ -897,6 +918,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         log.sync()?;
                         let snap = core.snapshot();
                         dir.write_snapshot(tick.0 + 1, &snap.encode())?;
+                        // The log needs to reach back to the oldest snapshot kept, no further.
+                        if let Some(oldest) = dir.oldest_snapshot()? {
+                            log.prune_below(oldest)?;
+                        }
                     }
                     if (tick.0 + 1).is_multiple_of(report_every) {
                         let s = core.stats();
@@ -982,7 +1007,15 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             let state = metatopia_node::core::Agreement::persist(core.agreement()).unwrap_or_default();
             let digest = *blake3::hash(&state).as_bytes();
             if digest != last_state {
+                // The commits it names first, then the votes: both on stable storage before
+                // anything is sent (one sync each per turn, however many votes it made).
+                if committed && durable {
+                    log.sync().context("syncing the commit log")?;
+                }
                 journal.write(&state).context("writing the agreement's state")?;
+                if votes && durable {
+                    journal.sync()?;
+                }
                 last_state = digest;
             }
         }

@@ -232,8 +232,13 @@ fn a_validator_killed_and_restarted_with_a_torn_log_catches_up_and_agrees() {
     let at_kill = highest(&roots, 0).unwrap();
     wait_for("progress without node 2", Duration::from_secs(300), || highest(&roots, 0) >= Some(at_kill + 60));
 
-    // Tear its log's tail, as a crash in the middle of a write would.
-    let log = dirs[2].join("log").join("commits.log");
+    // Tear its log's tail (the newest segment's), as a crash in the middle of a write would.
+    let log = std::fs::read_dir(dirs[2].join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .max()
+        .unwrap();
     let mut bytes = std::fs::read(&log).unwrap();
     bytes.extend_from_slice(&[200, 1, 0, 0, 1, 2, 3]);
     std::fs::write(&log, &bytes).unwrap();
@@ -245,7 +250,7 @@ fn a_validator_killed_and_restarted_with_a_torn_log_catches_up_and_agrees() {
         interrupt(n);
     }
     let warned = nodes[2].stderr.lock().unwrap().clone();
-    assert!(warned.contains("cut 7 bytes off the commit log"), "{warned}");
+    assert!(warned.contains("cut 7 bytes off the commit log's torn tail"), "{warned}");
     assert!(assert_same_roots(&roots) > 30);
 }
 
@@ -645,6 +650,25 @@ fn a_node_started_from_another_world_diverges_reports_and_resyncs_from_its_peers
     );
     // From then on node 3 reports the others' roots.
     wait_for("40 ticks after the resync", Duration::from_secs(120), || highest(&roots, 3) >= Some(from + 40));
+    // Stopped cleanly, then killed with -9, it restarts from its own snapshot and log and is
+    // back in step each time, its log whole.
+    for how in ["ctrl-c", "kill -9"] {
+        if how == "ctrl-c" {
+            interrupt(&mut nodes[3]);
+        } else {
+            nodes[3].child.kill().unwrap();
+            nodes[3].child.wait().unwrap();
+        }
+        let target = highest(&roots, 0).unwrap() + 40;
+        let restarted = std::time::Instant::now();
+        nodes[3] = start(3, &dirs[3], &roots, &[]);
+        wait_for("node 3 back in step", Duration::from_secs(120), || highest(&roots, 3) >= Some(target));
+        println!("after {how}, node 3 was at tick {target} (40 ticks past the others) in {:?}", restarted.elapsed());
+        let said = nodes[3].said();
+        for bad in ["cut ", "damaged", "replays no further", "out of order", "resynced"] {
+            assert!(!said.contains(bad), "after {how}, node 3 said {bad:?}: {said}");
+        }
+    }
     for n in &mut nodes {
         interrupt(n);
     }
@@ -762,4 +786,78 @@ fn a_process_of_several_nodes_refuses_a_directory_twice_and_stops_them_all_when_
         out.contains("[sim 1] stopped because another node of this process stopped with an error at tick 0"),
         "{out}\n{err}"
     );
+}
+
+/// The wedge a certified snapshot once caused (issue #46): a validator down longer than its
+/// peers keep blocks takes a snapshot they certify, so its log jumps from the tick it stopped at
+/// to the snapshot's. A restart read the jump as a torn tail, cut the log, and the node stopped
+/// for good ("commit out of order"). Now the jump is a new log segment: stopped cleanly, then
+/// killed with -9, it restarts and is back in step each time, with its log whole.
+#[test]
+fn a_validator_that_took_a_certified_snapshot_restarts_in_step_after_ctrl_c_and_kill_9() {
+    let dirs = setup("wedge", 4, 50);
+    for d in &dirs {
+        let path = DataDir::open(d).unwrap().config_path();
+        let mut cfg = NodeConfig::load(&path).unwrap();
+        // Peers keep only about a megabyte of blocks, a few seconds of them at this load: a node
+        // down for a while cannot fetch them.
+        cfg.block_history_mib = Some(1);
+        cfg.bots.events_per_tick *= 8;
+        write_atomic(&path, cfg.commented().as_bytes()).unwrap();
+    }
+    let roots: Roots = Arc::default();
+    let mut nodes: Vec<Node> = dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &[])).collect();
+    wait_for("tick 100 everywhere", Duration::from_secs(300), || (0..4).all(|i| highest(&roots, i) >= Some(99)));
+    interrupt(&mut nodes[3]);
+    let stopped = highest(&roots, 3).unwrap();
+    // The others go on past what they keep (64 bot events a tick: a megabyte is ~60 ticks).
+    wait_for("the others 300 ticks further", Duration::from_secs(300), || highest(&roots, 0) >= Some(stopped + 300));
+    nodes[3] = start(3, &dirs[3], &roots, &[]);
+    wait_for("node 3 to take a certified snapshot", Duration::from_secs(120), || nodes[3].said().contains("resynced"));
+    let target = highest(&roots, 0).unwrap() + 40;
+    wait_for("node 3 in step", Duration::from_secs(120), || highest(&roots, 3) >= Some(target));
+    let segments: Vec<_> = std::fs::read_dir(dirs[3].join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".seg"))
+        .collect();
+    let said = nodes[3].said();
+    let line = said.lines().find(|l| l.starts_with("resynced")).unwrap();
+    let at: u64 = line.split("state of tick ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(at > stopped + 100, "{line}");
+    // The jump began a segment at the snapshot's tick (the one before it is pruned once the
+    // snapshots kept no longer reach back to it).
+    assert!(segments.contains(&format!("{at:012}.seg")), "the jump to tick {at} began a log segment: {segments:?}");
+    for how in ["ctrl-c", "kill -9"] {
+        if how == "ctrl-c" {
+            interrupt(&mut nodes[3]);
+        } else {
+            nodes[3].child.kill().unwrap();
+            nodes[3].child.wait().unwrap();
+        }
+        let target = highest(&roots, 0).unwrap() + 40;
+        let restarted = Instant::now();
+        nodes[3] = start(3, &dirs[3], &roots, &[]);
+        wait_for("node 3 back in step", Duration::from_secs(120), || highest(&roots, 3) >= Some(target));
+        println!(
+            "after {how}: node 3 was 40 ticks past where the others had been, {:?} after its restart",
+            restarted.elapsed()
+        );
+        let said = nodes[3].said();
+        for bad in ["cut ", "damaged", "replays no further", "out of order", "resynced", "snapshot its peers certify"] {
+            assert!(!said.contains(bad), "after {how}, node 3 said {bad:?}: {said}");
+        }
+    }
+    for n in &mut nodes {
+        interrupt(n);
+    }
+    let r = roots.lock().unwrap();
+    let mut compared = 0;
+    for ((_, t), (root, _)) in r.iter().filter(|((n, _), _)| *n == 3) {
+        if let Some((other, _)) = r.get(&(0, *t)) {
+            assert_eq!(root, other, "node 3 at tick {t}");
+            compared += 1;
+        }
+    }
+    assert!(compared >= 10, "compared {compared} status lines");
 }

@@ -1,22 +1,26 @@
-//! The data directory: the node key, the commit log, snapshots and the consensus state.
+//! The data directory: the node key, the commit log, snapshots and the agreement's journal.
 //!
 //! ```text
+//! <data-dir>/format              the data format this node writes ("4"), written first
 //! <data-dir>/node.key            ed25519 secret key (hex, mode 0600)
 //! <data-dir>/config.toml         the node's config (see `crate::config`)
-//! <data-dir>/log/commits.log     append-only: committed batches with their certificates
+//! <data-dir>/genesis.bin         the sim's genesis (see `crate::genesis`)
+//! <data-dir>/log/<tick>.seg      the commit log's segments (see [`log`])
 //! <data-dir>/snapshots/<tick>.snap   the sim after `tick` (the newest two are kept)
-//! <data-dir>/consensus.state     the validator's votes and unfinished chain
+//! <data-dir>/consensus.journal   the validator's votes and unfinished chain
 //! ```
 //!
-//! **The log.** Each record is `len: u32 LE`, `checksum: [u8; 8]` (blake3 of the payload,
-//! truncated), then the payload (postcard). A record is written with one `write` as soon as its
-//! tick commits, so a process killed with `kill -9` loses nothing the kernel has; `fsync` runs in
-//! groups (every [`SYNC_EVERY`] records or on [`CommitLog::sync`]), bounding what a power cut
-//! can take. On open the log is read to its first torn or corrupt record, which is truncated
-//! away with a warning, never misread: a record either checks out or is not there.
-//!
-//! **Snapshots and state files** are written to a temporary name and renamed, so a reader sees
-//! the old file or the new one, never half of one.
+//! How they stay consistent:
+//! - A commit is logged before it executes, and the log is made durable before the agreement's
+//!   state that names it (so after a power cut the journal never runs ahead of the log by more
+//!   than the commits a peer can give back).
+//! - A vote is on stable storage (`fdatasync` of the journal) before it is sent: one sync per
+//!   turn of the node's loop, for all the votes of that turn.
+//! - A snapshot is written before the log is pruned below it; installing a certified snapshot
+//!   starts a new log segment at its tick ([`log`]).
+//! - Snapshots, keys, the format marker and compacted journals are written to a temporary name,
+//!   synced, renamed, and their directory synced ([`write_atomic`]): a reader sees the old file
+//!   or the new one, whole, also after a power cut.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -24,159 +28,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use metatopia_sim::SigningKey;
-use serde::{Deserialize, Serialize};
 
-/// Records per group `fsync`.
-pub const SYNC_EVERY: u32 = 64;
-/// Largest log record (a batch of events with its certificate).
-pub const MAX_RECORD: u32 = 64 << 20;
-const HEADER: usize = 12;
-
-/// One committed tick, as logged: enough to re-execute it and to prove it was committed.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-pub struct LogRecord {
-    pub tick: u64,
-    pub time_ms: u64,
-    /// The canonical-order seed (from the commit certificate).
-    pub seed: [u8; 32],
-    /// The signed events, as committed.
-    pub events: Vec<Vec<u8>>,
-    /// The block's notarization (postcard-encoded `Certificate`): proof for joiners.
-    pub certificate: Vec<u8>,
-}
-
-/// What opening the log found.
-#[derive(Debug, Default)]
-pub struct Recovery {
-    pub records: Vec<LogRecord>,
-    /// Bytes cut off a torn or corrupt tail (0 when the log was clean).
-    pub truncated: u64,
-    /// Why the tail was cut, if it was.
-    pub reason: Option<String>,
-}
-
-/// The append-only commit log.
-#[derive(Debug)]
-pub struct CommitLog {
-    file: File,
-    path: PathBuf,
-    len: u64,
-    unsynced: u32,
-}
-
-impl CommitLog {
-    /// Open (or create) the log, read every good record, truncate a bad tail.
-    pub fn open(path: &Path) -> anyhow::Result<(CommitLog, Recovery)> {
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(path)
-            .with_context(|| format!("opening the commit log {}", path.display()))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).with_context(|| format!("reading {}", path.display()))?;
-        let mut recovery = Recovery::default();
-        let mut at = 0usize;
-        while at < bytes.len() {
-            match read_record(&bytes[at..]) {
-                Ok((rec, used)) => {
-                    if let Some(last) = recovery.records.last()
-                        && rec.tick != last.tick + 1
-                    {
-                        recovery.reason = Some(format!("record for tick {} follows tick {}", rec.tick, last.tick));
-                        break;
-                    }
-                    recovery.records.push(rec);
-                    at += used;
-                }
-                Err(reason) => {
-                    recovery.reason = Some(reason);
-                    break;
-                }
-            }
-        }
-        if at < bytes.len() {
-            recovery.truncated = (bytes.len() - at) as u64;
-            tracing::warn!(
-                log = %path.display(),
-                offset = at,
-                bytes = recovery.truncated,
-                reason = recovery.reason.as_deref().unwrap_or(""),
-                "truncating a torn or corrupt commit log tail"
-            );
-            file.set_len(at as u64).context("truncating the commit log")?;
-            file.sync_all().context("syncing the truncated commit log")?;
-        }
-        file.seek(SeekFrom::End(0))?;
-        Ok((CommitLog { file, path: path.to_owned(), len: at as u64, unsynced: 0 }, recovery))
-    }
-
-    /// Append one record with one write; `fsync` every [`SYNC_EVERY`] records.
-    pub fn append(&mut self, rec: &LogRecord) -> io::Result<()> {
-        let payload = postcard::to_allocvec(rec).map_err(io::Error::other)?;
-        if payload.len() > MAX_RECORD as usize {
-            return Err(io::Error::other(format!("a record of {} bytes is over the limit", payload.len())));
-        }
-        let mut frame = Vec::with_capacity(HEADER + payload.len());
-        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&checksum(&payload));
-        frame.extend_from_slice(&payload);
-        self.file.write_all(&frame)?;
-        self.len += frame.len() as u64;
-        self.unsynced += 1;
-        if self.unsynced >= SYNC_EVERY {
-            self.sync()?;
-        }
-        Ok(())
-    }
-
-    /// Make everything appended durable.
-    pub fn sync(&mut self) -> io::Result<()> {
-        if self.unsynced > 0 {
-            self.file.sync_data()?;
-            self.unsynced = 0;
-        }
-        Ok(())
-    }
-
-    pub fn len_bytes(&self) -> u64 {
-        self.len
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-fn checksum(payload: &[u8]) -> [u8; 8] {
-    let h = blake3::keyed_hash(b"metatopia/node/commit-log/v1____", payload);
-    let mut c = [0u8; 8];
-    c.copy_from_slice(&h.as_bytes()[..8]);
-    c
-}
-
-fn read_record(bytes: &[u8]) -> Result<(LogRecord, usize), String> {
-    if bytes.len() < HEADER {
-        return Err(format!("a torn header ({} of {HEADER} bytes)", bytes.len()));
-    }
-    let len = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
-    if len > MAX_RECORD {
-        return Err(format!("a record length of {len} bytes (over the limit)"));
-    }
-    let end = HEADER + len as usize;
-    if bytes.len() < end {
-        return Err(format!("a torn record ({} of {end} bytes)", bytes.len()));
-    }
-    let payload = &bytes[HEADER..end];
-    if checksum(payload) != bytes[4..HEADER] {
-        return Err("a checksum mismatch".into());
-    }
-    let (rec, rest) = postcard::take_from_bytes::<LogRecord>(payload).map_err(|e| format!("undecodable: {e}"))?;
-    if !rest.is_empty() {
-        return Err("trailing bytes in a record".into());
-    }
-    Ok((rec, end))
-}
+pub mod log;
+use log::HEADER;
+pub use log::{CommitLog, LogRecord, MAX_RECORD, Recovery, SEGMENT_RECORDS, SYNC_EVERY};
 
 /// A node's data directory.
 #[derive(Clone, Debug)]
@@ -196,11 +51,20 @@ impl DataDir {
     /// error that says so.
     pub fn open(root: &Path) -> anyhow::Result<DataDir> {
         let marker = root.join("format");
-        let used = root.join("consensus.state").exists()
-            || root.join(JOURNAL).exists()
-            || root.join("log").join("commits.log").exists();
+        let logged = fs::read_dir(root.join("log")).is_ok_and(|mut d| d.next().is_some());
+        let used = root.join("consensus.state").exists() || root.join(JOURNAL).exists() || logged;
         match fs::read_to_string(&marker) {
             Ok(text) if text.trim() == DATA_FORMAT.to_string() => {}
+            // An empty marker (written before markers were synced, and cut short by a crash) in a
+            // directory with nothing else of ours yet: written again below.
+            Ok(text) if text.trim().is_empty() && !used => {
+                fs::remove_file(&marker).with_context(|| format!("removing the empty {}", marker.display()))?;
+            }
+            Ok(text) if text.trim().is_empty() => anyhow::bail!(
+                "{}'s format marker is empty (a crash while it was written?); if the directory is this version's, write {DATA_FORMAT} into {}",
+                root.display(),
+                marker.display()
+            ),
             Ok(text) => anyhow::bail!(
                 "{} holds data format {}, this node writes format {DATA_FORMAT}: move it away or start a new one",
                 root.display(),
@@ -234,8 +98,9 @@ impl DataDir {
         self.root.join("config.toml")
     }
 
-    pub fn log_path(&self) -> PathBuf {
-        self.root.join("log").join("commits.log")
+    /// The commit log's directory (its segments).
+    pub fn log_dir(&self) -> PathBuf {
+        self.root.join("log")
     }
 
     /// The node key, created on first use.
@@ -262,6 +127,11 @@ impl DataDir {
             let _ = fs::remove_file(old);
         }
         Ok(())
+    }
+
+    /// The tick of the oldest snapshot kept (what the log must reach back to).
+    pub fn oldest_snapshot(&self) -> anyhow::Result<Option<u64>> {
+        Ok(self.snapshots()?.first().map(|(t, _)| *t))
     }
 
     /// Snapshots on disk, oldest first.
@@ -378,6 +248,11 @@ impl StateJournal {
         }
         Ok(())
     }
+
+    /// Make the written state durable (`fdatasync`): before the votes it holds are sent.
+    pub fn sync(&mut self) -> anyhow::Result<()> {
+        self.file.sync_data().with_context(|| format!("syncing {}", self.path.display()))
+    }
 }
 
 fn push_record(out: &mut Vec<u8>, bytes: &[u8], len: u32) {
@@ -413,14 +288,23 @@ pub fn fresh_key() -> anyhow::Result<SigningKey> {
     Ok(SigningKey::from_bytes(&seed))
 }
 
-/// Write `bytes` to `path` through a temporary file and a rename.
+/// Write `bytes` to `path` through a temporary file, synced, renamed over `path`, and the
+/// directory synced: after a crash or a power cut `path` holds the old bytes or the new ones.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
+        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
     }
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    sync_dir(dir).with_context(|| format!("syncing {}", dir.display()))
+}
+
+/// Make a directory's entries (files created, renamed or removed in it) durable.
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 #[cfg(unix)]
@@ -444,16 +328,6 @@ fn getrandom(buf: &mut [u8; 32]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rec(tick: u64) -> LogRecord {
-        LogRecord {
-            tick,
-            time_ms: tick * 16,
-            seed: [tick as u8; 32],
-            events: vec![vec![1, 2, 3]; (tick % 3) as usize],
-            certificate: vec![9; 40],
-        }
-    }
 
     fn tmp(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("metatopia-store-{name}-{}", std::process::id()));
@@ -517,85 +391,6 @@ mod tests {
     }
 
     #[test]
-    fn records_round_trip_and_a_torn_tail_is_truncated_not_misread() {
-        let d = tmp("torn");
-        let path = d.join("commits.log");
-        let (mut log, r) = CommitLog::open(&path).unwrap();
-        assert!(r.records.is_empty() && r.truncated == 0);
-        for t in 0..10 {
-            log.append(&rec(t)).unwrap();
-        }
-        let good_len = log.len_bytes();
-        log.append(&rec(10)).unwrap();
-        drop(log);
-        // Tear the last record in the middle, as a crash mid-write would.
-        let f = OpenOptions::new().write(true).open(&path).unwrap();
-        f.set_len(good_len + 7).unwrap();
-        drop(f);
-        let (mut log, r) = CommitLog::open(&path).unwrap();
-        assert_eq!(r.records, (0..10).map(rec).collect::<Vec<_>>());
-        assert_eq!(r.truncated, 7);
-        assert!(r.reason.unwrap().contains("torn"));
-        assert_eq!(fs::metadata(&path).unwrap().len(), good_len);
-        // Appending after recovery continues the chain.
-        log.append(&rec(10)).unwrap();
-        drop(log);
-        let (_, r) = CommitLog::open(&path).unwrap();
-        assert_eq!(r.records.len(), 11);
-        assert_eq!(r.truncated, 0);
-    }
-
-    #[test]
-    fn a_flipped_bit_stops_reading_at_that_record() {
-        let d = tmp("flip");
-        let path = d.join("commits.log");
-        let (mut log, _) = CommitLog::open(&path).unwrap();
-        let mut ends = Vec::new();
-        for t in 0..6 {
-            log.append(&rec(t)).unwrap();
-            ends.push(log.len_bytes());
-        }
-        drop(log);
-        let mut bytes = fs::read(&path).unwrap();
-        let victim = ends[2] as usize + HEADER + 3; // inside record 3's payload
-        bytes[victim] ^= 0x10;
-        fs::write(&path, &bytes).unwrap();
-        let (_, r) = CommitLog::open(&path).unwrap();
-        assert_eq!(r.records.len(), 3);
-        assert!(r.reason.unwrap().contains("checksum"));
-        assert_eq!(fs::metadata(&path).unwrap().len(), ends[2]);
-    }
-
-    #[test]
-    fn garbage_and_huge_lengths_are_refused_without_allocating() {
-        let d = tmp("garbage");
-        let path = d.join("commits.log");
-        let mut junk = vec![0xffu8; 4]; // length u32::MAX
-        junk.extend_from_slice(&[0; 40]);
-        fs::write(&path, &junk).unwrap();
-        let (_, r) = CommitLog::open(&path).unwrap();
-        assert!(r.records.is_empty());
-        assert!(r.reason.unwrap().contains("over the limit"));
-        assert_eq!(fs::metadata(&path).unwrap().len(), 0);
-        // Random bytes: never a panic, never a record.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for round in 0..200 {
-            let n = (round * 7) % 300;
-            let bytes: Vec<u8> = (0..n)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
-            fs::write(&path, &bytes).unwrap();
-            let (_, r) = CommitLog::open(&path).unwrap();
-            assert!(r.records.is_empty());
-        }
-    }
-
-    #[test]
     fn the_key_is_created_once_and_kept_private() {
         let d = tmp("key");
         let dir = DataDir::open(&d).unwrap();
@@ -627,6 +422,14 @@ mod tests {
         std::fs::write(root.join("consensus.state"), b"old").unwrap();
         let e = DataDir::open(&root).unwrap_err().to_string();
         assert!(e.contains("older version"), "{e}");
+        // An empty marker: written again in a directory with nothing in it yet, an error (naming
+        // it) in one with data.
+        std::fs::write(root.join("format"), "").unwrap();
+        let e = DataDir::open(&root).unwrap_err().to_string();
+        assert!(e.contains("format marker is empty"), "{e}");
+        std::fs::remove_file(root.join("consensus.state")).unwrap();
+        DataDir::open(&root).unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("format")).unwrap().trim(), DATA_FORMAT.to_string());
     }
 
     #[test]
