@@ -625,6 +625,33 @@ fn health_metrics_stats_and_signed_admin_acts_through_the_http_service() {
     assert!(assert_same_roots(&roots) > 10);
 }
 
+/// Stop node `i` with Ctrl-C, restart it, kill it with -9, restart it: each time it must be
+/// back in step (40 ticks past the others' tip when it restarted) from its own snapshot and
+/// log, without cutting or repairing anything.
+fn restart_twice_in_step(nodes: &mut [Node], dirs: &[PathBuf], roots: &Roots, i: usize) {
+    for how in ["ctrl-c", "kill -9"] {
+        if how == "ctrl-c" {
+            interrupt(&mut nodes[i]);
+        } else {
+            nodes[i].child.kill().unwrap();
+            nodes[i].child.wait().unwrap();
+        }
+        let other = (i + 1) % nodes.len();
+        let target = highest(roots, other).unwrap() + 40;
+        let restarted = Instant::now();
+        nodes[i] = start(i, &dirs[i], roots, &[]);
+        wait_for("the node back in step", Duration::from_secs(120), || highest(roots, i) >= Some(target));
+        println!(
+            "after {how}: node {i} reached the others' tip + 40 ticks {:?} after its restart",
+            restarted.elapsed()
+        );
+        let said = nodes[i].said();
+        for bad in ["cut ", "damaged", "replays no further", "out of order", "resynced", "snapshot its peers certify"] {
+            assert!(!said.contains(bad), "after {how}, node {i} said {bad:?}: {said}");
+        }
+    }
+}
+
 #[test]
 fn a_node_started_from_another_world_diverges_reports_and_resyncs_from_its_peers() {
     let dirs = setup("resync", 4, 20);
@@ -652,23 +679,7 @@ fn a_node_started_from_another_world_diverges_reports_and_resyncs_from_its_peers
     wait_for("40 ticks after the resync", Duration::from_secs(120), || highest(&roots, 3) >= Some(from + 40));
     // Stopped cleanly, then killed with -9, it restarts from its own snapshot and log and is
     // back in step each time, its log whole.
-    for how in ["ctrl-c", "kill -9"] {
-        if how == "ctrl-c" {
-            interrupt(&mut nodes[3]);
-        } else {
-            nodes[3].child.kill().unwrap();
-            nodes[3].child.wait().unwrap();
-        }
-        let target = highest(&roots, 0).unwrap() + 40;
-        let restarted = std::time::Instant::now();
-        nodes[3] = start(3, &dirs[3], &roots, &[]);
-        wait_for("node 3 back in step", Duration::from_secs(120), || highest(&roots, 3) >= Some(target));
-        println!("after {how}, node 3 was at tick {target} (40 ticks past the others) in {:?}", restarted.elapsed());
-        let said = nodes[3].said();
-        for bad in ["cut ", "damaged", "replays no further", "out of order", "resynced"] {
-            assert!(!said.contains(bad), "after {how}, node 3 said {bad:?}: {said}");
-        }
-    }
+    restart_twice_in_step(&mut nodes, &dirs, &roots, 3);
     for n in &mut nodes {
         interrupt(n);
     }
@@ -828,26 +839,7 @@ fn a_validator_that_took_a_certified_snapshot_restarts_in_step_after_ctrl_c_and_
     // The jump began a segment at the snapshot's tick (the one before it is pruned once the
     // snapshots kept no longer reach back to it).
     assert!(segments.contains(&format!("{at:012}.seg")), "the jump to tick {at} began a log segment: {segments:?}");
-    for how in ["ctrl-c", "kill -9"] {
-        if how == "ctrl-c" {
-            interrupt(&mut nodes[3]);
-        } else {
-            nodes[3].child.kill().unwrap();
-            nodes[3].child.wait().unwrap();
-        }
-        let target = highest(&roots, 0).unwrap() + 40;
-        let restarted = Instant::now();
-        nodes[3] = start(3, &dirs[3], &roots, &[]);
-        wait_for("node 3 back in step", Duration::from_secs(120), || highest(&roots, 3) >= Some(target));
-        println!(
-            "after {how}: node 3 was 40 ticks past where the others had been, {:?} after its restart",
-            restarted.elapsed()
-        );
-        let said = nodes[3].said();
-        for bad in ["cut ", "damaged", "replays no further", "out of order", "resynced", "snapshot its peers certify"] {
-            assert!(!said.contains(bad), "after {how}, node 3 said {bad:?}: {said}");
-        }
-    }
+    restart_twice_in_step(&mut nodes, &dirs, &roots, 3);
     for n in &mut nodes {
         interrupt(n);
     }
