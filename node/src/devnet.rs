@@ -262,6 +262,10 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     for nodes in processes {
         let mut cmd = Command::new(&exe);
         cmd.arg("run").arg("--data-dir").arg(dirs[nodes[0]].root());
+        // The nodes' logs: warnings and errors, unless RUST_LOG asks for more.
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "warn");
+        }
         for &i in &nodes[1..] {
             cmd.arg("--also").arg(dirs[i].root());
         }
@@ -290,6 +294,11 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
                     && let Some(status) = StatusLine::parse(rest)
                 {
                     board.note(i, status);
+                    continue;
+                }
+                // What every node says as it starts (its ports, its peer id) is in the lines
+                // above; `--each-node` shows it all.
+                if !each_node && of_node.is_some_and(|(_, rest)| routine(rest)) {
                     continue;
                 }
                 match of_node {
@@ -365,6 +374,12 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
     }
     println!("{info}");
     Ok(())
+}
+
+/// A node's start-up line the devnet's own lines already cover.
+fn routine(line: &str) -> bool {
+    const STARTS: [&str; 6] = ["peer id ", "http on ", "clients: QUIC", "neighbour sims:", "a demo sim (", "node "];
+    STARTS.iter().any(|s| line.starts_with(s)) && !line.contains("warning") && !line.contains("error")
 }
 
 /// How often the devnet prints its sims' status.
