@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 
 /// The QUIC application protocol name (ALPN).
 pub const ALPN: &[u8] = b"metatopia/1";
-/// The largest frame a node accepts from a client (a signed event is at most 64 KiB; hex doubles it).
-pub const MAX_CLIENT_FRAME: usize = 160 * 1024;
+/// The largest frame a node accepts from a client (a signed event is at most 96 KiB; hex doubles it).
+pub const MAX_CLIENT_FRAME: usize = 256 * 1024;
 /// The largest frame a client accepts from a node (a whole area of interest at once).
 pub const MAX_SERVER_FRAME: usize = 16 * 1024 * 1024;
 /// How far (mm) a client's extrapolation of a moving object may drift before the node sends its

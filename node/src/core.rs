@@ -23,7 +23,7 @@ use metatopia_sim::{Batch, EventId, Hash32, SignedEvent, Sim, Snapshot, Tick, Ve
 use crate::wire::NodeMsg;
 
 /// Largest signed event accepted from a client.
-pub const MAX_EVENT_BYTES: u32 = 64 * 1024;
+pub const MAX_EVENT_BYTES: u32 = 96 * 1024;
 /// Largest signed event in a block: a neighbour sim's mail may be larger than a client's event.
 pub const MAX_BLOCK_EVENT_BYTES: u32 = metatopia_sim::links::MAX_MAIL_BYTES + 4096;
 /// Committed inputs kept for a desync report.
@@ -234,6 +234,8 @@ pub enum SubmitError {
         here: u32,
     },
     BadSignature,
+    /// What execution would refuse whatever the tick (size, fields, nonce, a ban).
+    Refused(String),
     /// Not mail from a validator of a neighbour sim (on the neighbours' path).
     NotMail,
     /// A copy of neighbour mail the sim has already delivered.
@@ -248,6 +250,7 @@ impl std::fmt::Display for SubmitError {
                 write!(f, "the event is for sim {event}; this node runs sim {here}")
             }
             SubmitError::BadSignature => f.write_str("the signature does not verify"),
+            SubmitError::Refused(reason) => write!(f, "refused: {reason}"),
             SubmitError::NotMail => f.write_str("not mail signed by a validator of a neighbour sim"),
             SubmitError::Late => f.write_str("the sim already has this mail"),
         }
@@ -767,15 +770,21 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     }
 
     fn check_submission(&mut self, bytes: &[u8]) -> Result<EventId, SubmitError> {
-        let sim = self.sim.world().sim();
-        let r = match SignedEvent::decode(bytes, MAX_EVENT_BYTES) {
+        let world = self.sim.world();
+        let sim = world.sim();
+        // The sim's own limit (a governance setting), so any event the sim takes can be submitted.
+        let max = world.settings().limits.max_event_bytes.min(MAX_EVENT_BYTES);
+        let r = match SignedEvent::decode(bytes, max) {
             Err(e) => Err(SubmitError::Undecodable(e.to_string())),
             Ok(e) if e.body.sim != sim => Err(SubmitError::OtherSim { event: e.body.sim.0, here: sim.0 }),
-            Ok(e) => {
-                let ok = e.verify();
-                self.verifier.record(bytes, ok);
-                if ok { Ok(e.id()) } else { Err(SubmitError::BadSignature) }
-            }
+            Ok(e) => match metatopia_sim::pipeline::check_at_door(world, &e, bytes.len() as u32) {
+                Err(reason) => Err(SubmitError::Refused(reason.to_string())),
+                Ok(()) => {
+                    let ok = e.verify();
+                    self.verifier.record(bytes, ok);
+                    if ok { Ok(e.id()) } else { Err(SubmitError::BadSignature) }
+                }
+            },
         };
         if r.is_err() {
             self.stats.refused_submissions += 1;

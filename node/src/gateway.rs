@@ -438,7 +438,8 @@ struct Sent {
 #[derive(Debug, Default)]
 struct View {
     follow: Option<String>,
-    /// Accounts whose signed events this session submitted.
+    /// Accounts whose signed events this session submitted and the node took in (their
+    /// signatures verified): the session holds their keys.
     authors: BTreeSet<String>,
     radius_m: Option<u32>,
     known: BTreeMap<u64, Sent>,
@@ -533,10 +534,11 @@ impl View {
         ServerMsg::Tick { tick, enter, update, leave }
     }
 
-    /// Whether this client hears a line.
+    /// Whether this client hears a line. A line for one account (its scripts' errors) goes only
+    /// to a session that proved it holds that account's key (an event of its taken in).
     fn hears(&self, line: &ChatView, index: &AoiIndex) -> bool {
         match (&self.follow, &line.to) {
-            (_, Some(to)) => self.follow.as_ref() == Some(to),
+            (_, Some(to)) => self.authors.contains(to),
             (None, None) => true,
             (Some(account), None) => index.avatar_at(account).is_some_and(|at| line.heard_at(at)),
         }
@@ -650,15 +652,19 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                             let _ = t.send(&ServerMsg::Error { r#ref: Some(r#ref), message: m }).await;
                             return;
                         }
-                        // (A session acts for a few accounts at most; the set stays small.)
-                        if view.authors.len() < 64
-                            && let Some(author) = proto::unhex(&event)
+                        let author = proto::unhex(&event)
                             .and_then(|b| metatopia_sim::event::SignedEvent::decode(&b, MAX_EVENT_BYTES).ok())
-                            .map(|e| e.body.author.to_string())
+                            .map(|e| e.body.author.to_string());
+                        let reply = submit(&s, r#ref, &event, &outcomes_tx).await;
+                        // Taken in: its signature verified, so this session holds the author's
+                        // key and may hear the lines meant for that account alone (its scripts'
+                        // errors). A session acts for a few accounts at most; the set stays small.
+                        if let (ServerMsg::Submitted { .. }, Some(author)) = (&reply, author)
+                            && view.authors.len() < 64
                         {
                             view.authors.insert(author);
                         }
-                        Some(submit(&s, r#ref, &event, &outcomes_tx).await)
+                        Some(reply)
                     }
                 };
                 if let Some(reply) = reply
@@ -733,7 +739,7 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
 async fn submit(s: &Service, r#ref: u64, event: &str, outcomes: &mpsc::Sender<ServerMsg>) -> ServerMsg {
     let bytes = match proto::unhex(event) {
         Some(b) if b.len() <= MAX_EVENT_BYTES as usize => b,
-        _ => return ServerMsg::Error { r#ref: Some(r#ref), message: "event: hex of at most 64 KiB expected".into() },
+        _ => return ServerMsg::Error { r#ref: Some(r#ref), message: "event: hex of at most 96 KiB expected".into() },
     };
     match ask(s, |tx| Query::Submit(bytes, tx)).await {
         None => ServerMsg::Error { r#ref: Some(r#ref), message: "the node is busy or stopping".into() },
@@ -833,6 +839,10 @@ mod tests {
         assert!(view.hears(&line(175, 20, None), &index));
         assert!(!view.hears(&line(165, 20, None), &index));
         assert!(view.hears(&line(100, 100, None), &index));
+        // A line for `me` reaches this session only once it proved it holds `me`'s key (an
+        // event of `me`'s taken in); following `me` is not enough.
+        assert!(!view.hears(&line(0, 10, Some(me.clone())), &index));
+        view.authors.insert(me.clone());
         assert!(view.hears(&line(0, 10, Some(me.clone())), &index));
         assert!(!view.hears(&line(190, 10, Some("bb".repeat(32))), &index));
         // Without an interest: the whole sim, every public line.

@@ -124,8 +124,10 @@ pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(
         Query::Root(tick, tx) => {
             let _ = tx.send(core.root_of(tick).map(|r| RootView { tick, root: r.to_string() }));
         }
+        // Public lines only: a line for one account (its scripts' errors) is for that account's
+        // authenticated session (the gateway), not for anyone who asks.
         Query::Chat(since, tx) => {
-            let _ = tx.send(chat.iter().filter(|c| c.tick >= since).cloned().collect());
+            let _ = tx.send(chat.iter().filter(|c| c.tick >= since && c.to.is_none()).cloned().collect());
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod config;
 pub mod core;
 pub mod epochs;
 pub mod frames;
+pub mod fuzzing;
 pub mod gateway;
 pub mod genesis;
 pub mod http;

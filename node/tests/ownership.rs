@@ -173,6 +173,9 @@ fn a_sim_made_by_its_operator_belongs_to_its_admin_key_and_the_temp_admin_rule_h
 
     // A stranger logs in a moment after genesis: it is not temp admin, and its admin acts are
     // refused, whichever node it goes through.
+    // What execution would refuse is refused at the door, before it reaches the pool.
+    let (done, out) = act(&stranger, 1, &["login", &"x".repeat(70)]);
+    assert!(!done && out.contains("refused: name is 70 bytes, the limit is 64"), "{out}");
     let (done, out) = act(&stranger, 1, &["login", "stranger"]);
     assert!(done && out.contains("executed"), "{out}");
     for (via, what) in [(2, vec!["ban", admin.as_str()]), (3, vec!["transfer-admin", &account_of(&stranger)])] {

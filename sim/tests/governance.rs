@@ -457,3 +457,23 @@ fn avatars_of_sessions_that_stopped_refreshing_are_removed_after_the_grace_perio
     sim.step(&batch_at(&sim, t + 1, vec![b])).unwrap();
     assert!(avatar(&sim, &bob).is_some());
 }
+
+/// A nonce may be at most `MAX_NONCE_STEP` above the account's last: `u64::MAX` is refused and
+/// does not lock the account out of every later nonce.
+#[test]
+fn a_nonce_far_ahead_is_refused_and_cannot_brick_an_account() {
+    use metatopia_sim::pipeline::MAX_NONCE_STEP;
+    let Story { mut sim, dave, .. } = story();
+    let last = sim.world().account(&dave.id()).unwrap().last_nonce;
+    let far = SignedEvent::new(&dave.key, sim.world().sim(), u64::MAX, Payload::Login { name: "dave".into() });
+    let r = at_day(&mut sim, 4, vec![far]);
+    assert!(
+        matches!(&r.rejected[0].reason, RejectReason::InvalidValue { field } if field.starts_with("nonce")),
+        "{:?}",
+        r.rejected
+    );
+    assert_eq!(sim.world().account(&dave.id()).unwrap().last_nonce, last, "nothing used up");
+    let step =
+        SignedEvent::new(&dave.key, sim.world().sim(), last + MAX_NONCE_STEP, Payload::Login { name: "dave".into() });
+    assert!(at_day(&mut sim, 4, vec![step]).rejected.is_empty(), "the largest step is allowed");
+}

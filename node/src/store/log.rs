@@ -117,7 +117,17 @@ struct Read_ {
 fn read_segment(path: &Path, first: u64) -> anyhow::Result<Read_> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let size = file.metadata()?.len();
-    let mut r = BufReader::with_capacity(1 << 16, file);
+    read_records(BufReader::with_capacity(1 << 16, file), size, first)
+        .with_context(|| format!("reading {}", path.display()))
+}
+
+/// The records of a segment of `size` bytes whose first tick is `first`, read from `r`, up to
+/// the first bad one (public for the fuzz targets: any bytes, no panic, bounded allocation).
+pub fn read_records_for_fuzzing(bytes: &[u8]) -> usize {
+    read_records(bytes, bytes.len() as u64, 0).map_or(0, |r| r.records.len())
+}
+
+fn read_records(mut r: impl Read, size: u64, first: u64) -> anyhow::Result<Read_> {
     let mut out = Read_ { records: Vec::new(), good_len: 0, bad: None };
     let mut at = 0u64;
     let mut head = [0u8; HEADER];
@@ -127,7 +137,7 @@ fn read_segment(path: &Path, first: u64) -> anyhow::Result<Read_> {
             out.bad = Some((at, format!("a torn header ({left} of {HEADER} bytes)"), true));
             break;
         }
-        r.read_exact(&mut head).with_context(|| format!("reading {}", path.display()))?;
+        r.read_exact(&mut head)?;
         let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
         let end = at + (HEADER as u64) + u64::from(len);
         if len > MAX_RECORD {
@@ -139,7 +149,7 @@ fn read_segment(path: &Path, first: u64) -> anyhow::Result<Read_> {
             break;
         }
         let mut payload = vec![0u8; len as usize];
-        r.read_exact(&mut payload).with_context(|| format!("reading {}", path.display()))?;
+        r.read_exact(&mut payload)?;
         let last = end == size;
         if checksum(&payload) != head[4..] {
             out.bad = Some((at, "a checksum mismatch".into(), last));

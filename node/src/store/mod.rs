@@ -217,6 +217,11 @@ impl StateJournal {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, None)),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
+        Ok(StateJournal::scan_bytes(&bytes))
+    }
+
+    /// The length of the whole records at the start of `bytes`, and the newest one.
+    pub fn scan_bytes(bytes: &[u8]) -> (u64, Option<Vec<u8>>) {
         let (mut at, mut newest) = (0usize, None);
         while let Some(head) = bytes.get(at..at + HEADER) {
             let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
@@ -227,7 +232,7 @@ impl StateJournal {
             newest = Some(body.to_vec());
             at += HEADER + len;
         }
-        Ok((at as u64, newest))
+        (at as u64, newest)
     }
 
     /// Append `bytes` as the newest state (compacting first when the journal is long).

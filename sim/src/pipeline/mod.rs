@@ -38,6 +38,7 @@ use crate::vec2::Vec2;
 
 pub use unit::script_seed;
 use unit::{InstanceChange, ObjectPart, Unit, UnitInput};
+pub use verify::{MAX_NONCE_STEP, check_at_door};
 
 /// The channel script errors go out on, addressed to the object's owner.
 pub const DEBUG_CHANNEL: i32 = i32::MAX;

@@ -93,6 +93,40 @@ fn check_one(world: &World, now_ms: u64, c: &Checked, nonces: &BTreeMap<AccountI
     if body.nonce <= last {
         return Err(RejectReason::StaleNonce { last, got: body.nonce });
     }
+    if body.nonce - last > MAX_NONCE_STEP {
+        return Err(RejectReason::InvalidValue {
+            field: format!("nonce (at most {MAX_NONCE_STEP} above the last, {last})"),
+        });
+    }
+    check_fields(&body.payload, limits)
+}
+
+/// How far above its last accepted nonce an event's nonce may be: an account cannot lock itself
+/// (or be locked by a stolen key's one event) out of every later nonce by using `u64::MAX`.
+pub const MAX_NONCE_STEP: u64 = 1 << 20;
+
+/// What a node checks before it takes a client's event into the pool: what execution would
+/// refuse whatever the tick (its size, its fields, its nonce against the account's last, a
+/// ban), so the pool never carries what can only be refused. (Kicks and roles depend on the
+/// tick's time and are left to execution.)
+pub fn check_at_door(world: &World, event: &crate::event::SignedEvent, size: u32) -> Result<(), RejectReason> {
+    let body = &event.body;
+    let limits = &world.settings.limits;
+    if size > limits.max_event_bytes {
+        return Err(RejectReason::TooLarge { bytes: size, max: limits.max_event_bytes });
+    }
+    if world.governance.banned.contains(&body.author) {
+        return Err(RejectReason::Banned);
+    }
+    let last = world.accounts.get(&body.author).map_or(0, |a| a.last_nonce);
+    if body.nonce <= last {
+        return Err(RejectReason::StaleNonce { last, got: body.nonce });
+    }
+    if body.nonce - last > MAX_NONCE_STEP {
+        return Err(RejectReason::InvalidValue {
+            field: format!("nonce (at most {MAX_NONCE_STEP} above the last, {last})"),
+        });
+    }
     check_fields(&body.payload, limits)
 }
 
@@ -114,7 +148,8 @@ fn consumes_nonce(world: &World, c: &Checked, reason: &RejectReason, nonces: &BT
     );
     let Some(account) = world.accounts.get(&body.author) else { return false };
     let last = nonces.get(&body.author).copied().unwrap_or(account.last_nonce);
-    by_standing_or_content && c.signature_ok && body.sim == world.sim && body.nonce > last
+    let fresh = body.nonce > last && body.nonce - last <= MAX_NONCE_STEP;
+    by_standing_or_content && c.signature_ok && body.sim == world.sim && fresh
 }
 
 fn too_long(field: &str, s: &str, max: u32) -> Result<(), RejectReason> {

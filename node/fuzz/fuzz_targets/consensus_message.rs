@@ -1,0 +1,3 @@
+#![no_main]
+// SPDX-License-Identifier: AGPL-3.0-or-later
+libfuzzer_sys::fuzz_target!(|data: &[u8]| metatopia_node::fuzzing::consensus_message(data));
