@@ -526,6 +526,8 @@ pub fn run(
     steps.sort_by_key(|(_, s)| s.at_tick);
     let mut pending = std::collections::VecDeque::from(steps);
     let mut labelled: BTreeMap<String, EventId> = BTreeMap::new();
+    // Steps a node refused at the door, with the reason.
+    let mut at_door: BTreeMap<String, String> = BTreeMap::new();
     let mut submitted = 0;
     let mut bots = (spec.bots.events_per_tick > 0).then(|| EventGen::new(&g.demo, seed ^ 0xb075));
     let mut roles: BTreeMap<usize, Verdict> = BTreeMap::new();
@@ -562,8 +564,19 @@ pub fn run(
             }
             acc.last = Some(event.clone());
             let bytes = metatopia_sim::codec::encode(&event);
+            let size = bytes.len() as u32;
+            let mut taken = 1;
             c.with_node(via, |p, now, out| {
-                p.submit(now, vec![bytes], out);
+                taken = p.submit(now, vec![bytes], out);
+                // Refused at the door (what execution would refuse anyway): an outcome too.
+                if taken == 0
+                    && let Some(l) = &s.label
+                {
+                    let why = metatopia_sim::pipeline::check_at_door(p.core.sim().world(), &event, size)
+                        .err()
+                        .map_or_else(|| "refused at the door".to_owned(), |r| format!("refused at the door: {r}"));
+                    at_door.insert(l.clone(), why);
+                }
             });
             submitted += 1;
         }
@@ -611,7 +624,7 @@ pub fn run(
         }
     }
 
-    let verdicts = judge(spec, text, &c, &honest, &g, &labelled, roles)?;
+    let verdicts = judge(spec, text, &c, &honest, &g, (&labelled, &at_door), roles)?;
     let ticks = (0..c.len() as NodeId).map(|i| c.node(i).map(|p| p.core.sim().world().tick().0)).collect();
     let report = Report {
         name: spec.name.clone(),
@@ -755,7 +768,7 @@ fn judge(
     c: &Cluster<Node>,
     honest: &[NodeId],
     g: &Genesis,
-    labelled: &BTreeMap<String, EventId>,
+    (labelled, at_door): (&BTreeMap<String, EventId>, &BTreeMap<String, String>),
     mut roles: BTreeMap<usize, Verdict>,
 ) -> anyhow::Result<Vec<Verdict>> {
     let up: Vec<&Node> = honest.iter().filter_map(|h| c.node(*h)).collect();
@@ -915,8 +928,10 @@ fn judge(
             "outcome" => {
                 let label = v.step.as_deref().unwrap_or_default();
                 let id = labelled.get(label);
-                let got: Vec<Option<Outcome>> =
-                    up.iter().map(|p| id.and_then(|id| p.core.outcome(id).cloned())).collect();
+                let got: Vec<Option<Outcome>> = match at_door.get(label) {
+                    Some(why) => up.iter().map(|_| Some(Outcome::Refused { tick: 0, reason: why.clone() })).collect(),
+                    None => up.iter().map(|p| id.and_then(|id| p.core.outcome(id).cloned())).collect(),
+                };
                 let want = v.status.as_deref().unwrap_or_default();
                 let reason = v.reason.as_deref().unwrap_or_default();
                 let ok = outcome_holds(&got, want, reason);

@@ -280,6 +280,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     let mut nonces: BTreeMap<String, u64> = BTreeMap::new();
     let mut last: BTreeMap<String, SignedEvent> = BTreeMap::new();
     let mut labelled: BTreeMap<String, EventId> = BTreeMap::new();
+    let mut at_door: BTreeMap<String, String> = BTreeMap::new();
     let mut roles: BTreeMap<usize, Verdict> = BTreeMap::new();
     let mut submitted = 0;
     // Every node's key in node order (joiners included: the admin may admit them).
@@ -346,8 +347,13 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
                 labelled.insert(l.clone(), event.id());
             }
             last.insert(s.by.clone(), event.clone());
-            // Refused at the door (a bad signature, say) is an outcome too: it never executes.
-            let _ = clients[via].submit(&metatopia_sim::codec::encode(&event));
+            // Refused at the door (a bad signature, a banned author) is an outcome too: it
+            // never executes.
+            if let Err(e) = clients[via].submit(&metatopia_sim::codec::encode(&event))
+                && let Some(l) = &s.label
+            {
+                at_door.insert(l.clone(), format!("refused at the door: {e}"));
+            }
             submitted += 1;
         }
         for e in &spec.expect {
@@ -384,7 +390,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     let verdicts = if sims > 1 {
         judge_world(spec, text, &clients, &up, per, &gs)?
     } else {
-        judge(spec, text, &clients, &up, &procs, &gs[0].objects, &labelled, roles)?
+        judge(spec, text, &clients, &up, &procs, &gs[0].objects, (&labelled, &at_door), roles)?
     };
     let ticks = (0..n).map(|i| status(i).map(|s| s.tick + 1)).collect();
     for p in &mut procs {
@@ -414,7 +420,7 @@ fn judge(
     up: &[usize],
     procs: &[Proc],
     objects: &BTreeMap<String, ObjectId>,
-    labelled: &BTreeMap<String, EventId>,
+    (labelled, at_door): (&BTreeMap<String, EventId>, &BTreeMap<String, String>),
     mut roles: BTreeMap<usize, Verdict>,
 ) -> anyhow::Result<Vec<Verdict>> {
     let first = *up.first().context("no honest node is up at the end")?;
@@ -510,9 +516,10 @@ fn judge(
                 let label = v.step.as_deref().unwrap_or_default();
                 let mut got: Vec<Option<Outcome>> = Vec::new();
                 for i in up {
-                    got.push(match labelled.get(label) {
-                        Some(id) => clients[*i].get::<Outcome>(&format!("/v1/events/{id}"))?,
-                        None => None,
+                    got.push(match (at_door.get(label), labelled.get(label)) {
+                        (Some(why), _) => Some(Outcome::Refused { tick: 0, reason: why.clone() }),
+                        (None, Some(id)) => clients[*i].get::<Outcome>(&format!("/v1/events/{id}"))?,
+                        (None, None) => None,
                     });
                 }
                 let want = v.status.as_deref().unwrap_or_default();
