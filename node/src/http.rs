@@ -184,14 +184,7 @@ pub fn governance_view(w: &metatopia_sim::World) -> GovernanceView {
 
 /// Parse 64 hex digits.
 pub fn parse_hash(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let mut b = [0u8; 32];
-    for (i, x) in b.iter_mut().enumerate() {
-        *x = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(b)
+    crate::config::parse_hex32(s).ok()
 }
 
 /// What the HTTP handlers share.

@@ -151,3 +151,26 @@ fn one_scripts_state_never_reaches_another_through_the_workers_map() {
     let writers_state: Vec<_> = sim.world().scripts().iter().filter(|(_, s)| !s.state.is_empty()).collect();
     assert_eq!(writers_state.len(), 2, "the two writers keep their state");
 }
+
+/// Listen growth (issue #52): a script that listens on 100 new channels every tick keeps at
+/// most `MAX_LISTEN_CHANNELS`; the rest are ignored and its owner is told, and the world stays
+/// valid (a snapshot of it loads).
+#[test]
+fn a_script_listens_on_at_most_the_channel_limit() {
+    use metatopia_sim::state::MAX_LISTEN_CHANNELS;
+    let (mut sim, mut players) = world_with_players(1);
+    let source = "fn on_tick() { let base = tick() * 100; for c in 0..100 { listen(base + c); } }";
+    let (id, _) = scripted_prim(&mut sim, &mut players[0], Vec2::ZERO, source);
+    let reports = idle(&mut sim, 4);
+    let listening = sim.world().scripts()[&id].listen.len();
+    assert_eq!(listening, MAX_LISTEN_CHANNELS);
+    let told = reports.iter().flat_map(|r| &r.chat).any(|l| {
+        l.to == Some(metatopia_sim::event::account_of(&players[0].key))
+            && l.text.contains("listens on at most 64 channels")
+    });
+    assert!(told, "the owner was told");
+    assert!(sim.world().scripts()[&id].failures == 0 && !sim.world().scripts()[&id].suspended, "not a failure");
+    let snap = sim.snapshot();
+    let bytes = snap.encode();
+    assert!(metatopia_sim::Snapshot::decode(&bytes, 1 << 30).is_ok());
+}

@@ -158,6 +158,10 @@ pub struct Account {
     pub returned: Vec<Returned>,
 }
 
+/// A script listens on at most this many chat channels; a `listen` past it is ignored and the
+/// owner told (the listen set is part of the script's hashed state: it must stay small).
+pub const MAX_LISTEN_CHANNELS: usize = 64;
+
 /// At most this many returned objects wait in an account; returning more is refused.
 pub const MAX_RETURNED: usize = 16;
 
@@ -839,6 +843,9 @@ impl World {
             }
             if inst.state.len() > lim.max_script_state_bytes as usize {
                 return Err(format!("script state on {id} is over the limit"));
+            }
+            if inst.listen.len() > MAX_LISTEN_CHANNELS {
+                return Err(format!("script on {id} listens on more than {MAX_LISTEN_CHANNELS} channels"));
             }
         }
         for (id, a) in &self.accounts {
