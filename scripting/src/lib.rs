@@ -95,9 +95,12 @@ impl Default for SandboxLimits {
             call_depth: 24,
             expr_depth: 64,
             fn_expr_depth: 32,
-            string_bytes: 4_096,
+            // rhai counts a value's strings and map entries together with everything nested in
+            // it: sized so that `nearby`'s 64 objects (12 entries and up to ~400 bytes of text
+            // each) fit, with room to spare (they failed past ~21 objects at 256 and 4 KiB).
+            string_bytes: 32 * 1_024,
             array_len: 1_024,
-            map_len: 256,
+            map_len: 1_024,
             nearby_max: 64,
         }
     }

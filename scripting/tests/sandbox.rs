@@ -174,3 +174,30 @@ fn a_script_listens_on_at_most_the_channel_limit() {
     let bytes = snap.encode();
     assert!(metatopia_sim::Snapshot::decode(&bytes, 1 << 30).is_ok());
 }
+
+/// A crowd around a `nearby()` script (issue #52): with 64 objects in range it gets its
+/// documented maximum of 64, not an error that suspends it.
+#[test]
+fn nearby_returns_its_documented_maximum_in_a_crowd() {
+    use metatopia_sim::{Fx, state::Shape};
+    let (mut sim, mut players) = world_with_players(1);
+    let centre = sim.world().region().centre();
+    let rez: Vec<_> = (0..70)
+        .map(|i| {
+            let at = centre + Vec2::new(Fx::from_int(i % 10 - 5), Fx::from_int(i / 10 - 4));
+            let name = format!("a prim with a longish name, number {i}");
+            let text = "floating text ".repeat(16);
+            players[0].sign(
+                &sim,
+                Payload::Rez { name, shape: Shape::Circle { radius: Fx::HALF }, position: at, color: 1, text },
+            )
+        })
+        .collect();
+    let r = step(&mut sim, rez);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    let source = "fn on_tick() { set_text(`${nearby(40).len()}`); }";
+    let (id, _) = scripted_prim(&mut sim, &mut players[0], Vec2::ZERO, source);
+    let reports = idle(&mut sim, 2);
+    assert!(reports.iter().all(|r| r.script_errors.is_empty()), "{:?}", reports.last().map(|r| &r.script_errors));
+    assert_eq!(sim.world().object(id).unwrap().text, "64");
+}
