@@ -400,7 +400,9 @@ impl RhaiHost {
         });
         // Rewound after each call; cleared in case a failed call left something behind.
         scope.clear();
-        let actions = call.into_inner().actions;
+        // All or nothing: a failing handler's partial actions (and its tick's) are dropped with
+        // its partial state below, so an error never leaves half an effect in the world.
+        let actions = if error.is_some() { Vec::new() } else { call.into_inner().actions };
         let encoded = this.as_map_ref().ok().map(|m| persist::encode(&m));
         // Empty for the next call (or dropped, if no longer a plain map).
         if !plain_map(this) {
@@ -409,6 +411,7 @@ impl RhaiHost {
             this.as_map_mut().expect("a plain map").clear();
         }
         let state = match encoded {
+            _ if error.is_some() => ctx.instance.state.clone(),
             Some(Ok(bytes)) => bytes,
             Some(Err(m)) => {
                 error.get_or_insert(ScriptError { kind: ScriptErrorKind::Runtime, message: m });

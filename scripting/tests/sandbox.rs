@@ -201,3 +201,22 @@ fn nearby_returns_its_documented_maximum_in_a_crowd() {
     assert!(reports.iter().all(|r| r.script_errors.is_empty()), "{:?}", reports.last().map(|r| &r.script_errors));
     assert_eq!(sim.world().object(id).unwrap().text, "64");
 }
+
+/// All or nothing (issue #52): a handler that fails after acting leaves no effect — no chat
+/// line, no colour, no state — only its error for the owner.
+#[test]
+fn a_failing_handler_leaves_no_half_effect() {
+    let (mut sim, mut players) = world_with_players(1);
+    let source = r#"fn on_init() { this.n = 1; }
+fn on_tick() { this.n += 1; set_color(255); say(0, "half done"); throw "then it fails"; }"#;
+    let (id, _) = scripted_prim(&mut sim, &mut players[0], Vec2::ZERO, source);
+    let state_before = sim.world().scripts()[&id].state.clone();
+    let reports = idle(&mut sim, 3);
+    assert!(reports.iter().all(|r| !r.script_errors.is_empty()), "it fails every tick");
+    assert!(
+        reports.iter().flat_map(|r| &r.chat).all(|l| !l.text.contains("half done")),
+        "no chat from a failed handler"
+    );
+    assert_ne!(sim.world().object(id).unwrap().color, 255, "no colour from a failed handler");
+    assert_eq!(sim.world().scripts()[&id].state, state_before, "the state is as before the failed tick");
+}
