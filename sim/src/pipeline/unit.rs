@@ -399,21 +399,19 @@ fn apply_action(world: &World, w: &mut Work<'_>, part: &mut ObjectPart, action: 
             part.queued.push(Queued::Message { from: id, to, data: truncate(data, limits.max_chat_bytes as usize) })
         }
         ScriptAction::Listen { channel, on } => {
-            let (speaker, name, position, owner) =
-                (Speaker::Object(w.object.id), w.object.name.clone(), w.object.position, w.object.owner);
             if let Some(inst) = w.instance.as_mut()
                 && inst.listen.contains(&channel) != on
             {
                 if on && inst.listen.len() >= crate::state::MAX_LISTEN_CHANNELS {
                     let max = crate::state::MAX_LISTEN_CHANNELS;
                     part.chat.push(ChatLine {
-                        speaker,
-                        name,
+                        speaker: Speaker::Object(id),
+                        name: w.object.name.clone(),
                         channel: super::DEBUG_CHANNEL,
                         range: crate::event::ChatRange::Say,
-                        position,
+                        position: w.object.position,
                         text: format!("listen {channel} ignored: a script listens on at most {max} channels"),
-                        to: Some(owner),
+                        to: Some(w.object.owner),
                     });
                     return;
                 }
