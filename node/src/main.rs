@@ -10,11 +10,13 @@ mod bench_nodes;
 mod client_cmd;
 mod demo;
 mod devnet;
+mod finish;
 mod local;
 mod raynet_sim;
 mod run;
 mod scenario_cmd;
 mod scenario_real;
+mod setup;
 mod sim_new;
 
 use clap::{Parser, Subcommand};
@@ -125,14 +127,14 @@ fn run() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Devnet(args) => devnet::run(args),
-        Command::Init(args) => run::init(args),
+        Command::Init(args) => setup::init(args),
         Command::Run(args) => run::run(args),
         Command::Stats(args) => admin::stats(args),
         Command::Admin(args) => admin::admin(args),
         Command::Scenario(ScenarioCmd::Run(args)) => scenario_cmd::run(args),
         Command::Synctest(args) => scenario_cmd::synctest(args),
         Command::Replay(ReplayCmd::Verify(args)) => scenario_cmd::replay_verify(args),
-        Command::Config(ConfigCmd::Check(args)) => run::config_check(args),
+        Command::Config(ConfigCmd::Check(args)) => setup::config_check(args),
         Command::Client(args) => client_cmd::client(args),
         Command::Bot(args) => client_cmd::bot(args),
         Command::Sim(SimCmd::New(args)) => sim_new::new(args),

@@ -1,16 +1,16 @@
-//! `metatopia init`, `metatopia config check` and `metatopia run`: a validator of one sim, with
-//! its data directory, on the validators' mesh.
+//! `metatopia run`: a validator (or observer) of one sim, with its data directory, on the
+//! validators' mesh; several in one process with `--also`. Setting a node up is `crate::setup`;
+//! when it stops, `crate::finish`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use metatopia_consensus::Config;
-use metatopia_node::config::{NodeConfig, ValidatorEntry};
+use metatopia_node::config::NodeConfig;
 use metatopia_node::core::{Agreement as _, CoreOutput, DesyncReport, NodeCore};
 use metatopia_node::epochs::Epochs;
 use metatopia_node::gateway::{Feed, Hub};
-use metatopia_node::genesis::{Genesis, GenesisHash};
 use metatopia_node::http::object_view;
 use metatopia_node::http::{Query, Service, Status};
 use metatopia_node::net::{Mesh, MeshEvent, PeerAddr};
@@ -20,7 +20,7 @@ use metatopia_node::store::{CommitLog, DataDir};
 use metatopia_node::timing::{StageTimes, TimedHost, TimedPhysics};
 use metatopia_node::wire::NodeMsg;
 use metatopia_scripting::RhaiHost;
-use metatopia_sim::genesis::{DemoWorld, EventGen};
+use metatopia_sim::genesis::EventGen;
 use metatopia_sim::{SimId, Snapshot};
 
 #[derive(Clone, Debug, clap::Args)]
@@ -97,201 +97,6 @@ pub struct RunArgs {
     /// restarted validator vote twice.
     #[arg(long, hide = true)]
     pub unsafe_no_sync: bool,
-}
-
-/// `metatopia init`: a key and a commented config; with `--genesis`, the sim it belongs to.
-pub fn init(args: InitArgs) -> anyhow::Result<()> {
-    let dir = DataDir::open(&args.dir.data_dir)?;
-    let key = dir.key()?;
-    let public = metatopia_sim::ids::hex(key.verifying_key().as_bytes());
-    let path = dir.config_path();
-    let quic = match args.quic {
-        Some(q) => q,
-        None => std::net::SocketAddr::new(
-            args.listen.ip(),
-            args.listen.port().checked_add(2000).context("--listen's port + 2000 is not a port: give --quic")?,
-        ),
-    };
-    if path.exists() && args.genesis.is_none() {
-        println!("{} exists; left as it is", path.display());
-    } else {
-        let mut cfg = match NodeConfig::load(&path) {
-            Ok(c) => c,
-            Err(_) if !path.exists() => NodeConfig {
-                listen: args.listen,
-                quic: Some(quic),
-                http: None,
-                tick_rate_hz: 20,
-                snapshot_every: 640,
-                genesis_hash: None,
-                world: metatopia_node::config::WorldConfig { objects: 0, players: 1, ..Default::default() },
-                bots: Default::default(),
-                validators: Vec::new(),
-                join: None,
-                sims: Vec::new(),
-                raynet: Default::default(),
-                sim_workers: None,
-                block_history_mib: None,
-            },
-            Err(e) => return Err(e),
-        };
-        if let Some(file) = &args.genesis {
-            let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-            let g = Genesis::decode(&bytes).with_context(|| format!("reading {}", file.display()))?;
-            install_genesis(&dir, &mut cfg, &g)?;
-            println!("installed the genesis of {}", g.describe());
-        }
-        metatopia_node::store::write_atomic(&path, cfg.commented().as_bytes())?;
-        if cfg.genesis_hash.is_some() {
-            println!(
-                "wrote {}: start the node with `metatopia run --data-dir {}`",
-                path.display(),
-                dir.root().display()
-            );
-        } else {
-            println!(
-                "wrote {}; next, one of:\n  a new sim: `metatopia sim new --out DIR --data-dir {} --data-dir ...` (four nodes or more: you hold its admin key)\n  a running sim: `metatopia run --data-dir {} --join KEY@HOST:PORT` (its join address)",
-                path.display(),
-                dir.root().display(),
-                dir.root().display()
-            );
-        }
-    }
-    println!("peer id (public key): {public}");
-    println!("join address: {public}@{}", args.listen);
-    Ok(())
-}
-
-/// Make `cfg` a node of the sim of genesis `g` and put the genesis file in `dir`: its hash, its
-/// sim, its validators (from the genesis's contacts, keeping this node's own addresses), its rate.
-pub fn install_genesis(dir: &DataDir, cfg: &mut NodeConfig, g: &Genesis) -> anyhow::Result<()> {
-    if let Some(old) = Genesis::read(dir.root())? {
-        anyhow::ensure!(
-            old.hash == g.hash,
-            "{} already holds the genesis of another sim ({}): a data directory holds one sim",
-            dir.root().display(),
-            old.hash
-        );
-    }
-    let me = dir.key()?.verifying_key().to_bytes();
-    cfg.genesis_hash = Some(g.hash.to_string());
-    cfg.world =
-        metatopia_node::config::WorldConfig { sim_id: g.world().sim().0, objects: 0, players: 1, ..Default::default() };
-    cfg.tick_rate_hz = g.world().settings().tick_rate_hz;
-    cfg.validators = g
-        .contacts
-        .iter()
-        .map(|c| {
-            let own = c.key == me;
-            ValidatorEntry {
-                key: metatopia_sim::ids::hex(&c.key),
-                address: if own { cfg.listen } else { c.address },
-                quic: if own { cfg.quic } else { c.quic },
-                observer: false,
-            }
-        })
-        .collect();
-    g.write(dir.root())?;
-    Ok(())
-}
-
-/// `metatopia config check`.
-pub fn config_check(args: DirArgs) -> anyhow::Result<()> {
-    let dir = DataDir::open(&args.data_dir)?;
-    let cfg = NodeConfig::load(&dir.config_path())?;
-    let key = dir.key()?;
-    let me = cfg.keys()?.iter().position(|k| *k == key.verifying_key());
-    let sim = match Genesis::read(dir.root())? {
-        Some(g) => {
-            check_genesis(&cfg, &g)?;
-            g.describe()
-        }
-        None if cfg.world.demo => format!(
-            "a demo sim (seed {}, {}; demo keys: devnets and tests only), built at its first start",
-            cfg.world.seed,
-            cfg.world.scenario.as_ref().map_or("the seeded demo world".to_owned(), |p| p.display().to_string())
-        ),
-        None => "no genesis yet (`metatopia sim new --data-dir`, `init --genesis FILE` or `run --join`)".to_owned(),
-    };
-    println!(
-        "{}: ok. listen {}, http {}, snapshot every {} ticks, {} validators; this node is {}; sim: {sim}",
-        dir.config_path().display(),
-        cfg.listen,
-        cfg.http_addr(),
-        cfg.snapshot_every,
-        cfg.validators.len(),
-        me.map_or("not a validator".to_owned(), |i| format!("validator {i}"))
-    );
-    Ok(())
-}
-
-/// A genesis and the config that names it agree: hash, sim, validators.
-fn check_genesis(cfg: &NodeConfig, g: &Genesis) -> anyhow::Result<()> {
-    if let Some(h) = &cfg.genesis_hash {
-        let want: GenesisHash = h.parse().context("the config's genesis_hash")?;
-        anyhow::ensure!(
-            want == g.hash,
-            "the data directory's genesis has hash {}, but the config names {want}: this is another sim's genesis",
-            g.hash
-        );
-    }
-    anyhow::ensure!(
-        g.world().sim().0 == cfg.world.sim_id,
-        "the genesis is of {}, the config says world.sim_id = {}",
-        g.world().sim(),
-        cfg.world.sim_id
-    );
-    let listed: std::collections::BTreeSet<metatopia_sim::AccountId> =
-        cfg.genesis_validators()?.iter().map(|k| metatopia_sim::AccountId(k.to_bytes())).collect();
-    let named = &g.world().governance().validators;
-    if listed != *named {
-        let missing: Vec<String> = named.difference(&listed).map(|a| a.short()).collect();
-        let extra: Vec<String> = listed.difference(named).map(|a| a.short()).collect();
-        anyhow::bail!(
-            "the config's [[validators]] (not observers) must be the genesis's validators: missing {missing:?}, not in the genesis {extra:?}"
-        );
-    }
-    Ok(())
-}
-
-/// Where a node's sim starts: its genesis, and for a demo sim the demo world (its bots' keys).
-struct Start {
-    genesis: Genesis,
-    demo: Option<DemoWorld>,
-}
-
-/// The sim's genesis: the data directory's `genesis.bin`; for a demo sim (`world.demo`) only, one
-/// built from the config at the first start and written there.
-fn start_of(dir: &DataDir, cfg: &NodeConfig, tag: &str) -> anyhow::Result<Start> {
-    let existing = Genesis::read(dir.root())?;
-    let need_demo = cfg.world.demo && (existing.is_none() || cfg.bots.events_per_tick > 0);
-    let demo = if need_demo { Some(crate::demo::demo_of(cfg)?) } else { None };
-    let genesis = match (existing, &demo) {
-        (Some(g), _) => g,
-        (None, Some((demo, physics))) => {
-            let mut world = demo.world.clone();
-            world.set_genesis_time(cfg.world.genesis_time_ms.context("world.genesis_time_ms")?);
-            let keys = cfg.genesis_validators()?;
-            let contacts = cfg
-                .validators
-                .iter()
-                .filter(|v| !v.observer)
-                .zip(&keys)
-                .map(|(v, k)| metatopia_node::genesis::Contact { key: k.to_bytes(), address: v.address, quic: v.quic })
-                .collect();
-            let g = Genesis::of_world(world, physics, cfg.world.time_scale, contacts)?;
-            let path = g.write(dir.root())?;
-            println!("{tag}a demo sim (its keys are public: for devnets and tests only); wrote {}", path.display());
-            g
-        }
-        (None, None) => anyhow::bail!(
-            "{} has no genesis: create a sim you own with `metatopia sim new --out DIR --data-dir {}` (and its other nodes), install one with `metatopia init --genesis FILE`, or join a running sim with `metatopia run --join KEY@HOST:PORT`",
-            dir.root().display(),
-            dir.root().display()
-        ),
-    };
-    check_genesis(cfg, &genesis)?;
-    Ok(Start { genesis, demo: demo.map(|(d, _)| d) })
 }
 
 fn now_us() -> u64 {
@@ -439,7 +244,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         c.genesis_hash.is_none() && !c.world.demo && !dir.root().join(metatopia_node::genesis::FILE).exists()
     });
     match (&args.join, awaiting, &existing) {
-        (Some(join), true, _) => fetch_config(&dir, &args, join, existing.as_ref()).await?,
+        (Some(join), true, _) => crate::setup::fetch_config(&dir, &args, join, existing.as_ref()).await?,
         (None, true, None) => anyhow::bail!(
             "{} has no config.toml: run `metatopia init` first, or give --join KEY@HOST:PORT to join a running sim",
             dir.root().display()
@@ -465,7 +270,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         cfg.sim_workers = Some(w);
     }
     // The sim: its genesis first (a node with none says how to get one).
-    let Start { genesis, demo } = start_of(&dir, &cfg, &tag)?;
+    let crate::setup::Start { genesis, demo } = crate::setup::start_of(&dir, &cfg, &tag)?;
     let key = dir.key()?;
     let keys = cfg.keys()?;
     let me = match keys.iter().position(|k| *k == key.verifying_key()) {
@@ -616,7 +421,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     if core.is_joining() {
         println!("{tag}joining: asking the sim's nodes for a snapshot that 2f+1 validators certify");
     }
-    let sim_info = sim_info(&cfg, &genesis)?;
+    let sim_info = crate::setup::sim_info(&cfg, &genesis)?;
     let contacts = peers.clone();
     let (mesh, mut inbox) = Mesh::start(&key, cfg.listen, cfg.quic, peers)
         .await
@@ -710,8 +515,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut finding: Vec<Finding> = Vec::new();
     // Set once the requested ticks have executed: the node stays up until its sim's validators
     // all have too (see `Finishing`).
-    let mut finishing: Option<Finishing> = None;
-    let mut stall = Stall::new();
+    let mut finishing: Option<crate::finish::Finishing> = None;
+    let mut stall = crate::finish::Stall::new();
     let mut watch = metatopia_node::watch::ValidatorWatch::default();
     let outcome: anyhow::Result<&str> = loop {
         let deadline = core.poll_timeout().unwrap_or(u64::MAX);
@@ -959,7 +764,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         );
                     }
                     if finishing.is_none() && args.ticks.is_some_and(|n| tick.0 + 1 >= n) {
-                        finishing = Some(Finishing::new(tick.0));
+                        finishing = Some(crate::finish::Finishing::new(tick.0));
                     }
                 }
                 CoreOutput::PeerDiverged { tick, validator } => {
@@ -982,7 +787,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     dir.write_snapshot(tick, &snapshot)?;
                     // A snapshot can bring a node to the tick it was asked to stop after.
                     if finishing.is_none() && tick > 0 && args.ticks.is_some_and(|n| tick >= n) {
-                        finishing = Some(Finishing::skipped(tick - 1));
+                        finishing = Some(crate::finish::Finishing::skipped(tick - 1));
                     }
                     if joined {
                         println!(
@@ -1077,106 +882,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How long without a commit before a node says where its agreement stands (and again each
-/// time as long again passes).
-const STALL_WARN: Duration = Duration::from_secs(10);
-
-/// Commits stopped: when to say so.
-struct Stall {
-    since: std::time::Instant,
-    next: std::time::Instant,
-}
-
-impl Stall {
-    fn new() -> Stall {
-        let now = std::time::Instant::now();
-        Stall { since: now, next: now + STALL_WARN }
-    }
-
-    fn committed(&mut self) {
-        *self = Stall::new();
-    }
-
-    /// How long commits have stopped, when it is time to warn again.
-    fn due(&mut self) -> Option<Duration> {
-        let now = std::time::Instant::now();
-        (now >= self.next).then(|| {
-            self.next = now + STALL_WARN;
-            now - self.since
-        })
-    }
-}
-
 /// Sims asked at most where an avatar is.
 const MAX_LOCATE_SIMS: usize = 64;
-
-/// How long a node that has executed its requested ticks waits for the sim's other
-/// validators to execute them too.
-const FINISH_WAIT: Duration = Duration::from_secs(30);
-/// How long it stays after that: more than two view timeouts, so that its own votes saying it
-/// is done too reach its peers (its peers' reports can all be in before it votes once more, and
-/// a node that stopped at once left its last peer waiting the whole `FINISH_WAIT`).
-const FINISH_LINGER: Duration = Duration::from_millis(1_000);
-
-/// A node asked to stop after a tick (`--ticks`) stops only once every validator of its sim has
-/// executed that tick too (each reported that tick's root in its votes), or after
-/// [`FINISH_WAIT`], and then [`FINISH_LINGER`] later. Meanwhile it executes nothing more but
-/// still agrees, votes and answers fetches. Stopping at once stranded a slower node of a sim
-/// stopped whole: once a quorum of its peers had gone, the commits it still needed could no
-/// longer be certified, and it waited forever (a node replaying a long log while its peers ran
-/// their last few ticks).
-struct Finishing {
-    tick: u64,
-    /// This node took a snapshot past `tick` (a certified one: a quorum executed it): it never
-    /// reports that tick's root itself, and counts as having executed it.
-    skipped: bool,
-    deadline: std::time::Instant,
-    said: bool,
-    leaving: Option<std::time::Instant>,
-}
-
-impl Finishing {
-    fn new(tick: u64) -> Finishing {
-        Finishing {
-            tick,
-            skipped: false,
-            deadline: std::time::Instant::now() + FINISH_WAIT,
-            said: false,
-            leaving: None,
-        }
-    }
-
-    /// Finishing after a snapshot brought this node past `tick` without executing it.
-    fn skipped(tick: u64) -> Finishing {
-        Finishing { skipped: true, ..Finishing::new(tick) }
-    }
-
-    /// Whether to stop now.
-    fn done(&mut self, agreement: &impl metatopia_node::core::Agreement, tag: &str) -> bool {
-        let now = std::time::Instant::now();
-        if let Some(at) = self.leaving {
-            return now >= at;
-        }
-        let of = agreement.validators();
-        let seen = (agreement.peer_roots(self.tick).len() + usize::from(self.skipped)).min(of);
-        if seen < of && now < self.deadline {
-            if !self.said {
-                self.said = true;
-                println!("{tag}executed tick {}: waiting for the sim's other validators to execute it too", self.tick);
-            }
-            return false;
-        }
-        if seen < of {
-            eprintln!(
-                "{tag}warning: stopping after tick {} although only {seen} of the sim's {of} validators were seen to execute it (waited {} s)",
-                self.tick,
-                FINISH_WAIT.as_secs()
-            );
-        }
-        self.leaving = Some(now + FINISH_LINGER);
-        false
-    }
-}
 
 /// The node's Raynet peer on the mesh: its card (a point of its sim's square), its neighbour
 /// sims (their squares and genesis validators, from the world's genesis) and its contacts (its
@@ -1376,143 +1083,4 @@ fn write_desync_report(root: &Path, r: &DesyncReport) -> anyhow::Result<PathBuf>
     std::fs::write(dir.join("roots.txt"), roots)?;
     std::fs::write(dir.join("last-inputs.bin"), postcard::to_allocvec(&r.last_inputs)?)?;
     Ok(dir)
-}
-
-/// What a node joining this sim is sent (`run --join`): the sim's part of this node's config,
-/// and the scenario file and scripts it names (relative paths: `scenario.toml`, `scripts/…`).
-fn sim_info(cfg: &NodeConfig, genesis: &Genesis) -> anyhow::Result<NodeMsg> {
-    let mut shared = cfg.clone();
-    shared.http = None;
-    shared.bots = Default::default();
-    shared.join = None;
-    shared.genesis_hash = Some(genesis.hash.to_string());
-    // The joiner starts from the genesis file: no demo world to build, no scenario to read.
-    (shared.world.scenario, shared.world.scripts) = (None, None);
-    let config = toml::to_string(&shared).context("encoding the sim's config")?;
-    let msg = NodeMsg::SimInfo { config, genesis: genesis.bytes.clone() };
-    anyhow::ensure!(
-        msg.encode().len() < metatopia_node::net::MAX_FRAME as usize,
-        "the sim's genesis is over {} bytes: too big to send to joining nodes",
-        metatopia_node::net::MAX_FRAME
-    );
-    Ok(msg)
-}
-
-/// `run --join` on a node with no sim yet: ask the node at the join address for the sim's
-/// config and genesis, check the genesis (against the hash the join address names, if it names
-/// one), and write both into the data directory as this node's, with its own addresses.
-async fn fetch_config(dir: &DataDir, args: &RunArgs, join: &str, had: Option<&NodeConfig>) -> anyhow::Result<()> {
-    let (their_key, addr, want) = metatopia_node::config::parse_join_genesis(join).context("--join")?;
-    let key = dir.key()?;
-    let listen = args.listen.or(had.map(|c| c.listen)).unwrap_or_else(|| ([127, 0, 0, 1], 7100).into());
-    let quic = match args.quic.or(had.and_then(|c| c.quic)) {
-        Some(q) => q,
-        None => std::net::SocketAddr::new(
-            listen.ip(),
-            listen.port().checked_add(2000).context("--listen's port + 2000 is not a port: give --quic")?,
-        ),
-    };
-    println!("joining through {join}: asking it for the sim's config and genesis");
-    // A throwaway mesh on an ephemeral port: the node's own starts once the config is written.
-    let local = std::net::SocketAddr::new(listen.ip(), 0);
-    let bootstrap = PeerAddr { key: their_key, tcp: Some(addr), quic: None };
-    let (mesh, mut rx) = Mesh::start(&key, local, None, vec![bootstrap]).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let mut ask = tokio::time::interval(Duration::from_millis(500));
-    let (config, genesis) = loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => anyhow::bail!(
-                "no answer from {join} within 30 s: is a node of the sim running there, with that key?"
-            ),
-            _ = ask.tick() => if mesh.connected() > 0 {
-                mesh.send(0, &NodeMsg::SimInfoRequest);
-            },
-            m = rx.recv() => match m {
-                Some(MeshEvent::Message(from, NodeMsg::SimInfo { config, genesis })) if from.0 == 0 => break (config, genesis),
-                Some(_) => {}
-                None => anyhow::bail!("the mesh stopped"),
-            },
-        }
-    };
-    drop(mesh);
-    let g = Genesis::decode(&genesis).with_context(|| format!("the genesis {join} sent"))?;
-    match want {
-        Some(w) => anyhow::ensure!(
-            g.hash.0 == w,
-            "{join} serves a sim whose genesis hash is {}, not the one the join address names: refused",
-            g.hash
-        ),
-        None => println!(
-            "note: the join address names no genesis hash; this sim's is {} (KEY@HOST:PORT/HASH checks it)",
-            g.hash
-        ),
-    }
-    let mut cfg: NodeConfig =
-        toml::from_str(&config).map_err(|e| anyhow::anyhow!("the config {join} sent does not load: {e}"))?;
-    anyhow::ensure!(
-        cfg.genesis_hash.as_deref() == Some(g.hash.to_string().as_str()),
-        "{join} sent a config that names another genesis than the one it sent: refused"
-    );
-    cfg.listen = listen;
-    cfg.quic = Some(quic);
-    cfg.http = args.http.or(had.and_then(|c| c.http));
-    cfg.bots = Default::default();
-    cfg.join = Some(join.to_owned());
-    if let Some(h) = had {
-        (cfg.sim_workers, cfg.block_history_mib) = (h.sim_workers, h.block_history_mib);
-    }
-    cfg.check().with_context(|| format!("the config {join} sent"))?;
-    g.write(dir.root())?;
-    metatopia_node::store::write_atomic(&dir.config_path(), cfg.commented().as_bytes())?;
-    println!("wrote {} and the genesis of {}", dir.config_path().display(), g.describe());
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An agreement of four validators of which `reported` reported a root for every tick.
-    struct Reported(Vec<u16>);
-
-    impl metatopia_node::core::Agreement for Reported {
-        fn handle_message(&mut self, _: u64, _: metatopia_consensus::ValidatorIndex, _: metatopia_consensus::Message) {}
-        fn handle_timeout(&mut self, _: u64) {}
-        fn submit_events(&mut self, _: u64, _: Vec<Vec<u8>>) {}
-        fn poll_output(&mut self) -> Option<metatopia_consensus::Output> {
-            None
-        }
-        fn poll_timeout(&self) -> Option<u64> {
-            None
-        }
-        fn report_root(&mut self, _: u64, _: metatopia_consensus::Digest) {}
-        fn validators(&self) -> usize {
-            4
-        }
-        fn peer_roots(&self, _tick: u64) -> Vec<(metatopia_consensus::ValidatorIndex, metatopia_consensus::Digest)> {
-            self.0
-                .iter()
-                .map(|v| (metatopia_consensus::ValidatorIndex(*v), metatopia_consensus::Digest([0; 32])))
-                .collect()
-        }
-    }
-
-    /// A node that executed the last tick waits for all four roots; one that a snapshot brought
-    /// past it never reports that root itself, so it waits for the other three only (before,
-    /// it waited the whole `FINISH_WAIT` and warned that a validator had not executed it).
-    #[test]
-    fn a_node_a_snapshot_brought_past_its_last_tick_waits_only_for_its_peers() {
-        let three = Reported(vec![0, 1, 2]);
-        let mut executed = Finishing::new(99);
-        assert!(!executed.done(&three, ""));
-        assert!(executed.leaving.is_none(), "three of four roots seen: still waiting");
-        assert!(!executed.done(&Reported(vec![0, 1, 2, 3]), ""));
-        assert!(executed.leaving.is_some(), "all four seen: leaving after the linger");
-        let mut skipped = Finishing::skipped(99);
-        assert!(!skipped.done(&three, ""));
-        assert!(skipped.leaving.is_some(), "its peers' three roots are all it waits for");
-        let mut early = Finishing::skipped(99);
-        assert!(!early.done(&Reported(vec![0, 1]), ""));
-        assert!(early.leaving.is_none(), "a peer has yet to execute the tick");
-    }
 }

@@ -111,7 +111,7 @@ pub fn new(args: NewArgs) -> anyhow::Result<()> {
     println!("the admin: {}; {admin_note}", metatopia_sim::ids::hex(&admin.0));
     println!("genesis: {} (hash {})", file.display(), genesis.hash);
     for (dir, mut cfg) in dirs {
-        crate::run::install_genesis(&dir, &mut cfg, &genesis)?;
+        crate::setup::install_genesis(&dir, &mut cfg, &genesis)?;
         metatopia_node::store::write_atomic(&dir.config_path(), cfg.commented().as_bytes())?;
         println!(
             "installed in {}: start it with `metatopia run --data-dir {}`",

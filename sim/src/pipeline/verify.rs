@@ -90,15 +90,21 @@ fn check_one(world: &World, now_ms: u64, c: &Checked, nonces: &BTreeMap<AccountI
         return Err(RejectReason::Kicked { until_ms });
     }
     let last = nonces.get(&body.author).copied().or(account.map(|a| a.last_nonce)).unwrap_or(0);
-    if body.nonce <= last {
-        return Err(RejectReason::StaleNonce { last, got: body.nonce });
+    nonce_after(last, body.nonce)?;
+    check_fields(&body.payload, limits)
+}
+
+/// A nonce must be above the last one used and at most [`MAX_NONCE_STEP`] above it.
+fn nonce_after(last: u64, got: u64) -> Result<(), RejectReason> {
+    if got <= last {
+        return Err(RejectReason::StaleNonce { last, got });
     }
-    if body.nonce - last > MAX_NONCE_STEP {
+    if got - last > MAX_NONCE_STEP {
         return Err(RejectReason::InvalidValue {
             field: format!("nonce (at most {MAX_NONCE_STEP} above the last, {last})"),
         });
     }
-    check_fields(&body.payload, limits)
+    Ok(())
 }
 
 /// How far above its last accepted nonce an event's nonce may be: an account cannot lock itself
@@ -119,14 +125,7 @@ pub fn check_at_door(world: &World, event: &crate::event::SignedEvent, size: u32
         return Err(RejectReason::Banned);
     }
     let last = world.accounts.get(&body.author).map_or(0, |a| a.last_nonce);
-    if body.nonce <= last {
-        return Err(RejectReason::StaleNonce { last, got: body.nonce });
-    }
-    if body.nonce - last > MAX_NONCE_STEP {
-        return Err(RejectReason::InvalidValue {
-            field: format!("nonce (at most {MAX_NONCE_STEP} above the last, {last})"),
-        });
-    }
+    nonce_after(last, body.nonce)?;
     check_fields(&body.payload, limits)
 }
 
@@ -148,8 +147,7 @@ fn consumes_nonce(world: &World, c: &Checked, reason: &RejectReason, nonces: &BT
     );
     let Some(account) = world.accounts.get(&body.author) else { return false };
     let last = nonces.get(&body.author).copied().unwrap_or(account.last_nonce);
-    let fresh = body.nonce > last && body.nonce - last <= MAX_NONCE_STEP;
-    by_standing_or_content && c.signature_ok && body.sim == world.sim && fresh
+    by_standing_or_content && c.signature_ok && body.sim == world.sim && nonce_after(last, body.nonce).is_ok()
 }
 
 fn too_long(field: &str, s: &str, max: u32) -> Result<(), RejectReason> {
