@@ -1,57 +1,107 @@
-//! The account key: an ed25519 secret key kept as 64 hex digits in a file readable by its owner.
+//! Keys as files and as text: the one place ed25519 keys are read, written, made and parsed, by
+//! the clients and the node alike.
+//!
+//! A key file holds a secret key as 64 hex digits and a newline, readable by its owner only
+//! (mode 0600), written through a synced temporary file renamed over the old one (so a crash
+//! leaves the old key or the new one, never a torn file). Public keys and hashes travel as 64
+//! hex digits too; every parse error says what was wrong, for any text (non-ASCII included).
 
-use std::io::Read;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
 use std::path::Path;
 
 use anyhow::Context;
-use ed25519_dalek::SigningKey;
+use ed25519_dalek::{SigningKey, VerifyingKey};
 
-/// Read the key at `path`, or make a new one there (from the OS's random source) if there is none.
-pub fn load_or_create(path: &Path) -> anyhow::Result<SigningKey> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => parse(text.trim()).with_context(|| format!("reading the account key {}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let key = generate()?;
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            }
-            write(path, &key)?;
-            Ok(key)
-        }
-        Err(e) => Err(e).with_context(|| format!("reading the account key {}", path.display())),
-    }
+/// Lower-case hex of some bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    ::hex::encode(bytes)
 }
 
-/// A new key from the OS's random source.
+/// The bytes of a hex string (`None` if it is not hex of whole bytes).
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    ::hex::decode(text).ok()
+}
+
+/// 32 bytes written as 64 hex digits (keys, hashes); any other text is an error saying why.
+pub fn parse_hex32(text: &str) -> anyhow::Result<[u8; 32]> {
+    let chars = text.chars().count();
+    anyhow::ensure!(chars == 64, "64 hex digits are needed, this has {chars} characters");
+    let mut out = [0u8; 32];
+    ::hex::decode_to_slice(text, &mut out).map_err(|e| match e {
+        ::hex::FromHexError::InvalidHexCharacter { c, index } => {
+            anyhow::anyhow!("only hex digits (0-9, a-f) may appear, not {c:?} (at byte {index})")
+        }
+        other => anyhow::anyhow!("{other}"),
+    })?;
+    Ok(out)
+}
+
+/// A secret key from its 64 hex digits.
+pub fn parse(text: &str) -> anyhow::Result<SigningKey> {
+    Ok(SigningKey::from_bytes(&parse_hex32(text).context("a secret key")?))
+}
+
+/// A public key from its 64 hex digits.
+pub fn parse_public(text: &str) -> anyhow::Result<VerifyingKey> {
+    let bytes = parse_hex32(text).context("a public key")?;
+    VerifyingKey::from_bytes(&bytes).map_err(|e| anyhow::anyhow!("not an ed25519 public key: {e}"))
+}
+
+/// A new key from the OS's random source (the node and the clients are the only layers allowed
+/// one).
 pub fn generate() -> anyhow::Result<SigningKey> {
     let mut seed = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
+    File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut seed))
-        .context("reading /dev/urandom for a new account key")?;
+        .context("reading /dev/urandom for a new key")?;
     Ok(SigningKey::from_bytes(&seed))
 }
 
-/// Write a key readable by its owner only.
+/// The key in the file at `path`; `None` if there is no file.
+pub fn read(path: &Path) -> anyhow::Result<Option<SigningKey>> {
+    match fs::read_to_string(path) {
+        Ok(text) => parse(text.trim()).with_context(|| format!("reading the key {}", path.display())).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading the key {}", path.display())),
+    }
+}
+
+/// Write a key file readable by its owner only, durably (see the module's notes).
 pub fn write(path: &Path, key: &SigningKey) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, format!("{}\n", crate::proto::hex(&key.to_bytes())))
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).context("restricting the key file")?;
+        let mut options = OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut f = options.open(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        #[cfg(unix)]
+        {
+            // An existing temporary file keeps its old mode through open(): set it again.
+            use std::os::unix::fs::PermissionsExt;
+            f.set_permissions(fs::Permissions::from_mode(0o600)).context("restricting the key file to its owner")?;
+        }
+        f.write_all(format!("{}\n", hex(&key.to_bytes())).as_bytes())
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
     }
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))
 }
 
-/// 64 hex digits of secret key.
-pub fn parse(hex: &str) -> anyhow::Result<SigningKey> {
-    let bytes = crate::proto::unhex(hex)
-        .filter(|b| b.len() == 32)
-        .with_context(|| format!("a key is 64 hex digits (this one: {} characters)", hex.len()))?;
-    let mut seed = [0u8; 32];
-    seed.copy_from_slice(&bytes);
-    Ok(SigningKey::from_bytes(&seed))
+/// Read the key at `path`, or make a new one there (with its directory) if there is none.
+pub fn load_or_create(path: &Path) -> anyhow::Result<SigningKey> {
+    if let Some(key) = read(path)? {
+        return Ok(key);
+    }
+    let key = generate()?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    write(path, &key)?;
+    Ok(key)
 }
 
 #[cfg(test)]
@@ -62,17 +112,37 @@ mod tests {
     fn a_key_is_made_once_then_read_back() {
         let dir = std::env::temp_dir().join(format!("metatopia-client-key-{}", std::process::id()));
         let path = dir.join("me.key");
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = fs::remove_dir_all(&dir);
         let a = load_or_create(&path).unwrap();
         let b = load_or_create(&path).unwrap();
         assert_eq!(a.to_bytes(), b.to_bytes());
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+            assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         }
-        std::fs::write(&path, "nothex").unwrap();
+        fs::write(&path, "nothex").unwrap();
         assert!(format!("{:#}", load_or_create(&path).unwrap_err()).contains("64 hex digits"));
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn any_text_parses_to_a_key_or_an_error_that_says_why() {
+        let good = "ab".repeat(32);
+        assert!(parse_public(&hex(SigningKey::from_bytes(&[7; 32]).verifying_key().as_bytes())).is_ok());
+        assert!(parse(&good).is_ok());
+        // 64 characters, not all ASCII: an error naming the character, never a panic.
+        let accented = format!("é{}", "a".repeat(63));
+        let e = format!("{:#}", parse(&accented).unwrap_err());
+        assert!(e.contains("'é'"), "{e}");
+        let e = format!("{:#}", parse_hex32(&"g".repeat(64)).unwrap_err());
+        assert!(e.contains("'g'"), "{e}");
+        assert!(format!("{:#}", parse_hex32("abc").unwrap_err()).contains("3 characters"));
+        for text in ["", "€€€€", &"€".repeat(64), &"ab".repeat(33)] {
+            assert!(parse_hex32(text).is_err());
+        }
+        assert_eq!(unhex("0aff"), Some(vec![10, 255]));
+        assert_eq!(unhex("0af"), None);
+        assert_eq!(unhex("zz"), None);
     }
 }

@@ -535,18 +535,7 @@ pub async fn read_frame<T: serde::de::DeserializeOwned, R: tokio::io::AsyncRead 
     Ok(postcard::from_bytes(&body)?)
 }
 
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    metatopia_sim::ids::hex(bytes)
-}
-
-/// Bytes of a hex string (`None` if it is not hex).
-pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
-}
+pub use crate::keys::{hex, unhex};
 
 #[cfg(test)]
 mod tests {

@@ -129,15 +129,7 @@ impl ServerCertVerifier for Pinned {
     }
 }
 
-/// The verifying key of a hex public key.
-pub fn parse_public(hex: &str) -> anyhow::Result<VerifyingKey> {
-    let bytes = crate::proto::unhex(hex)
-        .filter(|b| b.len() == 32)
-        .ok_or_else(|| anyhow::anyhow!("{hex:?}: a key is 64 hex digits"))?;
-    let mut k = [0u8; 32];
-    k.copy_from_slice(&bytes);
-    VerifyingKey::from_bytes(&k).map_err(|_| anyhow::anyhow!("{hex}: not an ed25519 public key"))
-}
+pub use crate::keys::parse_public;
 
 #[cfg(test)]
 mod tests {

@@ -388,26 +388,7 @@ pub fn parse_join_genesis(s: &str) -> anyhow::Result<(VerifyingKey, SocketAddr, 
     Ok((key, addr, genesis))
 }
 
-pub fn parse_public(hex: &str) -> anyhow::Result<VerifyingKey> {
-    let b = parse_hex32(hex).context("a public key")?;
-    VerifyingKey::from_bytes(&b).map_err(|e| anyhow::anyhow!("not an ed25519 public key: {e}"))
-}
-
-/// 32 bytes written as 64 hex digits (keys, hashes); any other text is an error saying why.
-pub fn parse_hex32(text: &str) -> anyhow::Result<[u8; 32]> {
-    let digits = text.chars().count();
-    anyhow::ensure!(digits == 64, "64 hex digits are needed, this has {digits} characters");
-    let mut b = [0u8; 32];
-    let mut chars = text.chars();
-    for x in &mut b {
-        let (hi, lo) = (chars.next().and_then(|c| c.to_digit(16)), chars.next().and_then(|c| c.to_digit(16)));
-        let (Some(hi), Some(lo)) = (hi, lo) else {
-            anyhow::bail!("only hex digits (0-9, a-f) may appear, not {text:?}")
-        };
-        *x = (hi * 16 + lo) as u8;
-    }
-    Ok(b)
-}
+pub use metatopia_client::keys::{parse_hex32, parse_public};
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@
 use metatopia_scripting::RhaiHost;
 use metatopia_sim::{SignedEvent, Sim, Snapshot};
 
-use crate::scenario::AnyPhysics;
+use crate::world::AnyPhysics;
 
 /// A decoder run on any bytes.
 pub type Target = fn(&[u8]);
@@ -47,7 +47,7 @@ pub fn consensus_message(b: &[u8]) {
 
 /// A node message from a peer (the mesh's frames).
 pub fn node_message(b: &[u8]) {
-    let _ = crate::wire::NodeMsg::decode(b, crate::net::MAX_FRAME as usize);
+    let _ = crate::net::wire::NodeMsg::decode(b, crate::net::MAX_FRAME as usize);
 }
 
 /// A neighbour sim's mail body.
@@ -62,7 +62,7 @@ pub fn script_state(b: &[u8]) {
 
 /// A genesis file (a joiner gets it from a peer).
 pub fn genesis(b: &[u8]) {
-    let _ = crate::genesis::Genesis::decode(b);
+    let _ = crate::world::genesis::Genesis::decode(b);
 }
 
 /// A client's QUIC frame body (postcard).

@@ -1,42 +1,35 @@
 //! The Metatopia node: the I/O shell around the pure crates (DESIGN §11).
 //!
 //! - [`core`]: agreement and the sim in lockstep, sans-IO: the node's logic without sockets
-//!   or clocks;
-//! - [`simnet`]: the core as a process of `scenarios`' deterministic cluster;
+//!   or clocks ([`core::epochs`]: the agreement whose validator set follows governance;
+//!   [`core::verify`]: client events' signatures checked ahead of their tick);
+//! - [`shell`]: the running node: the clock, the mesh, the store and the client services
+//!   around the core ([`shell::setup`]: what a node starts from);
+//! - [`net`]: the validators' mesh ([`net::wire`]: what nodes say to each other);
+//! - [`overlay`]: the node's Raynet peer and signed cards: how sims find each other, and
+//!   [`overlay::reach`], the overlay on the mesh;
+//! - [`api`]: health, readiness, metrics and the JSON API of `stats` and `admin`
+//!   ([`api::http`]), and the WebSocket gateway the web viewer speaks ([`api::gateway`]);
 //! - [`store`]: the data directory (node key, commit log, snapshots, consensus state);
-//! - [`net`]: the validators' mesh;
-//! - [`overlay`]: the node's Raynet peer and signed cards: how sims find each other;
-//! - [`reach`]: the overlay on the mesh, and the nodes of other sims found through it;
-//! - [`scenario`]: scenario files run on whole node cores in the deterministic cluster;
-//!   recordings, `replay verify` and `synctest`;
-//! - [`http`]: health, readiness, Prometheus metrics and the JSON API of `stats` and `admin`;
-//! - [`gateway`]: the WebSocket gateway the web viewer speaks;
-//! - [`epochs`]: the agreement whose validator set follows governance, epoch by epoch;
-//! - [`timing`]: wall-clock timers around the script host and physics stage;
-//! - [`verify`]: client events' signatures checked ahead of their tick, on a thread of their own.
+//! - [`world`]: worlds from files, genesis files, the demo sims;
+//! - [`cli`]: the `metatopia` commands;
+//! - [`config`]: a node's `config.toml`; [`when`]: times for people; [`fuzzing`]: the
+//!   decoders the fuzz targets drive.
 //!
-//! The `metatopia` binary (`src/main.rs`) adds the clock, the network and the command line.
+//! The lab (the deterministic cluster's node processes, scenario runners, benchmarks) is the
+//! `metatopia-lab` crate.
 
+pub mod api;
+pub mod cli;
 pub mod config;
 pub mod core;
-pub mod epochs;
-pub mod frames;
 pub mod fuzzing;
-pub mod gateway;
-pub mod genesis;
-pub mod http;
 pub mod net;
 pub mod overlay;
-pub mod reach;
-pub mod scenario;
-pub mod scenario_world;
-pub mod simnet;
+pub mod shell;
 pub mod store;
-pub mod timing;
-pub mod verify;
-pub mod watch;
 pub mod when;
-pub mod wire;
+pub mod world;
 
 /// Milliseconds since the UNIX epoch (0 if the clock is before it).
 pub fn unix_ms() -> u64 {

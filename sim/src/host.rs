@@ -57,7 +57,7 @@ impl ScriptCtx<'_> {
     /// Seed of this script's deterministic RNG for this tick: blake3(tick seed ‖ object).
     /// Computed on demand: most scripts never draw a random number.
     pub fn rng_seed(&self) -> Hash32 {
-        crate::pipeline::script_seed(&self.tick_seed, self.object.id)
+        script_seed(&self.tick_seed, self.object.id)
     }
 }
 
@@ -235,4 +235,12 @@ pub trait PhysicsStage: Send {
     fn rename(&mut self, from: ObjectId, to: ObjectId);
     /// Drop a body at once (an arrival the world cannot take).
     fn despawn(&mut self, object: ObjectId);
+}
+
+/// Seed of a script's RNG for this tick: blake3(tick seed ‖ object).
+pub fn script_seed(seed: &Hash32, object: ObjectId) -> Hash32 {
+    let mut h = blake3::Hasher::new_keyed(&crate::merkle::keys::RNG);
+    h.update(&seed.0);
+    h.update(&object.0.to_le_bytes());
+    Hash32(*h.finalize().as_bytes())
 }

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec;
 use crate::ids::{AccountId, Hash32, ObjectId, SimId, Tick};
-use crate::state::{Object, Region, RejectReason, ScriptInstance, ScriptSource};
+use crate::state::types::{Object, Region, RejectReason, ScriptInstance, ScriptSource};
 use crate::vec2::Vec2;
 
 /// How far (in ticks) mail may lag behind the newest mail delivered from the same sim, and

@@ -19,7 +19,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::ids::ObjectId;
-use crate::state::{MAX_SLOTS, Object};
+use crate::state::types::{MAX_SLOTS, Object};
 
 /// The objects of a world in id order.
 #[derive(Clone, Default)]

@@ -257,7 +257,7 @@ impl CommitLog {
         }
         let file = OpenOptions::new().create(true).write(true).truncate(true).open(segment_path(&self.dir, first))?;
         file.sync_all()?;
-        super::sync_dir(&self.dir)?;
+        super::durable::sync_dir(&self.dir)?;
         let file = OpenOptions::new().append(true).open(segment_path(&self.dir, first))?;
         self.current = Some(Current { file, first, next: first, records: 0 });
         Ok(())
@@ -287,7 +287,7 @@ impl CommitLog {
             }
         }
         if removed > 0 {
-            super::sync_dir(&self.dir)?;
+            super::durable::sync_dir(&self.dir)?;
         }
         Ok(removed)
     }
@@ -324,7 +324,7 @@ fn adopt_single_file_log(dir: &Path) -> anyhow::Result<()> {
         Some(t) => fs::rename(&old, segment_path(dir, t)).context("adopting log/commits.log as a segment")?,
         None => fs::remove_file(&old).context("removing an empty log/commits.log")?,
     }
-    super::sync_dir(dir).with_context(|| format!("syncing {}", dir.display()))
+    super::durable::sync_dir(dir).with_context(|| format!("syncing {}", dir.display()))
 }
 
 fn checksum(payload: &[u8]) -> [u8; 8] {

@@ -4,7 +4,7 @@
 //! <data-dir>/format              the data format this node writes ("4"), written first
 //! <data-dir>/node.key            ed25519 secret key (hex, mode 0600)
 //! <data-dir>/config.toml         the node's config (see `crate::config`)
-//! <data-dir>/genesis.bin         the sim's genesis (see `crate::genesis`)
+//! <data-dir>/genesis.bin         the sim's genesis (see `crate::world::genesis`)
 //! <data-dir>/log/<tick>.seg      the commit log's segments (see [`log`])
 //! <data-dir>/snapshots/<tick>.snap   the sim after `tick` (the newest two are kept)
 //! <data-dir>/consensus.journal   the validator's votes and unfinished chain
@@ -23,13 +23,15 @@
 //!   or the new one, whole, also after a power cut.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use metatopia_sim::SigningKey;
 
+pub mod durable;
 pub mod log;
+pub use durable::{sync_dir, write_atomic};
 use log::HEADER;
 pub use log::{CommitLog, LogRecord, MAX_RECORD, Recovery, SEGMENT_RECORDS, SYNC_EVERY};
 
@@ -266,69 +268,7 @@ fn push_record(out: &mut Vec<u8>, bytes: &[u8], len: u32) {
     out.extend_from_slice(bytes);
 }
 
-/// Read a key file (64 hex digits of secret key); `None` if there is no file.
-pub fn read_key(path: &Path) -> anyhow::Result<Option<SigningKey>> {
-    match fs::read_to_string(path) {
-        Ok(text) => parse_key(text.trim()).with_context(|| format!("reading the key {}", path.display())).map(Some),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading the key {}", path.display())),
-    }
-}
-
-/// Write a key file readable by its owner only.
-pub fn write_key(path: &Path, key: &SigningKey) -> anyhow::Result<()> {
-    write_atomic(path, format!("{}\n", metatopia_sim::ids::hex(&key.to_bytes())).as_bytes())?;
-    restrict(path)
-}
-
-pub fn parse_key(hex: &str) -> anyhow::Result<SigningKey> {
-    let seed = crate::config::parse_hex32(hex).context("a key file holds a secret key")?;
-    Ok(SigningKey::from_bytes(&seed))
-}
-
-/// A new signing key from the OS's random source (node keys, an operator's admin key).
-pub fn fresh_key() -> anyhow::Result<SigningKey> {
-    let mut seed = [0u8; 32];
-    getrandom(&mut seed)?;
-    Ok(SigningKey::from_bytes(&seed))
-}
-
-/// Write `bytes` to `path` through a temporary file, synced, renamed over `path`, and the
-/// directory synced: after a crash or a power cut `path` holds the old bytes or the new ones.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
-        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
-    }
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    sync_dir(dir).with_context(|| format!("syncing {}", dir.display()))
-}
-
-/// Make a directory's entries (files created, renamed or removed in it) durable.
-pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-#[cfg(unix)]
-fn restrict(path: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).context("restricting the key file to its owner")
-}
-
-#[cfg(not(unix))]
-fn restrict(_: &Path) -> anyhow::Result<()> {
-    Ok(())
-}
-
-/// 32 bytes from the OS (the node is the only layer allowed an OS random source).
-fn getrandom(buf: &mut [u8; 32]) -> anyhow::Result<()> {
-    let mut f = File::open("/dev/urandom").context("opening /dev/urandom for a new node key")?;
-    f.read_exact(buf).context("reading /dev/urandom")?;
-    Ok(())
-}
+pub use metatopia_client::keys::{generate as fresh_key, parse as parse_key, read as read_key, write as write_key};
 
 #[cfg(test)]
 mod tests {

@@ -9,13 +9,12 @@ use crate::fx::Fx;
 use crate::host::{
     PhysicsCommand, ScriptAction, ScriptCtx, ScriptError, ScriptErrorKind, ScriptHost, ScriptInput, ScriptOutput,
 };
-use crate::ids::{Hash32, ObjectId, ScriptId};
-use crate::merkle::keys;
+use crate::ids::{ObjectId, ScriptId};
 use crate::state::{
     COPYLEFT_LICENCES, Object, Queued, RejectReason, Rejection, ScriptInstance, ScriptSource, Timer, World,
 };
 
-use super::{ChatLine, ScriptErrorReport, Speaker, TickCtx};
+use super::types::{ChatLine, DEBUG_CHANNEL, ScriptErrorReport, Speaker, TickCtx};
 
 /// One input of a unit, after canonical ordering.
 #[derive(Debug)]
@@ -252,14 +251,6 @@ fn truncate(mut s: String, max: usize) -> String {
     s
 }
 
-/// Seed of a script's RNG for this tick: blake3(tick seed ‖ object).
-pub fn script_seed(seed: &Hash32, object: ObjectId) -> Hash32 {
-    let mut h = blake3::Hasher::new_keyed(&keys::RNG);
-    h.update(&seed.0);
-    h.update(&object.0.to_le_bytes());
-    Hash32(*h.finalize().as_bytes())
-}
-
 /// Run the pending inputs through the current script and apply its output.
 fn flush(world: &World, host: &dyn ScriptHost, ctx: &TickCtx, w: &mut Work<'_>, part: &mut ObjectPart) {
     if w.pending.is_empty() {
@@ -352,7 +343,7 @@ fn report_error(ctx: &TickCtx, w: &mut Work<'_>, part: &mut ObjectPart, e: Scrip
     part.chat.push(ChatLine {
         speaker: Speaker::Object(w.object.id),
         name: w.object.name.clone(),
-        channel: super::DEBUG_CHANNEL,
+        channel: DEBUG_CHANNEL,
         range: crate::event::ChatRange::Say,
         position: w.object.position,
         text: truncate(format!("script error: {e}{}", if suspended { " (suspended)" } else { "" }), 1024),
@@ -407,7 +398,7 @@ fn apply_action(world: &World, w: &mut Work<'_>, part: &mut ObjectPart, action: 
                     part.chat.push(ChatLine {
                         speaker: Speaker::Object(id),
                         name: w.object.name.clone(),
-                        channel: super::DEBUG_CHANNEL,
+                        channel: DEBUG_CHANNEL,
                         range: crate::event::ChatRange::Say,
                         position: w.object.position,
                         text: format!("listen {channel} ignored: a script listens on at most {max} channels"),

@@ -1,0 +1,219 @@
+//! What the scenario runners share: the cluster's node, verdicts and reports, recordings, the
+//! network and fault plumbing, and steps' payloads.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::Context;
+use metatopia_consensus::{Config, SigCache};
+use metatopia_scenarios::spec::{Action, Scenario};
+use metatopia_scenarios::{Cluster, Fault, NetConfig, NetStats, NodeId, Partition, Time};
+use metatopia_scripting::RhaiHost;
+use metatopia_sim::event::account_of;
+use metatopia_sim::{AccountId, AdminAct, ChatRange, Hash32, ObjectId, Payload, Sim, Tick, World};
+use serde::{Deserialize, Serialize};
+
+use crate::simnet::{Actor, CoreProcess};
+use metatopia_node::core::{CoreOutput, Outcome};
+use metatopia_node::store::LogRecord;
+use metatopia_node::world::{AnyPhysics, Options, account_key, v2, validator_key};
+
+pub(crate) type Node = CoreProcess<Actor, RhaiHost, AnyPhysics>;
+
+pub(crate) const MS: Time = 1_000;
+
+/// One expectation's verdict.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    pub line: usize,
+    pub what: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// What a run did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub name: String,
+    pub seed: u64,
+    /// Ticks each cluster node executed (None: down at the end).
+    pub ticks: Vec<Option<u64>>,
+    pub honest: Vec<NodeId>,
+    pub steps_submitted: usize,
+    pub trace: String,
+    pub verdicts: Vec<Verdict>,
+    #[serde(skip)]
+    pub net: NetStats,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.verdicts.iter().all(|v| v.ok)
+    }
+
+    /// The summary table.
+    pub fn table(&self) -> String {
+        let mut out = format!("scenario {} (seed {})\n", self.name, self.seed);
+        let ticks: Vec<String> = self.ticks.iter().map(|t| t.map_or("down".to_owned(), |t| t.to_string())).collect();
+        let net = if self.net.sent > 0 {
+            format!(" · messages sent {} lost {} cut {}", self.net.sent, self.net.lost, self.net.cut)
+        } else {
+            String::new()
+        };
+        out += &format!(
+            "  nodes: ticks executed {} · honest {:?} · steps submitted {}{net}\n",
+            ticks.join("/"),
+            self.honest,
+            self.steps_submitted,
+        );
+        out += &format!("  trace {}\n", self.trace.get(..16).filter(|_| self.trace.len() == 64).unwrap_or(&self.trace));
+        for v in &self.verdicts {
+            out +=
+                &format!("  {} line {:<4} {:<40} {}\n", if v.ok { "PASS" } else { "FAIL" }, v.line, v.what, v.detail);
+        }
+        out
+    }
+}
+
+/// Committed inputs of a run and the roots they gave, for `replay verify` and `synctest`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Recording {
+    pub physics: String,
+    pub time_scale: u64,
+    /// The genesis world, as a snapshot.
+    pub genesis: Vec<u8>,
+    pub ticks: Vec<(LogRecord, Hash32)>,
+}
+
+/// A signer with its nonce and its last event (for `replay`).
+/// Agreement timing for the deterministic cluster at a tick period.
+pub(crate) fn consensus_config(period_us: u64, genesis_time_ms: u64) -> Config {
+    Config {
+        period_us,
+        genesis_time_ms,
+        leader_timeout_us: 250 * MS,
+        notarize_timeout_us: 500 * MS,
+        retry_us: 250 * MS,
+        sig_cache: Arc::new(SigCache::default()),
+        max_exec_lag: Some(4),
+        max_event_bytes: metatopia_node::core::MAX_BLOCK_EVENT_BYTES as usize,
+        ..Config::default()
+    }
+}
+
+/// Every link of the simulated network, as the scenario's `[network]` says.
+pub(crate) fn net_config(spec: &Scenario) -> NetConfig {
+    NetConfig {
+        delay_min_us: (spec.network.delay_min_ms * 1000.0) as Time,
+        delay_max_us: (spec.network.delay_max_ms * 1000.0) as Time,
+        loss_ppm: (spec.network.loss_percent * 10_000.0) as u32,
+        duplicate_ppm: (spec.network.duplicate_percent * 10_000.0) as u32,
+    }
+}
+
+/// Schedule a crash (and restart), partition or clock skew; false for other kinds.
+pub(crate) fn schedule_network_fault(c: &mut Cluster<Node>, f: &metatopia_scenarios::spec::FaultSpec) -> bool {
+    let at = (f.at_secs * 1e6) as Time;
+    let until = f.until_secs.map(|u| (u * 1e6) as Time);
+    let node = NodeId::from(f.node.unwrap_or_default());
+    match f.kind.as_str() {
+        "crash" => {
+            c.schedule_fault(at, Fault::Crash(node));
+            if let Some(u) = until {
+                c.schedule_fault(u, Fault::Restart(node));
+            }
+        }
+        "partition" => c.add_partition(Partition {
+            from: at,
+            until: until.unwrap_or(Time::MAX),
+            groups: f.groups.iter().flatten().map(|g| g.iter().map(|x| NodeId::from(*x)).collect()).collect(),
+        }),
+        "skew" => c.set_skew(node, f.skew_ms.unwrap_or_default() * 1000),
+        _ => return false,
+    }
+    true
+}
+
+/// What a node committed and executed, from genesis, for `replay verify` and `synctest`.
+pub(crate) fn recording(
+    node: &Node,
+    genesis: &World,
+    w: &metatopia_scenarios::spec::WorldSpec,
+) -> anyhow::Result<Recording> {
+    let roots = node.executed_roots();
+    let mut ticks = Vec::new();
+    for o in &node.log {
+        if let CoreOutput::Committed(r) = o
+            && let Some(root) = roots.get(&Tick(r.tick))
+        {
+            ticks.push(((**r).clone(), *root));
+        }
+    }
+    let genesis = Sim::new(genesis.clone(), RhaiHost::default(), AnyPhysics::of(&w.physics), 1)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .snapshot()
+        .encode();
+    Ok(Recording { physics: w.physics.clone(), time_scale: w.time_scale, genesis, ticks })
+}
+
+/// The payload of a step (`avatar`: the signer's avatar, for `move`).
+pub fn payload(
+    s: &metatopia_scenarios::spec::StepSpec,
+    objects: &BTreeMap<String, ObjectId>,
+    avatar: Option<ObjectId>,
+    opts: &Options,
+    validators: &[metatopia_consensus::VerifyingKey],
+) -> anyhow::Result<Payload> {
+    let object = || s.object.as_ref().and_then(|o| objects.get(o)).copied().context("no such object");
+    let account = || account_of(&account_key(s.account.as_deref().unwrap_or_default()));
+    let validator = || -> AccountId {
+        let i = s.validator.unwrap_or_default();
+        match validators.get(usize::from(i)) {
+            Some(k) => AccountId(k.to_bytes()),
+            None => account_of(&validator_key(i)),
+        }
+    };
+    Ok(match s.action {
+        Action::Login => Payload::Login { name: s.by.clone() },
+        Action::Logout => Payload::Logout,
+        Action::Chat => Payload::Chat {
+            channel: s.channel,
+            range: match s.range.as_deref() {
+                Some("whisper") => ChatRange::Whisper,
+                Some("shout") => ChatRange::Shout,
+                _ => ChatRange::Say,
+            },
+            text: s.text.clone().unwrap_or_default(),
+        },
+        Action::Touch => Payload::Touch { object: object()? },
+        Action::Move => {
+            let avatar = avatar.context("move: log in first (no avatar)")?;
+            Payload::Move { object: avatar, velocity: v2(s.velocity.unwrap_or_default()) }
+        }
+        Action::Deploy => {
+            let file = s.script.as_deref().unwrap_or_default();
+            let path = opts.scripts_dir.join(file);
+            let source = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+            Payload::DeployScript { object: object()?, source, licence: "AGPL-3.0-or-later".into(), derived_from: None }
+        }
+        Action::Kick => Payload::Admin(AdminAct::Kick { account: account() }),
+        Action::Ban => Payload::Admin(AdminAct::Ban { account: account() }),
+        Action::Unban => Payload::Admin(AdminAct::Unban { account: account() }),
+        Action::TransferAdmin => Payload::Admin(AdminAct::TransferAdmin { to: account() }),
+        Action::AdmitValidator => Payload::Admin(AdminAct::AdmitValidator { key: validator() }),
+        Action::RemoveValidator => Payload::Admin(AdminAct::RemoveValidator { key: validator() }),
+        Action::RemoveObject => Payload::Admin(AdminAct::RemoveObject { object: object()? }),
+        Action::Replay => unreachable!("replays resend bytes"),
+    })
+}
+
+/// An `outcome` expectation: every node saw the same outcome, of the wanted status (`executed`
+/// or `refused`), and a refusal's reason contains `reason`.
+pub fn outcome_holds(got: &[Option<Outcome>], want: &str, reason: &str) -> bool {
+    got.iter().all(|o| *o == got[0])
+        && match got.first().and_then(Option::as_ref) {
+            Some(Outcome::Executed { .. }) => want == "executed",
+            Some(Outcome::Refused { reason: r, .. }) => want == "refused" && r.contains(reason),
+            None => false,
+        }
+}

@@ -1,0 +1,492 @@
+//! One sim's scenario in the deterministic cluster.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::Context;
+use metatopia_consensus::mocks::{Behaviour, Byzantine};
+use metatopia_consensus::{Config, SigningKey};
+use metatopia_scenarios::spec::{Action, Scenario};
+use metatopia_scenarios::{Cluster, Fault, NodeId, Time};
+use metatopia_scripting::RhaiHost;
+use metatopia_sim::event::account_of;
+use metatopia_sim::genesis::EventGen;
+use metatopia_sim::governance::{Role, role_of};
+use metatopia_sim::state::DAY_MS;
+use metatopia_sim::{AccountId, EventId, Hash32, SignedEvent, Sim, SimId, Tick, World};
+
+use crate::simnet::{Actor, CoreProcess, Saved};
+use metatopia_node::core::epochs::Epochs;
+use metatopia_node::core::{CoreOutput, NodeCore, Outcome};
+use metatopia_node::world::{AnyPhysics, Genesis, Options, account_key, genesis, validator_key};
+
+use crate::scenario::common::*;
+
+struct Account {
+    key: SigningKey,
+    nonce: u64,
+    last: Option<SignedEvent>,
+}
+
+/// Run a scenario in the deterministic cluster.
+pub fn run(
+    spec: &Scenario,
+    text: &str,
+    opts: &Options,
+    progress: &mut dyn FnMut(Time, Time),
+) -> anyhow::Result<(Report, Recording)> {
+    let seed = opts.seed;
+    let n = spec.validators.count;
+    let w = &spec.world;
+    anyhow::ensure!(
+        spec.bots.events_per_tick == 0 || w.random_players > 0,
+        "bots need players: set world.random_players"
+    );
+    // Every node's key (validators first, then observers); the genesis set is the validators'.
+    let total = n + spec.validators.observers;
+    let keys: Vec<SigningKey> = (0..total).map(validator_key).collect();
+    let public: Vec<_> = keys.iter().map(|k| k.verifying_key()).collect();
+    let genesis_set: Vec<_> = public[..usize::from(n)].to_vec();
+    let accounts: Vec<AccountId> = keys[..usize::from(n)].iter().map(account_of).collect();
+    let g = genesis(spec, seed, opts, &accounts)?;
+    let faults: Vec<_> = spec.faults.iter().map(|f| f.get_ref().clone()).collect();
+    let fault_of = |kind: &str| -> BTreeMap<u16, metatopia_scenarios::spec::FaultSpec> {
+        faults.iter().filter(|f| f.kind == kind).filter_map(|f| f.node.map(|x| (x, f.clone()))).collect()
+    };
+    let (byzantine, twins, diverging) = (fault_of("byzantine"), fault_of("twin"), fault_of("diverge"));
+    // Observers that start late, with nothing on disk, and join the running sim.
+    let joiners: std::collections::BTreeSet<u16> = fault_of("join").into_keys().collect();
+
+    let period_us = 1_000_000 / u64::from(w.tick_rate_hz);
+    let cfg = consensus_config(period_us, w.start_unix_ms);
+    // The nodes' clocks start at the scenario's real-looking time.
+    let start_us = w.start_unix_ms.saturating_mul(1000);
+    let epoch_ticks = g.world.settings().epoch_ticks;
+    // Cluster nodes: the validators, the observers, then a twin per `twin` fault.
+    let mut nodes_of: BTreeMap<u16, Vec<NodeId>> = (0..total).map(|i| (i, vec![u32::from(i)])).collect();
+    let mut key_of_node: Vec<u16> = (0..total).collect();
+    for t in twins.keys() {
+        let id = key_of_node.len() as NodeId;
+        nodes_of.entry(*t).or_default().push(id);
+        key_of_node.push(*t);
+    }
+    let nodes_of = Arc::new(nodes_of);
+    let other_world = || -> anyhow::Result<World> {
+        let other = Scenario { seed: seed ^ 0xd1fe, ..spec.clone() };
+        Ok(genesis(&other, seed ^ 0xd1fe, opts, &accounts)?.world)
+    };
+    let make = |node: usize, world: World, actor: Actor| -> anyhow::Result<Node> {
+        let sim = Sim::new(world, RhaiHost::default(), AnyPhysics::of(&w.physics), 1)
+            .map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
+        let core = NodeCore::new(actor, sim, 1).with_time_scale(w.time_scale, w.start_unix_ms).defer_execution();
+        Ok(CoreProcess::new(core, nodes_of.clone()))
+    };
+    let mut procs = Vec::new();
+    for (node, k) in key_of_node.iter().enumerate() {
+        let k = *k;
+        let actor = match byzantine.get(&k) {
+            Some(f) => {
+                let behaviour = match f.behaviour.as_deref() {
+                    Some("equivocate") => Behaviour::Equivocate,
+                    Some("double_vote") => Behaviour::DoubleVote,
+                    Some("invalid_signatures") => Behaviour::InvalidSignatures,
+                    _ => Behaviour::Withhold,
+                };
+                let c = Config { max_exec_lag: None, ..cfg.clone() };
+                Actor::Byz(
+                    Box::new(Byzantine::new(c, keys[k as usize].clone(), genesis_set.clone(), start_us, behaviour)),
+                    n as usize,
+                )
+            }
+            None => Actor::Epochs(Box::new(Epochs::new(
+                cfg.clone(),
+                keys[k as usize].clone(),
+                public.clone(),
+                genesis_set.clone(),
+                epoch_ticks,
+                start_us,
+            ))),
+        };
+        let world = if diverging.contains_key(&k) { other_world()? } else { g.world.clone() };
+        procs.push(make(node, world, actor)?);
+    }
+    let mut c = Cluster::starting_at(seed, net_config(spec), procs, start_us);
+    // A crashed node comes back from its "disk": consensus state and commit log.
+    {
+        let (cfg, keys, public, genesis_world) = (cfg.clone(), keys.clone(), public.clone(), g.world.clone());
+        let (physics, scale, nodes_of) = (w.physics.clone(), w.time_scale, nodes_of.clone());
+        let anchor_ms = w.start_unix_ms;
+        let key_of_node = key_of_node.clone();
+        let genesis_n = usize::from(n);
+        let joiners = joiners.clone();
+        c.set_restarter(Box::new(move |id, now, saved| {
+            let k = key_of_node[id as usize] as usize;
+            let saved: Saved = saved.and_then(|b| postcard::from_bytes(&b).ok()).unwrap_or_default();
+            // A joiner's first start: nothing of its own yet.
+            let join = joiners.contains(&(k as u16)) && saved.log.is_empty();
+            let fresh = || {
+                let set = public[..genesis_n].to_vec();
+                Epochs::new(cfg.clone(), keys[k].clone(), public.clone(), set, epoch_ticks, now)
+            };
+            let e = match &saved.consensus {
+                Some(b) if !join => {
+                    Epochs::restore(cfg.clone(), keys[k].clone(), public.clone(), now, b).unwrap_or_else(fresh)
+                }
+                _ => fresh(),
+            };
+            let sim = Sim::new(genesis_world.clone(), RhaiHost::default(), AnyPhysics::of(&physics), 1)
+                .expect("the genesis world loaded before");
+            let mut core =
+                NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1).with_time_scale(scale, anchor_ms).defer_execution();
+            if join {
+                core = core.joining();
+            }
+            let mut log = Vec::new();
+            for rec in &saved.log {
+                if core.replay(rec).is_err() {
+                    break;
+                }
+                log.push(CoreOutput::Committed(Box::new(rec.clone())));
+            }
+            core.recall(&saved.log);
+            let mut p = CoreProcess::new(core, nodes_of.clone());
+            p.log = log;
+            p
+        }));
+    }
+    for f in &faults {
+        if !schedule_network_fault(&mut c, f) && f.kind == "join" {
+            // Down from the start (before it has done anything), up at `at_secs`.
+            let node = NodeId::from(f.node.unwrap_or_default());
+            c.schedule_fault(0, Fault::Crash(node));
+            c.schedule_fault(((f.at_secs * 1e6) as Time).max(1), Fault::Restart(node));
+        }
+    }
+    let honest: Vec<NodeId> = (0..total)
+        .filter(|k| !byzantine.contains_key(k) && !twins.contains_key(k) && !diverging.contains_key(k))
+        .map(NodeId::from)
+        .collect();
+
+    // Drive: every tick period, submit the steps that are due and the bots' events.
+    let mut accounts: BTreeMap<String, Account> = spec
+        .accounts
+        .iter()
+        .map(|a| (a.get_ref().name.clone(), Account { key: account_key(&a.get_ref().name), nonce: 0, last: None }))
+        .collect();
+    let mut steps: Vec<(usize, &metatopia_scenarios::spec::StepSpec)> =
+        spec.steps.iter().map(|s| (Scenario::line_of(text, s.span()), s.get_ref())).collect();
+    steps.sort_by_key(|(_, s)| s.at_tick);
+    let mut pending = std::collections::VecDeque::from(steps);
+    let mut labelled: BTreeMap<String, EventId> = BTreeMap::new();
+    // Steps a node refused at the door, with the reason.
+    let mut at_door: BTreeMap<String, String> = BTreeMap::new();
+    let mut submitted = 0;
+    let mut bots = (spec.bots.events_per_tick > 0).then(|| EventGen::new(&g.demo, seed ^ 0xb075));
+    let mut roles: BTreeMap<usize, Verdict> = BTreeMap::new();
+    let end = (spec.duration_secs * 1e6) as Time;
+    let mut t = 0;
+    while t < end {
+        t = (t + period_us).min(end);
+        c.run_until(t, |_| {});
+        progress(t, end);
+        // Steps due at the `via` node's tick (it must be up).
+        while let Some((line, s)) = pending.front().copied() {
+            let via = NodeId::from(s.via);
+            let Some(p) = c.node(via) else { break };
+            if p.core.sim().world().tick().0 < s.at_tick {
+                break;
+            }
+            pending.pop_front();
+            let acc = accounts.get_mut(&s.by).expect("checked by the spec");
+            let event = match s.action {
+                Action::Replay => match acc.last.clone() {
+                    Some(e) => e,
+                    None => anyhow::bail!("line {line}: {} has nothing to replay yet", s.by),
+                },
+                _ => {
+                    let avatar = p.core.sim().world().account(&account_of(&acc.key)).and_then(|a| a.avatar);
+                    let payload =
+                        payload(s, &g.objects, avatar, opts, &public).with_context(|| format!("line {line}"))?;
+                    acc.nonce += 1;
+                    SignedEvent::new(&acc.key, SimId(1), acc.nonce, payload)
+                }
+            };
+            if let Some(l) = &s.label {
+                labelled.insert(l.clone(), event.id());
+            }
+            acc.last = Some(event.clone());
+            let bytes = metatopia_sim::codec::encode(&event);
+            let size = bytes.len() as u32;
+            let mut taken = 1;
+            c.with_node(via, |p, now, out| {
+                taken = p.submit(now, vec![bytes], out);
+                // Refused at the door (what execution would refuse anyway): an outcome too.
+                if taken == 0
+                    && let Some(l) = &s.label
+                {
+                    let why = metatopia_sim::pipeline::check_at_door(p.core.sim().world(), &event, size)
+                        .err()
+                        .map_or_else(|| "refused at the door".to_owned(), |r| format!("refused at the door: {r}"));
+                    at_door.insert(l.clone(), why);
+                }
+            });
+            submitted += 1;
+        }
+        if let Some(b) = bots.as_mut() {
+            let via = NodeId::from(spec.bots.node);
+            c.with_node(via, |p, now, out| {
+                let w = p.core.sim().world();
+                let batch = b.batch(w, w.tick(), spec.bots.events_per_tick as usize);
+                p.submit(now, batch.events.iter().map(metatopia_sim::codec::encode).collect(), out);
+            });
+        }
+        // Roles at their tick, on the first honest node that is there.
+        for e in &spec.expect {
+            let v = e.get_ref();
+            let line = Scenario::line_of(text, e.span());
+            if v.kind != "role" || roles.contains_key(&line) {
+                continue;
+            }
+            let at_tick = v.at_tick.unwrap_or_default();
+            let Some(world) =
+                honest.iter().filter_map(|h| c.node(*h)).map(|p| p.core.sim().world()).find(|w| w.tick().0 >= at_tick)
+            else {
+                continue;
+            };
+            let who = account_of(&account_key(v.account.as_deref().unwrap_or_default()));
+            let role = match role_of(world, &who, world.time_ms()) {
+                Role::Admin => "admin",
+                Role::TempAdmin => "temp_admin",
+                Role::Member => "member",
+            };
+            let want = v.role.as_deref().unwrap_or_default();
+            roles.insert(
+                line,
+                Verdict {
+                    line,
+                    what: format!("{} is {want} at tick {at_tick}", v.account.as_deref().unwrap_or_default()),
+                    ok: role == want,
+                    detail: format!(
+                        "{role} at tick {} (day {:.1} after genesis)",
+                        world.tick(),
+                        world.time_ms().saturating_sub(world.governance().genesis_ms) as f64 / DAY_MS as f64
+                    ),
+                },
+            );
+        }
+    }
+
+    let verdicts = judge(spec, text, &c, &honest, &g, (&labelled, &at_door), roles)?;
+    let ticks = (0..c.len() as NodeId).map(|i| c.node(i).map(|p| p.core.sim().world().tick().0)).collect();
+    let report = Report {
+        name: spec.name.clone(),
+        seed,
+        ticks,
+        honest: honest.clone(),
+        steps_submitted: submitted,
+        trace: metatopia_sim::ids::hex(&c.trace_hash()),
+        verdicts,
+        net: c.stats(),
+    };
+    // The recording: the first honest node that is up.
+    let rec_node = honest.iter().find_map(|h| c.node(*h)).context("no honest node is up at the end")?;
+    Ok((report, recording(rec_node, &g.world, w)?))
+}
+
+fn judge(
+    spec: &Scenario,
+    text: &str,
+    c: &Cluster<Node>,
+    honest: &[NodeId],
+    g: &Genesis,
+    (labelled, at_door): (&BTreeMap<String, EventId>, &BTreeMap<String, String>),
+    mut roles: BTreeMap<usize, Verdict>,
+) -> anyhow::Result<Vec<Verdict>> {
+    let up: Vec<&Node> = honest.iter().filter_map(|h| c.node(*h)).collect();
+    let first = *up.first().context("no honest node is up at the end")?;
+    let all_roots: Vec<BTreeMap<Tick, Hash32>> = up.iter().map(|p| p.executed_roots()).collect();
+    let mut out = Vec::new();
+    // Always: the honest nodes agree wherever they both executed a tick.
+    let mut agree = (true, String::from("no common ticks"));
+    let mut compared = 0;
+    'outer: for (i, a) in all_roots.iter().enumerate() {
+        for b in &all_roots[i + 1..] {
+            for (t, r) in a {
+                if let Some(r2) = b.get(t) {
+                    compared += 1;
+                    if r != r2 {
+                        agree = (false, format!("roots differ at tick {t}"));
+                        break 'outer;
+                    }
+                }
+            }
+        }
+    }
+    if agree.0 {
+        agree.1 = format!("{compared} tick roots compared across {} honest nodes", up.len());
+    }
+    out.push(Verdict {
+        line: 0,
+        what: "honest nodes agree (always checked)".into(),
+        ok: agree.0,
+        detail: agree.1.clone(),
+    });
+    for e in &spec.expect {
+        let v = e.get_ref();
+        let line = Scenario::line_of(text, e.span());
+        let verdict = |what: String, ok: bool, detail: String| Verdict { line, what, ok, detail };
+        let vd = match v.kind.as_str() {
+            "roots_equal" => {
+                verdict("roots equal on every honest node".into(), agree.0 && compared > 0, agree.1.clone())
+            }
+            "min_ticks" => {
+                let want = v.ticks.unwrap_or_default();
+                let got: Vec<u64> = up.iter().map(|p| p.core.sim().world().tick().0).collect();
+                verdict(
+                    format!("every honest node executed {want} ticks"),
+                    got.iter().all(|t| *t >= want),
+                    format!("{got:?}"),
+                )
+            }
+            "no_desync" => {
+                let bad: Vec<_> = up.iter().filter_map(|p| p.core.desynced()).collect();
+                verdict("no honest node diverged".into(), bad.is_empty(), format!("{bad:?}"))
+            }
+            "desync" => {
+                let node = NodeId::from(v.node.unwrap_or_default());
+                let at = c.node(node).and_then(|p| {
+                    p.log.iter().find_map(|o| match o {
+                        CoreOutput::Desync(r) => Some(r.tick),
+                        _ => None,
+                    })
+                });
+                verdict(format!("node {node} noticed it diverged"), at.is_some(), format!("at tick {at:?}"))
+            }
+            "validator" | "observer" => {
+                let node = NodeId::from(v.node.unwrap_or_default());
+                let votes = c.node(node).and_then(|p| match p.core.agreement() {
+                    Actor::Epochs(e) => Some((e.index().is_some(), e.epoch())),
+                    _ => None,
+                });
+                let want = v.kind == "validator";
+                let (ok, detail) = match votes {
+                    Some((is, epoch)) => {
+                        (is == want, format!("{} in epoch {epoch}", if is { "votes" } else { "follows" }))
+                    }
+                    None => (false, "down or not an honest node".to_owned()),
+                };
+                verdict(format!("node {node} {}", if want { "votes" } else { "only follows" }), ok, detail)
+            }
+            "joined" => {
+                let node = NodeId::from(v.node.unwrap_or_default());
+                let p = c.node(node);
+                let at = p.and_then(|p| {
+                    p.log.iter().find_map(|o| match o {
+                        CoreOutput::Resynced { tick, certified_by, joined: true, .. } => Some((*tick, *certified_by)),
+                        _ => None,
+                    })
+                });
+                let (ok, detail) = match (p, at) {
+                    (Some(p), Some((tick, by))) => {
+                        let mine = p.executed_roots();
+                        let first = mine.keys().next().map_or(0, |t| t.0);
+                        let reference = &all_roots[0];
+                        let bad = mine.iter().find(|(t, r)| reference.get(t).is_some_and(|h| h != *r));
+                        match bad {
+                            Some((t, _)) => (false, format!("joined at tick {tick}, but differs at tick {t}")),
+                            None if first < tick => (false, format!("executed tick {first}, before its snapshot")),
+                            None => (
+                                mine.len() > 1,
+                                format!("from tick {tick} (certified by {by}); {} ticks in step since", mine.len()),
+                            ),
+                        }
+                    }
+                    _ => (false, "never joined".to_owned()),
+                };
+                verdict(format!("node {node} joined from a snapshot and agrees"), ok, detail)
+            }
+            "resynced" => {
+                let node = NodeId::from(v.node.unwrap_or_default());
+                let p = c.node(node);
+                let at = p.and_then(|p| {
+                    p.log.iter().find_map(|o| match o {
+                        CoreOutput::Resynced { tick, certified_by, .. } => Some((*tick, *certified_by)),
+                        _ => None,
+                    })
+                });
+                let (ok, detail) = match (p, at) {
+                    (Some(p), Some((tick, by))) => {
+                        let mine = p.executed_roots();
+                        let after: Vec<_> = mine.range(Tick(tick)..).collect();
+                        let reference = &all_roots[0];
+                        let bad = after.iter().find(|(t, r)| reference.get(t).is_some_and(|h| h != *r));
+                        match bad {
+                            Some((t, _)) => (false, format!("resynced at tick {tick}, but differs at tick {t}")),
+                            None => (
+                                !after.is_empty(),
+                                format!("from tick {tick} (certified by {by}); {} ticks in step since", after.len()),
+                            ),
+                        }
+                    }
+                    _ => (false, "never resynced".to_owned()),
+                };
+                verdict(format!("node {node} resynced and agrees"), ok, detail)
+            }
+            "objects" => {
+                let want = v.count.unwrap_or_default();
+                let got = first.core.sim().world().objects().len() as u64;
+                verdict(format!("{want} objects at the end"), got == want, format!("{got}"))
+            }
+            "object_text" => {
+                let name = v.object.as_deref().unwrap_or_default();
+                let want = v.text.as_deref().unwrap_or_default();
+                let got =
+                    g.objects.get(name).and_then(|id| first.core.sim().world().object(*id)).map(|o| o.text.clone());
+                verdict(format!("{name} shows {want:?}"), got.as_deref() == Some(want), format!("{got:?}"))
+            }
+            "chat_seen" => {
+                let want = v.text.as_deref().unwrap_or_default();
+                let seen: Vec<bool> = up
+                    .iter()
+                    .map(|p| {
+                        p.log.iter().any(|o| {
+                            matches!(o, CoreOutput::Executed { chat, .. } if chat.iter().any(|l| l.text.contains(want)))
+                        })
+                    })
+                    .collect();
+                verdict(format!("chat {want:?} seen"), seen.iter().all(|s| *s), format!("on nodes: {seen:?}"))
+            }
+            "outcome" => {
+                let label = v.step.as_deref().unwrap_or_default();
+                let id = labelled.get(label);
+                let got: Vec<Option<Outcome>> = match at_door.get(label) {
+                    Some(why) => up.iter().map(|_| Some(Outcome::Refused { tick: 0, reason: why.clone() })).collect(),
+                    None => up.iter().map(|p| id.and_then(|id| p.core.outcome(id).cloned())).collect(),
+                };
+                let want = v.status.as_deref().unwrap_or_default();
+                let reason = v.reason.as_deref().unwrap_or_default();
+                let ok = outcome_holds(&got, want, reason);
+                let detail = match &got[0] {
+                    None if id.is_none() => "the step was never submitted".to_owned(),
+                    other => format!("{other:?}"),
+                };
+                verdict(format!("step {label} {want}"), ok, detail)
+            }
+            "role" => roles.remove(&line).unwrap_or_else(|| {
+                verdict(
+                    format!(
+                        "{} is {} at tick {}",
+                        v.account.as_deref().unwrap_or_default(),
+                        v.role.as_deref().unwrap_or_default(),
+                        v.at_tick.unwrap_or_default()
+                    ),
+                    false,
+                    "the sim never reached that tick".into(),
+                )
+            }),
+            other => anyhow::bail!("line {line}: unknown expectation {other:?}"),
+        };
+        out.push(vd);
+    }
+    Ok(out)
+}

@@ -1,0 +1,670 @@
+//! The client service: one session logic behind two transports that speak the same messages
+//! ([`metatopia_client::proto`]):
+//! - QUIC ([`serve_quic`]): the native client, terminal client and bots; length-prefixed
+//!   postcard frames on one bidirectional stream; the node's certificate is made from its ed25519
+//!   key, which clients pin;
+//! - WebSocket (`GET /v1/ws`, [`upgrade`]): the web viewer; the same messages as JSON text frames.
+//!
+//! A session sees its **area of interest**: with `interest { follow: ACCOUNT }` the objects within
+//! the radius (default: the sim's `aoi_radius_m` setting) of that account's avatar, from a grid
+//! index ([`AoiIndex`]) the node's loop keeps after every tick; chat only within the line's range
+//! of the avatar (whisper 10 m, say 20 m, shout 100 m) and private lines to that account. Without
+//! an interest, a session sees the whole sim (the web viewer's overview).
+//!
+//! Limits: a client may submit at most [`SUBMITS_PER_SECOND`] events a second, frames are bounded,
+//! and a frame that is not a message is answered with an error and the connection is cut; the
+//! loop that runs the sim is never waited on by a session. A session too slow for the per-tick
+//! deltas loses them (the broadcast channel drops them) and gets its whole area again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::response::Response;
+use metatopia_client::proto::{
+    self, ChatView, ClientMsg, MAX_CLIENT_FRAME, ObjectUpdate, ServerMsg, read_frame, write_frame,
+};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::api::http::{Query, Service, parse_hash};
+pub use crate::api::hub::{AoiIndex, Feed, Hub, MAX_MOVED, SUBMITS_PER_SECOND, key_of};
+use crate::core::MAX_EVENT_BYTES;
+
+/// A session's transport: it yields client messages (or the reason a frame was not one) and
+/// carries server messages.
+pub trait Transport: Send {
+    /// `None`: the client went away.
+    fn recv(&mut self) -> impl Future<Output = Option<Result<ClientMsg, String>>> + Send;
+    /// `false`: the client went away.
+    fn send(&mut self, m: &ServerMsg) -> impl Future<Output = bool> + Send;
+}
+
+/// The web viewer's transport: JSON text frames.
+struct Ws(WebSocket);
+
+impl Transport for Ws {
+    async fn recv(&mut self) -> Option<Result<ClientMsg, String>> {
+        loop {
+            return match self.0.recv().await {
+                Some(Ok(Message::Text(t))) => {
+                    Some(serde_json::from_str(t.as_str()).map_err(|e| format!("not a client message: {e}")))
+                }
+                Some(Ok(Message::Binary(_))) => Some(Err("binary frames are not spoken here".into())),
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => None,
+                Some(Ok(_)) => continue,
+            };
+        }
+    }
+
+    async fn send(&mut self, m: &ServerMsg) -> bool {
+        match serde_json::to_string(m) {
+            Ok(text) => self.0.send(Message::Text(text.into())).await.is_ok(),
+            Err(_) => true,
+        }
+    }
+}
+
+/// The native client's transport: postcard frames on a QUIC stream.
+struct Quic {
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+}
+
+impl Transport for Quic {
+    async fn recv(&mut self) -> Option<Result<ClientMsg, String>> {
+        match read_frame(&mut self.recv, MAX_CLIENT_FRAME).await {
+            Ok(m) => Some(Ok(m)),
+            Err(proto::FrameError::Closed | proto::FrameError::Io(_)) => None,
+            Err(e) => Some(Err(e.to_string())),
+        }
+    }
+
+    async fn send(&mut self, m: &ServerMsg) -> bool {
+        write_frame(&mut self.send, m).await.is_ok()
+    }
+}
+
+/// The WebSocket upgrade handler.
+pub async fn upgrade(ws: WebSocketUpgrade, State(s): State<Service>) -> Response {
+    ws.max_message_size(2 * MAX_EVENT_BYTES as usize + 1024)
+        .on_upgrade(move |socket| session(Ws(socket), s, View::default()))
+}
+
+/// Serve QUIC clients on `addr` (UDP) until the returned endpoint is closed.
+pub fn serve_quic(
+    addr: SocketAddr,
+    key: &metatopia_sim::SigningKey,
+    service: Service,
+) -> anyhow::Result<(quinn::Endpoint, tokio::task::JoinHandle<()>)> {
+    let endpoint = quinn::Endpoint::server(metatopia_client::quic::server_config(key)?, addr)?;
+    let ep = endpoint.clone();
+    let task = tokio::spawn(async move {
+        while let Some(incoming) = ep.accept().await {
+            let s = service.clone();
+            tokio::spawn(async move {
+                let Ok(conn) = incoming.await else { return };
+                let Ok(Ok((send, recv))) = tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await else {
+                    return;
+                };
+                // A native client says what it wants to see (`interest`) before it sees anything.
+                session(Quic { send, recv }, s, View::nothing()).await;
+                // Let the last frames (an error before a cut-off) reach the client.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                conn.close(0u32.into(), b"bye");
+            });
+        }
+    });
+    Ok((endpoint, task))
+}
+
+async fn ask<T>(s: &Service, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> Option<T> {
+    let (tx, rx) = oneshot::channel();
+    s.queries.try_send(make(tx)).ok()?;
+    tokio::time::timeout(Duration::from_secs(5), rx).await.ok()?.ok()
+}
+
+/// The answer to `route` / `enter`: this sim if the avatar is here; else the sim it crossed into
+/// from here; else whichever other sim says it holds it; else (`enter`) the sim whose square
+/// holds `at`, found through Raynet; else this sim (log in here).
+async fn route(s: &Service, hub: &Hub, account: String, at: Option<[i64; 2]>) -> ServerMsg {
+    let account = account.to_ascii_lowercase();
+    let moved = hub.moved.read().unwrap_or_else(|e| e.into_inner()).get(&account).copied();
+    let mut here = false;
+    let elsewhere = match parse_hash(&account).map(metatopia_sim::AccountId) {
+        None => None,
+        Some(id) => {
+            let view = ask(s, |tx| Query::Account(id, tx)).await.flatten();
+            here = view.is_some_and(|a| a.avatar.is_some());
+            if here {
+                None
+            } else if moved.is_some() {
+                moved
+            } else {
+                ask(s, |tx| Query::Locate(id, tx)).await.flatten()
+            }
+        }
+    };
+    let own = ServerMsg::Route { sim: hub.sim, nodes: hub.nodes.clone() };
+    match elsewhere.and_then(|sim| hub.sim_nodes(sim).map(|n| (sim, n))) {
+        Some((sim, nodes)) => ServerMsg::Route { sim, nodes },
+        None => match at.filter(|_| !here) {
+            // No avatar anywhere: the sim whose square holds the point (when
+            // the lookup fails, this one).
+            Some(point) => match ask(s, |tx| Query::Nearest(point, tx)).await.flatten() {
+                Some((sim, node)) if sim != hub.sim => {
+                    ServerMsg::Route { sim, nodes: hub.sim_nodes(sim).unwrap_or_else(|| vec![node]) }
+                }
+                _ => own,
+            },
+            None => own,
+        },
+    }
+}
+
+/// What a client was last told of an object's motion (its dead-reckoning base).
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    at: [i64; 2],
+    vel: [i64; 2],
+    tick: u64,
+}
+
+/// One client's view: what it follows and which objects it has been sent.
+#[derive(Debug, Default)]
+struct View {
+    follow: Option<String>,
+    /// Accounts whose signed events this session submitted and the node took in (their
+    /// signatures verified): the session holds their keys.
+    authors: BTreeSet<String>,
+    radius_m: Option<u32>,
+    known: BTreeMap<u64, Sent>,
+    /// The area as last computed, and at which tick (it is recomputed every [`AREA_EVERY`]
+    /// ticks: objects enter a little late, at walking speeds a few decimetres, for a fraction
+    /// of the cost; what is known keeps being updated meanwhile).
+    area: Option<(u64, BTreeSet<u64>)>,
+    /// Send a delta every this many ticks (from the client's `max_hz`); what changed in between
+    /// waits in `pending`, folded per object.
+    stride: u64,
+    pending: BTreeMap<u64, ObjectUpdate>,
+}
+
+/// Ticks between recomputations of a session's area of interest.
+const AREA_EVERY: u64 = 4;
+
+impl View {
+    /// A view of nothing until the client states an interest.
+    fn nothing() -> View {
+        View { follow: Some(String::new()), ..View::default() }
+    }
+
+    /// Where the followed avatar stands, and the ids in the area (`None`: the whole sim).
+    fn area(&self, index: &AoiIndex) -> (Option<[i64; 2]>, BTreeSet<u64>) {
+        match &self.follow {
+            None => (None, index.all()),
+            Some(account) => match index.avatar_at(account) {
+                Some(at) => {
+                    let r = self.radius_m.unwrap_or(index.radius_m).clamp(1, 4096);
+                    (Some(at), index.within(at, r))
+                }
+                None => (None, BTreeSet::new()),
+            },
+        }
+    }
+
+    /// The delta that brings the client from what it knows to the area now. Motion is dead
+    /// reckoned: a moving object's position is sent again only when the client's extrapolation
+    /// would be off by more than [`proto::DEAD_RECKONING_MM`], or its velocity changed as much.
+    fn delta(&mut self, index: &AoiIndex, changed: &[(u64, ObjectUpdate)]) -> ServerMsg {
+        let tick = index.tick;
+        let fresh = match &self.area {
+            Some((at, _)) => tick < *at || tick - *at >= AREA_EVERY,
+            None => true,
+        };
+        let mut enter = Vec::new();
+        let mut leave = Vec::new();
+        if fresh {
+            let (_, area) = self.area(index);
+            for k in &area {
+                if !self.known.contains_key(k)
+                    && let (Some(v), Some((at, vel))) = (index.get(*k), index.motion(*k))
+                {
+                    self.known.insert(*k, Sent { at, vel, tick });
+                    enter.push(v.clone());
+                }
+            }
+            let gone: Vec<u64> = self.known.keys().filter(|k| !area.contains(*k)).copied().collect();
+            for k in gone {
+                self.known.remove(&k);
+                leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
+            }
+            self.area = Some((tick, area));
+        } else {
+            // Between recomputations: only removals from the world leave.
+            let gone: Vec<u64> = self.known.keys().filter(|k| index.get(**k).is_none()).copied().collect();
+            for k in gone {
+                self.known.remove(&k);
+                leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
+            }
+        }
+        let mut update = Vec::new();
+        for (k, u) in changed {
+            let (Some(sent), Some((at, vel))) = (self.known.get_mut(k), index.motion(*k)) else { continue };
+            if sent.tick == tick {
+                continue; // entered whole this tick
+            }
+            let mut u = u.clone();
+            let guess = ObjectUpdate::extrapolate(sent.at, sent.vel, tick - sent.tick, index.rate_hz);
+            let off = |a: [i64; 2], b: [i64; 2]| (a[0] - b[0]).abs().max((a[1] - b[1]).abs());
+            let stopped = vel == [0, 0] && sent.vel != [0, 0];
+            if off(guess, at) > proto::DEAD_RECKONING_MM || off(vel, sent.vel) > proto::DEAD_RECKONING_MM || stopped {
+                (u.at_mm, u.vel_mm) = (Some(at), Some(vel));
+                *sent = Sent { at, vel, tick };
+            } else {
+                (u.at_mm, u.vel_mm) = (None, None);
+            }
+            if !u.is_empty() {
+                update.push(u);
+            }
+        }
+        ServerMsg::Tick { tick, enter, update, leave }
+    }
+
+    /// Whether this client hears a line. A line for one account (its scripts' errors) goes only
+    /// to a session that proved it holds that account's key (an event of its taken in).
+    fn hears(&self, line: &ChatView, index: &AoiIndex) -> bool {
+        match (&self.follow, &line.to) {
+            (_, Some(to)) => self.authors.contains(to),
+            (None, None) => true,
+            (Some(account), None) => index.avatar_at(account).is_some_and(|at| line.heard_at(at)),
+        }
+    }
+}
+
+/// Everything a new (or lagging) client needs: status, its whole area, recent chat it hears.
+async fn full_state<T: Transport>(t: &mut T, s: &Service, hub: &Hub, view: &mut View) -> bool {
+    let status = s.status.borrow().clone();
+    let tick = status.tick;
+    if !t.send(&ServerMsg::Status(Box::new(status))).await {
+        return false;
+    }
+    let m = {
+        let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
+        view.known.clear();
+        view.pending.clear();
+        view.area = None;
+        let mut m = view.delta(&index, &[]);
+        if let ServerMsg::Tick { tick: t, .. } = &mut m {
+            // An index nobody kept (no session listened) is refilled at the next tick.
+            *t = (*t).max(tick);
+        }
+        m
+    };
+    if !t.send(&m).await {
+        return false;
+    }
+    let lines = ask(s, |tx| Query::Chat(tick.saturating_sub(600), tx)).await.unwrap_or_default();
+    let lines: Vec<ChatView> = {
+        let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
+        lines.into_iter().filter(|l| view.hears(l, &index)).collect()
+    };
+    for line in lines {
+        if !t.send(&ServerMsg::Chat(line)).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// Counts a session while it lives.
+struct Counted<'a>(&'a AtomicU32);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One client's session, whatever its transport.
+async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
+    let Some(hub) = s.hub.clone() else { return };
+    hub.clients.fetch_add(1, Ordering::Relaxed);
+    let _counted = Counted(&hub.clients);
+    let mut feed = hub.feed.subscribe();
+    if !full_state(&mut t, &s, &hub, &mut view).await {
+        return;
+    }
+    let (outcomes_tx, mut outcomes) = mpsc::channel::<ServerMsg>(256);
+    let (mut window, mut submits) = (Instant::now(), 0u32);
+    loop {
+        tokio::select! {
+            m = t.recv() => {
+                let msg = match m {
+                    None => return,
+                    Some(Err(why)) => {
+                        // Garbage: say why, then cut the client off.
+                        let _ = t.send(&ServerMsg::Error { r#ref: None, message: format!("{why}: disconnected") }).await;
+                        return;
+                    }
+                    Some(Ok(msg)) => msg,
+                };
+                let reply = match msg {
+                    ClientMsg::Route { account } => Some(route(&s, &hub, account, None).await),
+                    ClientMsg::Enter { account, at } => Some(route(&s, &hub, account, Some(at)).await),
+                    ClientMsg::Interest { follow, radius_m, max_hz } => {
+                        if let Some(f) = follow.as_deref().filter(|f| parse_hash(f).is_none()) {
+                            Some(ServerMsg::Error { r#ref: None, message: format!("{f:?} is not an account id") })
+                        } else {
+                            view.follow = follow.map(|f| f.to_ascii_lowercase());
+                            view.radius_m = radius_m;
+                            let rate = u64::from(s.status.borrow().tick_rate_hz.max(1));
+                            view.stride = max_hz.map_or(1, |hz| rate.div_ceil(u64::from(hz.max(1)))).max(1);
+                            if !full_state(&mut t, &s, &hub, &mut view).await {
+                                return;
+                            }
+                            None
+                        }
+                    }
+                    ClientMsg::Object { id } => {
+                        Some(match metatopia_client::conn::parse_object(&id) {
+                            Some(oid) => ServerMsg::Object { object: ask(&s, |tx| Query::Object(oid, tx)).await.flatten() },
+                            None => ServerMsg::Error { r#ref: None, message: format!("{id:?} is not an object id") },
+                        })
+                    }
+                    ClientMsg::Account { id } => Some(match parse_hash(&id) {
+                        Some(a) => {
+                            let account = ask(&s, |tx| Query::Account(metatopia_sim::AccountId(a), tx)).await.flatten();
+                            ServerMsg::Account { id, account }
+                        }
+                        None => ServerMsg::Error { r#ref: None, message: format!("{id:?} is not an account id") },
+                    }),
+                    ClientMsg::Submit { r#ref, event } => {
+                        if window.elapsed() >= Duration::from_secs(1) {
+                            (window, submits) = (Instant::now(), 0);
+                        }
+                        submits += 1;
+                        if submits > SUBMITS_PER_SECOND {
+                            let m = format!("more than {SUBMITS_PER_SECOND} events a second: disconnected");
+                            let _ = t.send(&ServerMsg::Error { r#ref: Some(r#ref), message: m }).await;
+                            return;
+                        }
+                        let author = proto::unhex(&event)
+                            .and_then(|b| metatopia_sim::event::SignedEvent::decode(&b, MAX_EVENT_BYTES).ok())
+                            .map(|e| e.body.author.to_string());
+                        let reply = submit(&s, r#ref, &event, &outcomes_tx).await;
+                        // Taken in: its signature verified, so this session holds the author's
+                        // key and may hear the lines meant for that account alone (its scripts'
+                        // errors). A session acts for a few accounts at most; the set stays small.
+                        if let (ServerMsg::Submitted { .. }, Some(author)) = (&reply, author)
+                            && view.authors.len() < 64
+                        {
+                            view.authors.insert(author);
+                        }
+                        Some(reply)
+                    }
+                };
+                if let Some(reply) = reply
+                    && !t.send(&reply).await
+                {
+                    return;
+                }
+            }
+            f = feed.recv() => {
+                let m = match f {
+                    Ok(Feed::Tick { tick, changed }) => {
+                        for (k, u) in changed.iter().filter(|(k, _)| view.known.contains_key(k)) {
+                            match view.pending.get_mut(k) {
+                                Some(p) => p.merge(u),
+                                None => {
+                                    view.pending.insert(*k, u.clone());
+                                }
+                            }
+                        }
+                        if !tick.is_multiple_of(view.stride.max(1)) {
+                            continue;
+                        }
+                        let pending: Vec<(u64, ObjectUpdate)> = std::mem::take(&mut view.pending).into_iter().collect();
+                        let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
+                        view.delta(&index, &pending)
+                    }
+                    Ok(Feed::Chat(c)) => {
+                        let heard = view.hears(&c, &hub.index.read().unwrap_or_else(|e| e.into_inner()));
+                        if !heard {
+                            continue;
+                        }
+                        ServerMsg::Chat(c)
+                    }
+                    Ok(Feed::Status(st)) => ServerMsg::Status(st),
+                    Ok(Feed::Moved { account, sim }) => {
+                        if view.follow.as_ref() != Some(&account) {
+                            continue;
+                        }
+                        ServerMsg::Moved { sim, nodes: hub.sim_nodes(sim).unwrap_or_default() }
+                    }
+                    Ok(Feed::Removed { account, why }) => {
+                        if view.follow.as_ref() == Some(&account) || view.authors.contains(&account) {
+                            let message = format!("{why} by the sim's admin: disconnected");
+                            let _ = t.send(&ServerMsg::Error { r#ref: None, message }).await;
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(RecvError::Lagged(_)) => {
+                        // Too slow for the deltas: they are dropped; start again from the whole area.
+                        if !full_state(&mut t, &s, &hub, &mut view).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(RecvError::Closed) => return,
+                };
+                if !t.send(&m).await {
+                    return;
+                }
+            }
+            Some(m) = outcomes.recv() => {
+                if !t.send(&m).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Decode, hand to the loop, and watch for the outcome (reported on `outcomes`).
+async fn submit(s: &Service, r#ref: u64, event: &str, outcomes: &mpsc::Sender<ServerMsg>) -> ServerMsg {
+    let bytes = match proto::unhex(event) {
+        Some(b) if b.len() <= MAX_EVENT_BYTES as usize => b,
+        _ => return ServerMsg::Error { r#ref: Some(r#ref), message: "event: hex of at most 96 KiB expected".into() },
+    };
+    match ask(s, |tx| Query::Submit(bytes, tx)).await {
+        None => ServerMsg::Error { r#ref: Some(r#ref), message: "the node is busy or stopping".into() },
+        Some(Err(reason)) => ServerMsg::Error { r#ref: Some(r#ref), message: reason },
+        Some(Ok(id)) => {
+            let tx = outcomes.clone();
+            let done = match s.hub.as_ref() {
+                Some(hub) => hub.wait_for(id),
+                None => return ServerMsg::Submitted { r#ref, id: id.to_string() },
+            };
+            tokio::spawn(async move {
+                // Executed within 15 s or not reported (the client may still ask `GET /v1/events/ID`).
+                if let Ok(Ok(outcome)) = tokio::time::timeout(Duration::from_secs(15), done).await {
+                    let _ = tx.send(ServerMsg::Outcome { id: id.to_string(), outcome }).await;
+                }
+            });
+            ServerMsg::Submitted { r#ref, id: id.to_string() }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metatopia_client::proto::ObjectView;
+
+    fn obj(id: &str, owner: &str, avatar: bool, x: i64, y: i64) -> ObjectView {
+        ObjectView {
+            id: id.into(),
+            name: id.into(),
+            owner: owner.into(),
+            avatar,
+            position: [x.to_string(), y.to_string()],
+            velocity: ["0".into(), "0".into()],
+            shape: "circle 0.5".into(),
+            color: "ffffffff".into(),
+            text: String::new(),
+            script: None,
+            scripted: false,
+        }
+    }
+
+    #[test]
+    fn the_area_of_interest_follows_the_avatar_with_enter_update_leave() {
+        let me = "aa".repeat(32);
+        let mut index = AoiIndex { radius_m: 30, ..AoiIndex::default() };
+        let world = |me_x: i64, door_text: &str| {
+            let mut door = obj("1v0", "x", false, 100, 100);
+            door.text = door_text.into();
+            vec![
+                obj("0v0", &me, true, me_x, 100),
+                door,
+                obj("2v0", "x", false, 200, 100),
+                obj("3v0", "x", false, 125, 118),
+            ]
+        };
+        let changed = index.update(1, world(90, "closed").into_iter());
+        assert!(changed.is_empty(), "new objects are not changes");
+        let mut view = View { follow: Some(me.clone()), ..View::default() };
+        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index, &changed) else { panic!() };
+        let ids: Vec<&str> = enter.iter().map(|o| o.id.as_str()).collect();
+        // 3v0 is 35 x 18 m away (39 m): outside 30 m; 2v0 far away.
+        assert_eq!(ids, ["0v0", "1v0"]);
+        assert!(leave.is_empty());
+        // The door opens: an update; I walk east 20 m: 3v0 enters (15 m), nothing leaves.
+        // (Areas are recomputed every AREA_EVERY ticks.)
+        let changed = index.update(1 + AREA_EVERY, world(110, "open").into_iter());
+        assert_eq!(changed.iter().map(|(_, u)| u.id.as_str()).collect::<Vec<_>>(), ["0v0", "1v0"]);
+        assert_eq!(changed.iter().map(|(k, _)| *k).collect::<Vec<_>>(), [0, 1 << 32]);
+        let ServerMsg::Tick { tick, enter, update, leave } = view.delta(&index, &changed) else { panic!() };
+        assert_eq!(tick, 1 + AREA_EVERY);
+        assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["3v0"]);
+        assert_eq!(update.len(), 2);
+        assert_eq!(
+            (update[0].id.as_str(), update[0].at_mm, update[0].text.clone()),
+            ("0v0", Some([110_000, 100_000]), None)
+        );
+        assert_eq!((update[1].id.as_str(), update[1].at_mm, update[1].text.as_deref()), ("1v0", None, Some("open")));
+        assert!(leave.is_empty());
+        // Far east: everything but 2v0 leaves and 2v0 enters; a removed object leaves too.
+        let mut w = world(190, "open");
+        w.remove(3);
+        let changed = index.update(1 + 2 * AREA_EVERY, w.into_iter());
+        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index, &changed) else { panic!() };
+        assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["2v0"]);
+        assert_eq!(leave, ["1v0", "3v0"]);
+        assert_eq!(index.len(), 3);
+        // Chat: heard within its range of the avatar, private lines only by their account.
+        let line = |x: i64, range_m: u32, to: Option<String>| ChatView {
+            tick: 3,
+            name: "n".into(),
+            channel: 0,
+            text: "t".into(),
+            position: [x, 100],
+            range_m,
+            to,
+        };
+        assert!(view.hears(&line(175, 20, None), &index));
+        assert!(!view.hears(&line(165, 20, None), &index));
+        assert!(view.hears(&line(100, 100, None), &index));
+        // A line for `me` reaches this session only once it proved it holds `me`'s key (an
+        // event of `me`'s taken in); following `me` is not enough.
+        assert!(!view.hears(&line(0, 10, Some(me.clone())), &index));
+        view.authors.insert(me.clone());
+        assert!(view.hears(&line(0, 10, Some(me.clone())), &index));
+        assert!(!view.hears(&line(190, 10, Some("bb".repeat(32))), &index));
+        // Without an interest: the whole sim, every public line.
+        let mut all = View::default();
+        let ServerMsg::Tick { enter, .. } = all.delta(&index, &[]) else { panic!() };
+        assert_eq!(enter.len(), 3);
+        assert!(all.hears(&line(-1000, 10, None), &index));
+    }
+
+    /// One tick: the world is `me` and the ball; the node's delta goes to a real client view.
+    fn step(
+        index: &mut AoiIndex,
+        view: &mut View,
+        client: &mut metatopia_client::View,
+        tick: u64,
+        ball: ObjectView,
+    ) -> usize {
+        let me = "aa".repeat(32);
+        let changed = index.update(tick, vec![obj("0v0", &me, true, 0, 0), ball].into_iter());
+        let m = view.delta(index, &changed);
+        let ServerMsg::Tick { update, .. } = &m else { panic!() };
+        let n = update.iter().filter(|u| u.at_mm.is_some()).count();
+        client.apply(&m);
+        n
+    }
+
+    #[test]
+    fn motion_is_dead_reckoned_corrected_when_it_drifts_and_stopped_explicitly() {
+        let mut index = AoiIndex { radius_m: 1000, rate_hz: 20, ..AoiIndex::default() };
+        // A ball rolling east at 1 m/s (50 mm a tick at 20 Hz), from x = 10 m.
+        let ball = |x_mm: i64, v_mm: i64| {
+            let mut b = obj("1v0", "x", false, 0, 0);
+            b.position = [proto::decimal_of_mm(x_mm), "0".into()];
+            b.velocity = [proto::decimal_of_mm(v_mm), "0".into()];
+            b
+        };
+        let mut view = View { follow: Some("aa".repeat(32)), ..View::default() };
+        let mut client = metatopia_client::View::default();
+        let x = |c: &metatopia_client::View| c.position_mm("1v0").unwrap()[0];
+        let mut sent = step(&mut index, &mut view, &mut client, 1, ball(10_000, 1000));
+        for t in 2..=40 {
+            sent += step(&mut index, &mut view, &mut client, t, ball(10_000 + 50 * (t as i64 - 1), 1000));
+            assert_eq!(x(&client), 10_000 + 50 * (t as i64 - 1), "the client's extrapolation at tick {t}");
+        }
+        assert_eq!(sent, 0, "steady motion needs no position updates");
+        // A bump: 150 mm further than the extrapolation, same velocity: corrected once.
+        let x41 = 10_000 + 50 * 40 + 150;
+        assert_eq!(step(&mut index, &mut view, &mut client, 41, ball(x41, 1000)), 1);
+        assert_eq!(x(&client), x41);
+        // A small drift (60 mm) is left to the extrapolation; a velocity change is sent.
+        assert_eq!(step(&mut index, &mut view, &mut client, 42, ball(x41 + 50 + 60, 1000)), 0);
+        assert_eq!(x(&client), x41 + 50);
+        assert_eq!(step(&mut index, &mut view, &mut client, 43, ball(x41 + 200, 2000)), 1);
+        // Stopping is always sent, so clients stop extrapolating.
+        assert_eq!(step(&mut index, &mut view, &mut client, 44, ball(x41 + 250, 0)), 1);
+        assert_eq!(step(&mut index, &mut view, &mut client, 45, ball(x41 + 250, 0)), 0);
+        assert_eq!(x(&client), x41 + 250);
+    }
+
+    #[test]
+    fn the_grid_query_matches_a_scan_of_every_object() {
+        let mut index = AoiIndex::default();
+        let mut seed = 12345u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 33) % 600) as i64 - 300
+        };
+        let objects: Vec<ObjectView> = (0..500).map(|i| obj(&format!("{i}v0"), "o", false, next(), next())).collect();
+        index.update(1, objects.clone().into_iter());
+        for _ in 0..50 {
+            let (c, r) = ([next(), next()], (next().unsigned_abs() % 120) as u32);
+            let scan: BTreeSet<String> = objects
+                .iter()
+                .filter(|o| {
+                    let p = o.metres();
+                    (p[0] - c[0]).pow(2) + (p[1] - c[1]).pow(2) <= i64::from(r).pow(2)
+                })
+                .map(|o| o.id.clone())
+                .collect();
+            let scan: BTreeSet<u64> = scan.iter().filter_map(|id| key_of(id)).collect();
+            assert_eq!(index.within(c, r), scan, "center {c:?} radius {r}");
+        }
+    }
+}

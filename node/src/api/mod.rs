@@ -1,0 +1,41 @@
+//! What a node serves to people and programs: [`http`] (health, readiness, metrics, the JSON API
+//! of `stats` and `admin`, event submission), [`gateway`] (the client service: the web viewer's
+//! WebSocket and the native clients' QUIC) and [`hub`] (what the node's loop feeds them).
+
+pub mod gateway;
+pub mod http;
+pub mod hub;
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
+
+use crate::core::MAX_EVENT_BYTES;
+use http::Service;
+
+/// Every route: the HTTP API and the WebSocket gateway.
+pub fn router(service: Service) -> Router {
+    http::routes()
+        .route("/v1/ws", get(gateway::upgrade))
+        .layer(DefaultBodyLimit::max(MAX_EVENT_BYTES as usize))
+        .with_state(service)
+}
+
+/// Serve until `stop` resolves.
+pub async fn serve(
+    addr: SocketAddr,
+    service: Service,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = router(service);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+            tracing::error!(error = %e, "the HTTP service stopped");
+        }
+    });
+    Ok((bound, task))
+}

@@ -1,0 +1,81 @@
+//! A node's signed card: its key, sim, point in the world, addresses and start time, as it
+//! travels in the overlay's messages (see [`crate::overlay`] for how cards are used).
+
+use std::net::SocketAddr;
+
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use metatopia_raynet::{Entry, PeerId, Point};
+use serde::{Deserialize, Serialize};
+
+/// Domain separation of card signatures.
+const CARD_DOMAIN: &[u8] = b"metatopia/raynet-card/v1";
+/// Coordinates beyond this (metres) are refused: no world is that large, and it keeps the
+/// overlay's arithmetic finite.
+pub const MAX_COORD: f64 = 1.0e9;
+
+/// What a node says about itself in the overlay, signed by its key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CardBody {
+    pub key: [u8; 32],
+    pub sim: u32,
+    /// Its point in the world, metres (inside its sim's square).
+    pub pos: [i64; 2],
+    /// Its peers' TCP address, which is also where clients reach it (QUIC, UDP, same port).
+    pub addr: SocketAddr,
+    /// Its peers' QUIC address, if it has one.
+    pub quic: Option<SocketAddr>,
+    /// When the node started (unix ms): the newer of two cards of a key wins.
+    pub since_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Card {
+    pub body: CardBody,
+    pub sig: Vec<u8>,
+}
+
+fn card_message(body: &CardBody) -> Vec<u8> {
+    let mut m = CARD_DOMAIN.to_vec();
+    m.extend(postcard::to_allocvec(body).expect("encoding into a Vec cannot fail"));
+    m
+}
+
+impl Card {
+    pub fn sign(key: &SigningKey, body: CardBody) -> Card {
+        let sig = key.sign(&card_message(&body)).to_bytes().to_vec();
+        Card { body, sig }
+    }
+
+    /// Whether the card is well formed and signed by its key.
+    pub fn check(&self) -> Result<(), String> {
+        let [x, y] = self.body.pos;
+        if (x as f64).abs() > MAX_COORD || (y as f64).abs() > MAX_COORD {
+            return Err(format!("card point ({x}, {y}) is outside the world"));
+        }
+        let key =
+            VerifyingKey::from_bytes(&self.body.key).map_err(|_| "card key is not an ed25519 point".to_owned())?;
+        let sig: [u8; 64] =
+            self.sig.as_slice().try_into().map_err(|_| format!("card signature of {} bytes", self.sig.len()))?;
+        key.verify(&card_message(&self.body), &Signature::from_bytes(&sig))
+            .map_err(|_| "card signature does not check".to_owned())
+    }
+
+    /// Its Raynet id.
+    pub fn id(&self) -> PeerId {
+        raynet_id(&self.body.key)
+    }
+
+    pub fn point(&self) -> Point {
+        Point::new(self.body.pos[0] as f64, self.body.pos[1] as f64)
+    }
+
+    pub(crate) fn entry(&self) -> Entry {
+        Entry { id: self.id(), pos: self.point(), age: 0 }
+    }
+}
+
+/// A key's Raynet id: the first 8 bytes of its blake3 hash.
+pub fn raynet_id(key: &[u8; 32]) -> PeerId {
+    let h = blake3::hash(key);
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
+}

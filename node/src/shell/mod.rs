@@ -1,0 +1,1016 @@
+//! The running node (`metatopia run`): a validator (or observer) of one sim, with its data directory, on the
+//! validators' mesh; several in one process with `--also`. Setting a node up is `crate::shell::setup`;
+//! when it stops, `crate::shell::finish`.
+
+pub mod finish;
+pub mod setup;
+pub mod timing;
+pub mod watch;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::api::gateway::{Feed, Hub};
+use crate::api::http::object_view;
+use crate::api::http::{Query, Service, Status};
+use crate::config::NodeConfig;
+use crate::core::epochs::Epochs;
+use crate::core::{Agreement as _, CoreOutput, DesyncReport, NodeCore};
+use crate::net::wire::NodeMsg;
+use crate::net::{Mesh, MeshEvent, PeerAddr};
+use crate::overlay::reach::Reach;
+use crate::shell::timing::{StageTimes, TimedHost, TimedPhysics};
+use crate::store::{CommitLog, DataDir};
+use crate::world::AnyPhysics;
+use anyhow::Context;
+use metatopia_consensus::Config;
+use metatopia_scripting::RhaiHost;
+use metatopia_sim::genesis::EventGen;
+use metatopia_sim::{SimId, Snapshot};
+pub use setup::{DirArgs, InitArgs, RunArgs};
+
+fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+/// `metatopia run`.
+///
+/// Each data directory's node runs on its own thread and runtime (two workers, as when it is the
+/// only one); they share the process, its metrics (labelled by sim) and Ctrl-C. When one stops
+/// with an error the others stop cleanly too, and the process says which one failed.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let mut dirs = vec![args.dir.data_dir.clone()];
+    dirs.extend(args.also.iter().cloned());
+    for (i, d) in dirs.iter().enumerate() {
+        anyhow::ensure!(
+            !dirs[..i].contains(d),
+            "{} is given twice: each sim this process replicates needs its own data directory",
+            d.display()
+        );
+    }
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<&'static str>);
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let several = dirs.len() > 1;
+    let mut threads = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let mut a = args.clone();
+        a.dir.data_dir = dir.clone();
+        a.also.clear();
+        if i > 0 {
+            (a.listen, a.quic, a.http, a.join, a.bots) = (None, None, None, None, None);
+        }
+        let ctx = Shared { prometheus: prometheus.clone(), stop: stop_rx.clone(), several };
+        let done = done_tx.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("node-{i}"))
+            .spawn(move || {
+                // A panic is this node's error too: the others are told to stop.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .thread_name(format!("node-{i}-worker"))
+                        .enable_all()
+                        .build()
+                        .map_err(anyhow::Error::from)
+                        .and_then(|rt| rt.block_on(node(a, ctx)))
+                }))
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("its thread panicked (the message is above)")));
+                let _ = done.send((i, result));
+            })
+            .context("starting a thread for a node")?;
+        threads.push(thread);
+    }
+    drop(done_tx);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut results: Vec<Option<anyhow::Result<()>>> = dirs.iter().map(|_| None).collect();
+    rt.block_on(async {
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        let mut interrupted = false;
+        loop {
+            tokio::select! {
+                _ = &mut ctrl_c, if !interrupted => {
+                    interrupted = true;
+                    stop_tx.send_replace(Some("by Ctrl-C"));
+                }
+                d = done_rx.recv() => match d {
+                    Some((i, r)) => {
+                        if r.is_err() && stop_tx.borrow().is_none() {
+                            stop_tx.send_replace(Some("because another node of this process stopped with an error"));
+                        }
+                        results[i] = Some(r);
+                    }
+                    None => break,
+                },
+            }
+        }
+    });
+    for t in threads {
+        let _ = t.join();
+    }
+    let mut errors = Vec::new();
+    for (dir, r) in dirs.iter().zip(results) {
+        match r {
+            Some(Ok(())) => {}
+            Some(Err(e)) if !several => return Err(e),
+            Some(Err(e)) => errors.push(format!("the node of {}: {e:#}", dir.display())),
+            None => errors.push(format!("the node of {} stopped without a word", dir.display())),
+        }
+    }
+    anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
+    Ok(())
+}
+
+/// What the nodes of one process share.
+struct Shared {
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    /// Set (with the reason) when every node of the process is to stop.
+    stop: tokio::sync::watch::Receiver<Option<&'static str>>,
+    /// Whether the process runs several nodes (each line then says whose it is).
+    several: bool,
+}
+
+type Core = NodeCore<Epochs, TimedHost<RhaiHost>, TimedPhysics<AnyPhysics>>;
+
+/// Figures for `stats` and `/metrics` the loop keeps between status updates.
+#[derive(Debug, Default)]
+struct Meter {
+    /// Recent commit latencies (BFT time of the block to its commit here), ms.
+    latencies: std::collections::VecDeque<f64>,
+    /// Wall time of the core calls that executed ticks, ns, and the ticks they executed.
+    exec_ns: u64,
+    /// At the last status line: ticks executed, exec, script and physics ns.
+    last: (u64, u64, u64, u64),
+    status: Status,
+    /// The `sim` label of this node's metrics (a process may run nodes of several sims).
+    sim: String,
+}
+
+impl Meter {
+    fn latency(&mut self, ms: f64) {
+        metrics::histogram!("metatopia_commit_latency_seconds", "sim" => self.sim.clone()).record(ms / 1000.0);
+        self.latencies.push_back(ms);
+        if self.latencies.len() > 512 {
+            self.latencies.pop_front();
+        }
+    }
+
+    fn quantile(&self, q: f64) -> f64 {
+        let mut v: Vec<f64> = self.latencies.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0)
+    }
+}
+
+async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
+    let Shared { prometheus, mut stop, several } = shared;
+    let dir = DataDir::open(&args.dir.data_dir)?;
+    let existing = if dir.config_path().exists() { Some(NodeConfig::load(&dir.config_path())?) } else { None };
+    // A node with no sim yet (no config, or `init`'s alone) joins one through --join.
+    let awaiting = existing.as_ref().is_none_or(|c| {
+        c.genesis_hash.is_none() && !c.world.demo && !dir.root().join(crate::world::genesis::FILE).exists()
+    });
+    match (&args.join, awaiting, &existing) {
+        (Some(join), true, _) => crate::shell::setup::fetch_config(&dir, &args, join, existing.as_ref()).await?,
+        (None, true, None) => anyhow::bail!(
+            "{} has no config.toml: run `metatopia init` first, or give --join KEY@HOST:PORT to join a running sim",
+            dir.root().display()
+        ),
+        _ => {}
+    }
+    let mut cfg = NodeConfig::load(&dir.config_path())?;
+    let tag = if several { format!("[sim {}] ", cfg.world.sim_id) } else { String::new() };
+    if let Some(l) = args.listen {
+        cfg.listen = l;
+    }
+    if let Some(q) = args.quic {
+        cfg.quic = Some(q);
+    }
+    if let Some(j) = &args.join {
+        crate::config::parse_join(j).context("--join")?;
+        cfg.join = Some(j.clone());
+    }
+    if let Some(b) = args.bots {
+        cfg.bots.events_per_tick = b;
+    }
+    if let Some(w) = args.sim_workers {
+        cfg.sim_workers = Some(w);
+    }
+    // The sim: its genesis first (a node with none says how to get one).
+    let crate::shell::setup::Start { genesis, demo } = crate::shell::setup::start_of(&dir, &cfg, &tag)?;
+    let key = dir.key()?;
+    let keys = cfg.keys()?;
+    let me = match keys.iter().position(|k| *k == key.verifying_key()) {
+        Some(i) => i,
+        // A node in no list follows through the node it joined (and the listed ones).
+        None if cfg.join.is_some() => keys.len(),
+        None => anyhow::bail!(
+            "this node's key is not among the config's [[validators]] entries (validators and observers): add it there, or start with --join KEY@HOST:PORT to follow the sim through a node of it"
+        ),
+    };
+    let unlisted = me == keys.len();
+    let genesis_validators = cfg.genesis_validators()?;
+    // The sim's rate is its genesis's (then its governance's), whatever a demo config said.
+    cfg.tick_rate_hz = genesis.world().settings().tick_rate_hz;
+    let physics_kind = genesis.physics.clone();
+    let consensus = Config {
+        period_us: 1_000_000 / u64::from(cfg.tick_rate_hz),
+        genesis_time_ms: genesis.time_ms(),
+        leader_timeout_us: crate::config::LEADER_TIMEOUT_US,
+        notarize_timeout_us: 2 * crate::config::LEADER_TIMEOUT_US,
+        retry_us: 300_000,
+        chain_id: u64::from(cfg.world.sim_id),
+        // Execution may trail agreement by at most this many ticks; then ticks slow down.
+        max_exec_lag: Some(4),
+        max_event_bytes: crate::core::MAX_BLOCK_EVENT_BYTES as usize,
+        keep_bytes: cfg.block_history_bytes(),
+        ..Config::default()
+    };
+
+    // Recover: the newest snapshot that loads, then the log since.
+    // The log from the oldest snapshot kept on (what a restart may replay): not the sim's
+    // whole history, which the log no longer holds.
+    let (mut log, recovery) = CommitLog::open(&dir.log_dir(), dir.oldest_snapshot()?.unwrap_or(0))?;
+    if recovery.truncated > 0 {
+        eprintln!(
+            "{tag}warning: cut {} bytes off the commit log's torn tail ({}); what it held comes again from the peers",
+            recovery.truncated,
+            recovery.reason.as_deref().unwrap_or("")
+        );
+    }
+    for d in &recovery.damaged {
+        eprintln!("{tag}error: the commit log is damaged: {d}; what it lacks comes from the peers");
+    }
+    let times = StageTimes::default();
+    let host = || TimedHost::new(RhaiHost::default(), &times);
+    let physics = || TimedPhysics::new(AnyPhysics::of(&physics_kind), &times);
+    let mut sim = None;
+    for (tick, path) in dir.snapshots()?.into_iter().rev() {
+        let loaded = std::fs::read(&path)
+            .map_err(anyhow::Error::from)
+            .and_then(|b| Snapshot::decode(&b, 1 << 30).map_err(anyhow::Error::from))
+            .and_then(|s| {
+                metatopia_sim::Sim::restore(s, host(), physics(), cfg.sim_workers()).map_err(anyhow::Error::from)
+            });
+        match loaded {
+            Ok(s) => {
+                sim = Some(s);
+                break;
+            }
+            Err(e) => eprintln!("{tag}warning: snapshot {} (tick {tick}) refused: {e:#}", path.display()),
+        }
+    }
+    let sim = match sim {
+        Some(s) => s,
+        None => metatopia_sim::Sim::restore(genesis.snapshot.clone(), host(), physics(), cfg.sim_workers())
+            .context("loading the genesis")?,
+    };
+    let anchor_ms = consensus.genesis_time_ms;
+    // The validator set follows the sim's governance epoch by epoch (admit-validator,
+    // remove-validator), and so does the tick rate (the `settings` act).
+    let validator = match dir.read_consensus_state()? {
+        Some(b) => Epochs::restore(consensus.clone(), key.clone(), keys.clone(), now_us(), &b)
+            .context("the agreement's state (consensus.journal) does not load: move it away to start this validator's votes afresh")?,
+        None => Epochs::new(
+            consensus,
+            key.clone(),
+            keys.clone(),
+            genesis_validators.clone(),
+            genesis.world().settings().epoch_ticks,
+            now_us(),
+        ),
+    }
+    .following_tick_rate();
+    let mut core: Core = NodeCore::new(validator, sim, cfg.sim_workers())
+        .with_time_scale(genesis.time_scale, anchor_ms)
+        .defer_execution()
+        .verify_ahead()
+        .with_mail_key(key.clone());
+    // Written before every vote leaves (read above, before this opens it).
+    let mut journal = crate::store::StateJournal::open(&dir)?;
+    let durable = !args.unsafe_no_sync;
+    if !durable {
+        eprintln!(
+            "{tag}warning: --unsafe-no-sync: votes are sent before they are on stable storage (measurement only)"
+        );
+    }
+    let from = core.sim().world().tick().0;
+    // A node that joined and has no state of its own yet starts from a certified snapshot.
+    let fresh = from == 0 && recovery.records.is_empty() && dir.read_consensus_state()?.is_none();
+    if cfg.join.is_some() && fresh {
+        core = core.joining();
+    }
+    let mut replayed = 0;
+    for rec in recovery.records.iter().filter(|r| r.tick >= from) {
+        // A gap (a segment lost or damaged) ends the replay: the node takes the rest from its
+        // peers, from a snapshot they certify if they no longer hold the blocks.
+        if let Err(e) = core.replay(rec) {
+            eprintln!("{tag}warning: the log replays no further ({e}); the rest comes from the peers");
+            break;
+        }
+        replayed += 1;
+    }
+    // The blocks committed before, for peers that fetch them (the agreement's own state keeps
+    // only those not handed out yet).
+    let recalled = core.recall(&recovery.records);
+    tracing::info!(recalled, "blocks from the commit log kept to answer peers' fetches");
+    // From where the log left it: a node already at or past the requested tick executes one.
+    core = core.execute_until(args.ticks.map(|n| n.saturating_sub(1)));
+    let root = core.root();
+    println!(
+        "{tag}node {me} of {} ({}): {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}; sim workers {}",
+        keys.len(),
+        if core.agreement().index().is_some() {
+            "a validator"
+        } else if unlisted {
+            "joined through another node, in no list: it follows until admitted"
+        } else {
+            "an observer: it follows until admitted"
+        },
+        core.sim().world().sim(),
+        core.sim().world().objects().len(),
+        core.sim().world().tick(),
+        core.sim().workers()
+    );
+
+    let mut peers: Vec<PeerAddr> = cfg
+        .validators
+        .iter()
+        .zip(&keys)
+        .map(|(v, k)| PeerAddr { key: *k, tcp: Some(v.address), quic: v.quic })
+        .collect();
+    if let Some(j) = &cfg.join {
+        let (k, addr) = crate::config::parse_join(j)?;
+        if !keys.contains(&k) {
+            peers.push(PeerAddr { key: k, tcp: Some(addr), quic: None });
+        }
+    }
+    if core.is_joining() {
+        println!("{tag}joining: asking the sim's nodes for a snapshot that 2f+1 validators certify");
+    }
+    let sim_info = crate::shell::setup::sim_info(&cfg, &genesis)?;
+    let contacts = peers.clone();
+    let (mesh, mut inbox) = Mesh::start(&key, cfg.listen, cfg.quic, peers)
+        .await
+        .with_context(|| format!("listening for peers on tcp {} and quic {:?}", cfg.listen, cfg.quic))?;
+    println!(
+        "{tag}peer id {}; listening on {}",
+        mesh.local_peer_id(),
+        mesh.listening().iter().map(ToString::to_string).collect::<Vec<_>>().join(" ")
+    );
+
+    // The HTTP service: health, metrics and the API, answered by this loop through `queries`.
+    let mut meter = Meter {
+        sim: cfg.world.sim_id.to_string(),
+        status: Status {
+            sim: cfg.world.sim_id,
+            node: me as u32,
+            validators: crate::core::Agreement::validators(core.agreement()) as u32,
+            voting: core.agreement().index().is_some(),
+            tick_rate_hz: cfg.tick_rate_hz,
+            region_origin: [
+                core.sim().world().region().origin.x.floor_int(),
+                core.sim().world().region().origin.y.floor_int(),
+            ],
+            region_size: core.sim().world().region().size.floor_int(),
+            tick: core.sim().world().tick().0,
+            root: root.to_string(),
+            genesis: genesis.hash.to_string(),
+            ..Status::default()
+        },
+        ..Meter::default()
+    };
+    let (status_tx, status_rx) = tokio::sync::watch::channel(meter.status.clone());
+    let (query_tx, mut queries) = tokio::sync::mpsc::channel::<Query>(1024);
+    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    // The client service: the nodes of this sim clients may use (QUIC on each one's listen port).
+    let node_addrs = |vs: &[crate::config::ValidatorEntry]| -> Vec<metatopia_client::proto::NodeAddr> {
+        vs.iter()
+            .map(|v| metatopia_client::proto::NodeAddr { key: v.key.to_ascii_lowercase(), addr: v.address.to_string() })
+            .collect()
+    };
+    let hub = std::sync::Arc::new(Hub::new(cfg.world.sim_id, node_addrs(&cfg.validators)));
+    let mut reach = reach(&cfg, &key, &mesh, &core, &contacts, hub.clone())?;
+    if let Some(n) = Some(reach.neighbour_counts()).filter(|n| !n.is_empty()) {
+        let names: Vec<String> = n.keys().map(ToString::to_string).collect();
+        println!(
+            "{tag}neighbour sims: {} (their validators are found through Raynet; their mail counts with f+1 of their signatures)",
+            names.join(", ")
+        );
+    }
+    let mut rounds = tokio::time::interval(Duration::from_millis(u64::from(cfg.raynet.round_ms)));
+    rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let g = core.sim().world().governance();
+    let mut removed = Removed { kicked: g.kicked_until_ms.clone(), banned: g.banned.clone() };
+    let service = Service {
+        status: status_rx,
+        queries: query_tx,
+        metrics: Some(prometheus),
+        started: std::time::Instant::now(),
+        hub: Some(hub.clone()),
+    };
+    let http_addr = args.http.unwrap_or_else(|| cfg.http_addr());
+    let (http_bound, http_task) = crate::api::serve(http_addr, service.clone(), async move {
+        let _ = http_stopped.await;
+    })
+    .await
+    .with_context(|| format!("serving HTTP on {http_addr} (set `http` in the config or --http)"))?;
+    println!("{tag}http on http://{http_bound} (/healthz /readyz /metrics /v1/status)");
+    let (quic, quic_task) = crate::api::gateway::serve_quic(cfg.listen, &key, service.clone())
+        .with_context(|| format!("serving clients over QUIC on udp {}", cfg.listen))?;
+    println!(
+        "{tag}clients: QUIC on udp {} (join address {}@{}/{})",
+        cfg.listen,
+        metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
+        cfg.listen,
+        genesis.hash
+    );
+    let examples: Vec<&str> = crate::world::EXAMPLE_SCRIPTS.iter().map(|(_, s)| *s).collect();
+    let mut bots = demo
+        .as_ref()
+        .filter(|_| cfg.bots.events_per_tick > 0)
+        .map(|demo| EventGen::new(demo, cfg.world.seed ^ 0xb075).with_scripts(&examples));
+    let mut last_bot_tick = 0;
+    let mut bot_timer = tokio::time::interval(Duration::from_micros(1_000_000 / u64::from(cfg.tick_rate_hz)));
+    let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
+    let mut last_state = [0u8; 32];
+    let mut chat = std::collections::VecDeque::new();
+    let mut last_root = core.root();
+    let (mut last_report, mut last_report_tick) = (std::time::Instant::now(), core.sim().world().tick().0);
+    // Clients' route questions waiting for a neighbour's answer, or for a Raynet lookup's.
+    let mut locating: Vec<Locating> = Vec::new();
+    let mut finding: Vec<Finding> = Vec::new();
+    // Set once the requested ticks have executed: the node stays up until its sim's validators
+    // all have too (see `Finishing`).
+    let mut finishing: Option<crate::shell::finish::Finishing> = None;
+    let mut stall = crate::shell::finish::Stall::new();
+    let mut watch = crate::shell::watch::ValidatorWatch::default();
+    let outcome: anyhow::Result<&str> = loop {
+        let deadline = core.poll_timeout().unwrap_or(u64::MAX);
+        let wait = Duration::from_micros(deadline.saturating_sub(now_us()).min(1_000_000));
+        let started = std::time::Instant::now();
+        tokio::select! {
+            q = queries.recv() => match q {
+                // Where is an avatar that is not here? Ask two nodes of each other sim (one may
+                // be a tick behind the login, or unreachable); the first "here" answers.
+                Some(crate::api::http::Query::Locate(account, tx)) => {
+                    let mut waiting = std::collections::BTreeSet::new();
+                    for pick in [me, me + 1] {
+                        waiting.extend(reach.one_node_of_each(pick, MAX_LOCATE_SIMS));
+                    }
+                    for (_, node) in &waiting {
+                        mesh.send(*node, &NodeMsg::Locate { account: account.0 });
+                    }
+                    if waiting.is_empty() {
+                        let _ = tx.send(None);
+                    } else {
+                        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+                        locating.push(Locating { account, tx: Some(tx), deadline, waiting });
+                    }
+                }
+                // Which sim holds a point? The Raynet lookup's answer comes below.
+                Some(crate::api::http::Query::Nearest(point, tx)) => {
+                    let query = reach.lookup(point);
+                    finding.push((query, tx, std::time::Instant::now() + Duration::from_secs(1)));
+                }
+                Some(q) => crate::api::http::answer(&mut core, now_us(), &chat, q),
+                None => {}
+            },
+            m = inbox.recv() => {
+                // Raynet and cards, from any node of the world.
+                let m = match m {
+                    None => break Err(anyhow::anyhow!("the mesh stopped")),
+                    Some(MeshEvent::Message(from, msg)) => reach.handle(from.0, msg).map(|msg| MeshEvent::Message(from, msg)),
+                    other => other,
+                };
+                match m {
+                    // Another sim's node: a neighbour's mail, and where avatars are.
+                    Some(MeshEvent::Message(from, msg)) if mesh.is_outsider(from.0) => match msg {
+                        NodeMsg::Mail(_) => core.handle_message(now_us(), from, msg),
+                        NodeMsg::Locate { account } => {
+                            let a = core.sim().world().account(&metatopia_sim::AccountId(account));
+                            let here = a.is_some_and(|a| a.avatar.is_some());
+                            mesh.send(from.0, &NodeMsg::Located { account, here });
+                        }
+                        NodeMsg::Located { account, here } => {
+                            // The sim is the sender's, whatever it says.
+                            if let Some(sim) = reach.sim_of(from.0) {
+                                for l in locating.iter_mut().filter(|l| l.account.0 == account) {
+                                    l.waiting.remove(&(sim, from.0));
+                                    if here && let Some(tx) = l.tx.take() {
+                                        let _ = tx.send(Some(sim.0));
+                                    }
+                                }
+                            }
+                        }
+                        _ => {}
+                    },
+                    Some(MeshEvent::Message(from, NodeMsg::SimInfoRequest)) => {
+                        if let Some(k) = mesh.key_of(from.0) {
+                            println!("{tag}a node outside the config asks to join: {} (peer {})", metatopia_sim::ids::hex(k.as_bytes()), from.0);
+                        }
+                        mesh.send(from.0, &sim_info);
+                    }
+                    Some(MeshEvent::Message(from, msg)) => core.handle_message(now_us(), from, msg),
+                    Some(MeshEvent::Joined { index, key }) => {
+                        // A joining node of this sim, or another sim's node that found this one
+                        // through Raynet (its card makes it an outsider).
+                        tracing::debug!(index, key = %metatopia_sim::ids::hex(key.as_bytes()), "a node outside the config connected");
+                        core.agreement_mut().learn_peer(index, key);
+                    }
+                    None => {}
+                }
+            }
+            // A timer due now (the agreement's work ahead, once a vote has gone out) fires now:
+            // tokio's timers round up to the next millisecond.
+            _ = tokio::time::sleep(wait), if !wait.is_zero() => core.handle_timeout(now_us()),
+            _ = std::future::ready(()), if wait.is_zero() => core.handle_timeout(now_us()),
+            _ = rounds.tick() => {
+                reach.round();
+                watch_validators(&mut watch, &mut meter, &core, &mesh, &key, &tag);
+            }
+            // Commits execute once the votes that committed them have gone out (below).
+            _ = std::future::ready(()), if core.has_deferred() => core.execute_deferred(now_us()),
+            _ = bot_timer.tick(), if bots.is_some() => {
+                // One batch per executed tick: when time dilates, the bots slow down with the
+                // sim instead of piling events up faster than it executes them.
+                let w = core.sim().world();
+                if let Some(g) = bots.as_mut().filter(|_| w.tick().0 > last_bot_tick) {
+                    last_bot_tick = w.tick().0;
+                    let batch = g.batch(w, w.tick(), cfg.bots.events_per_tick as usize);
+                    let bytes = batch.events.iter().map(metatopia_sim::codec::encode).collect();
+                    core.submit_events(now_us(), bytes);
+                }
+            }
+            why = stop.wait_for(Option::is_some) => break Ok(why.map_or(None, |w| *w).unwrap_or("on request")),
+        }
+        while let Some(line) = reach.said.pop_front() {
+            println!("{tag}{line}");
+        }
+        while let Some(found) = reach.poll_found() {
+            let (query, answer) = match found {
+                crate::overlay::OverlayEvent::Found { query, card } => {
+                    let node = metatopia_client::proto::NodeAddr {
+                        key: metatopia_sim::ids::hex(&card.body.key),
+                        addr: card.body.addr.to_string(),
+                    };
+                    (query, Some((card.body.sim, node)))
+                }
+                crate::overlay::OverlayEvent::Lost { query } => (query, None),
+                crate::overlay::OverlayEvent::SimNode { .. } => continue,
+            };
+            for (_, tx, _) in finding.extract_if(.., |(q, _, _)| *q == query) {
+                let _ = tx.send(answer.clone());
+            }
+        }
+        let now = std::time::Instant::now();
+        finding.retain(|(_, tx, deadline)| *deadline > now && !tx.is_closed());
+        // Answered, or every sim said no, or no answer within the second.
+        for l in locating.extract_if(.., |l| l.tx.is_none() || l.waiting.is_empty() || l.deadline <= now) {
+            if let Some(tx) = l.tx {
+                let _ = tx.send(None);
+            }
+        }
+        // Log commits first, then make the votes durable, then send (a restarted node must never
+        // vote differently, nor have voted for what it has not logged).
+        let mut sends = Vec::new();
+        let mut stop = None;
+        let mut committed = false;
+        let work_ns = started.elapsed().as_nanos() as u64;
+        let mut exec_charged = false;
+        while let Some(o) = core.poll_output() {
+            match o {
+                CoreOutput::Committed(rec) => {
+                    log.append(&rec).context("appending to the commit log")?;
+                    meter.latency(crate::unix_ms().saturating_sub(rec.time_ms) as f64);
+                    committed = true;
+                }
+                CoreOutput::Executed { tick, root, accepted, rejected, chat: lines, avatars_left } => {
+                    for (account, sim) in avatars_left {
+                        hub.avatar_moved(account.to_string(), sim.0);
+                    }
+                    for l in lines {
+                        let line = crate::api::http::ChatView {
+                            tick: tick.0,
+                            name: l.name,
+                            channel: l.channel,
+                            text: l.text,
+                            position: [l.position.x.floor_int(), l.position.y.floor_int()],
+                            range_m: l.range.metres().floor_int() as u32,
+                            to: l.to.map(|a| a.to_string()),
+                        };
+                        if hub.listened() {
+                            hub.publish(Feed::Chat(line.clone()));
+                        }
+                        chat.push_back(line);
+                        if chat.len() > 1024 {
+                            chat.pop_front();
+                        }
+                    }
+                    last_root = root;
+                    if !exec_charged {
+                        // The call that executed ticks: its wall time is execution time.
+                        meter.exec_ns += work_ns;
+                        exec_charged = true;
+                    }
+                    publish(&mut meter, &core, tick.0, &root, mesh.connected() as u32);
+                    hub.resolve(|id| core.outcome(id).cloned());
+                    {
+                        let w = core.sim().world();
+                        // Kicked and banned accounts lose their sessions.
+                        let g = w.governance();
+                        for (a, until) in &g.kicked_until_ms {
+                            if removed.kicked.get(a) != Some(until) && *until > w.time_ms() {
+                                hub.publish(Feed::Removed { account: a.to_string(), why: "kicked" });
+                            }
+                        }
+                        for a in g.banned.difference(&removed.banned) {
+                            hub.publish(Feed::Removed { account: a.to_string(), why: "banned" });
+                        }
+                        if removed.kicked != g.kicked_until_ms || removed.banned != g.banned {
+                            removed = Removed { kicked: g.kicked_until_ms.clone(), banned: g.banned.clone() };
+                        }
+                        let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
+                        index.radius_m = w.settings().aoi_radius_m;
+                        index.rate_hz = meter.status.tick_rate_hz;
+                        if hub.listened() {
+                            let changed = index.update(tick.0, w.objects().values().map(|o| object_view(w, o, false)));
+                            drop(index);
+                            hub.publish(Feed::Tick { tick: tick.0, changed: std::sync::Arc::new(changed) });
+                        } else if !index.is_empty() {
+                            // Nobody looks: building views every tick would be wasted.
+                            index.clear();
+                        }
+                    }
+                    metrics::counter!("metatopia_events_accepted_total", "sim" => meter.sim.clone())
+                        .increment(u64::from(accepted));
+                    metrics::counter!("metatopia_events_rejected_total", "sim" => meter.sim.clone())
+                        .increment(u64::from(rejected));
+                    if (tick.0 + 1).is_multiple_of(cfg.snapshot_every) {
+                        log.sync()?;
+                        let snap = core.snapshot();
+                        dir.write_snapshot(tick.0 + 1, &snap.encode())?;
+                        // The log needs to reach back to the oldest snapshot kept, no further.
+                        if let Some(oldest) = dir.oldest_snapshot()? {
+                            log.prune_below(oldest)?;
+                        }
+                    }
+                    if (tick.0 + 1).is_multiple_of(report_every) {
+                        let s = core.stats();
+                        // Time dilation: sim seconds per wall second since the last line (1.00
+                        // in lockstep at the rate; lower when commits are late).
+                        let wall = last_report.elapsed().as_secs_f64().max(1e-6);
+                        let dilation = (tick.0 + 1).saturating_sub(last_report_tick) as f64
+                            / f64::from(meter.status.tick_rate_hz.max(1))
+                            / wall;
+                        (last_report, last_report_tick) = (std::time::Instant::now(), tick.0 + 1);
+                        per_second(&mut meter, &times, dilation);
+                        meter.status.clients = hub.clients.load(std::sync::atomic::Ordering::Relaxed);
+                        reach.update_neighbours(neighbour_squares(core.sim().world()));
+                        meter.status.raynet_known = reach.overlay().known() as u32;
+                        meter.status.raynet_neighbours = reach.overlay().neighbours().len() as u32;
+                        let found = reach.neighbour_counts();
+                        meter.status.neighbour_validators_found =
+                            meter.status.neighbours.iter().map(|s| found.get(s).copied().unwrap_or(0) as u32).collect();
+                        metrics::gauge!("metatopia_raynet_known", "sim" => meter.sim.clone())
+                            .set(meter.status.raynet_known as f64);
+                        if hub.listened() {
+                            hub.publish(Feed::Status(Box::new(meter.status.clone())));
+                        }
+                        println!(
+                            "{tag}tick {} root {} accepted {} rejected {} (total {} / {}) validators {} of {} connected dilation {:.2}",
+                            tick.0,
+                            root,
+                            accepted,
+                            rejected,
+                            s.accepted,
+                            s.rejected,
+                            meter.status.validators_connected,
+                            meter.status.validators,
+                            dilation
+                        );
+                    }
+                    if finishing.is_none() && args.ticks.is_some_and(|n| tick.0 + 1 >= n) {
+                        finishing = Some(crate::shell::finish::Finishing::new(tick.0));
+                    }
+                }
+                CoreOutput::PeerDiverged { tick, validator } => {
+                    tracing::warn!(tick, validator = validator.0, "a peer reported a different state root");
+                }
+                CoreOutput::Desync(report) => {
+                    meter.status.desynced = Some(report.tick);
+                    let path = write_desync_report(dir.root(), &report)?;
+                    eprintln!(
+                        "{tag}error: this node diverged at tick {}; report in {}; resyncing from a snapshot its peers certify",
+                        report.tick,
+                        path.display()
+                    );
+                }
+                CoreOutput::Resynced { tick, certified_by, snapshot, joined } => {
+                    meter.status.desynced = None;
+                    // Dilation counts ticks executed from here, not the ones the snapshot skipped.
+                    (last_report, last_report_tick) = (std::time::Instant::now(), tick);
+                    // The state the log replays on top of after a restart.
+                    dir.write_snapshot(tick, &snapshot)?;
+                    // A snapshot can bring a node to the tick it was asked to stop after.
+                    if finishing.is_none() && tick > 0 && args.ticks.is_some_and(|n| tick >= n) {
+                        finishing = Some(crate::shell::finish::Finishing::skipped(tick - 1));
+                    }
+                    if joined {
+                        println!(
+                            "{tag}joined: took the state of tick {tick} that {certified_by} validators certify; following"
+                        );
+                    } else {
+                        println!(
+                            "{tag}resynced: took the state of tick {tick} that {certified_by} validators certify; executing again"
+                        );
+                    }
+                }
+                other => sends.push(other),
+            }
+        }
+        // Our own votes and proposals must be durable before they leave (a restarted node must
+        // never vote differently); commits move the restart point. Nothing else needs a write.
+        let votes = sends.iter().any(|o| {
+            matches!(o, CoreOutput::Broadcast(m) | CoreOutput::Send(_, m)
+                if matches!(m, NodeMsg::Consensus { msg, .. } if msg.vote().is_some()))
+        });
+        if votes || committed {
+            let state = crate::core::Agreement::persist(core.agreement()).unwrap_or_default();
+            let digest = *blake3::hash(&state).as_bytes();
+            if digest != last_state {
+                // The commits it names first, then the votes: both on stable storage before
+                // anything is sent (one sync each per turn, however many votes it made).
+                if committed && durable {
+                    log.sync().context("syncing the commit log")?;
+                }
+                journal.write(&state).context("writing the agreement's state")?;
+                if votes && durable {
+                    journal.sync()?;
+                }
+                last_state = digest;
+            }
+        }
+        for o in sends {
+            match o {
+                CoreOutput::Broadcast(m) => mesh.broadcast(&m),
+                CoreOutput::Send(to, m) => mesh.send(to.0, &m),
+                // Each validator sends its copy to a different node of the neighbour (by index),
+                // so one node down there costs one copy, not the mail.
+                CoreOutput::Mail { to, event, .. } => {
+                    let nodes = reach.neighbour_nodes(to);
+                    if !nodes.is_empty() {
+                        mesh.send(nodes[me % nodes.len()], &NodeMsg::Mail(event));
+                    }
+                }
+                _ => {}
+            }
+        }
+        (meter.status.epoch, meter.status.view, meter.status.agreed_tick) =
+            crate::core::Agreement::position(core.agreement());
+        if status_tx.send_if_modified(|s| {
+            let changed = *s != meter.status;
+            if changed {
+                s.clone_from(&meter.status);
+            }
+            changed
+        }) {
+            metrics::gauge!("metatopia_peers", "sim" => meter.sim.clone()).set(f64::from(meter.status.peers));
+        }
+        if committed {
+            stall.committed();
+        } else if finishing.is_none()
+            && let Some(quiet) = stall.due()
+        {
+            eprintln!(
+                "{tag}warning: no tick committed for {} s ({} of {} validators of this sim connected): {}",
+                quiet.as_secs(),
+                meter.status.validators_connected,
+                crate::core::Agreement::validators(core.agreement()),
+                crate::core::Agreement::describe(core.agreement())
+            );
+        }
+        if let Some(f) = finishing.as_mut()
+            && f.done(core.agreement(), &tag)
+        {
+            stop = Some(Ok("after the requested ticks"));
+        }
+        if let Some(s) = stop {
+            break s;
+        }
+    };
+    quic.close(0u32.into(), b"the node is stopping");
+    quic_task.abort();
+    let _ = http_stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(2), http_task).await;
+    log.sync()?;
+    let how = outcome?;
+    println!("{tag}stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
+    Ok(())
+}
+
+/// Sims asked at most where an avatar is.
+const MAX_LOCATE_SIMS: usize = 64;
+
+/// The node's Raynet peer on the mesh: its card (a point of its sim's square), its neighbour
+/// sims (their squares and genesis validators, from the world's genesis) and its contacts (its
+/// own sim's nodes, `[raynet] bootstrap`, `[[sims]]` validators listed with an address).
+fn reach(
+    cfg: &NodeConfig,
+    key: &metatopia_consensus::SigningKey,
+    mesh: &Mesh,
+    core: &Core,
+    peers: &[PeerAddr],
+    hub: std::sync::Arc<Hub>,
+) -> anyhow::Result<Reach> {
+    use crate::overlay::{Card, CardBody, Overlay, node_point};
+    let w = core.sim().world();
+    let square =
+        |r: &metatopia_sim::state::Region| ([r.origin.x.floor_int(), r.origin.y.floor_int()], r.size.floor_int());
+    let (origin, size) = square(w.region());
+    let me = key.verifying_key().to_bytes();
+    let card = Card::sign(
+        key,
+        CardBody {
+            key: me,
+            sim: cfg.world.sim_id,
+            pos: node_point(&me, origin, size),
+            addr: cfg.listen,
+            quic: cfg.quic,
+            since_ms: crate::unix_ms(),
+        },
+    );
+    let links = w.links();
+    let radius = match links.bounds {
+        Some((a, b)) => (b.x - a.x).floor_int().max((b.y - a.y).floor_int()) as f64,
+        None => size as f64,
+    };
+    let mut r = Reach::new(Overlay::new(card, radius), mesh.clone(), neighbour_squares(w), Some(hub));
+    for p in peers {
+        r.contact(p.clone());
+    }
+    for (i, b) in cfg.raynet.bootstrap.iter().enumerate() {
+        let (key, addr) = crate::config::parse_join(b).with_context(|| format!("raynet.bootstrap[{i}]"))?;
+        r.contact(PeerAddr { key, tcp: Some(addr), quic: None });
+    }
+    for s in &cfg.sims {
+        for v in s.validators.iter().filter(|v| v.address.is_some() || v.quic.is_some()) {
+            let key = crate::config::parse_public(&v.key)?;
+            r.contact_outsider(PeerAddr { key, tcp: v.address, quic: v.quic });
+        }
+    }
+    Ok(r)
+}
+
+/// The world's neighbour sims: the centre of each one's square, and its validators (as the
+/// world knows them: from genesis, then from their mail).
+fn neighbour_squares(
+    w: &metatopia_sim::World,
+) -> std::collections::BTreeMap<SimId, ([i64; 2], std::collections::BTreeSet<[u8; 32]>)> {
+    w.links()
+        .neighbours
+        .iter()
+        .map(|(s, n)| {
+            let (o, size) = (n.region.origin, n.region.size.floor_int());
+            (*s, ([o.x.floor_int() + size / 2, o.y.floor_int() + size / 2], n.validators.iter().map(|a| a.0).collect()))
+        })
+        .collect()
+}
+
+/// A Raynet lookup for a client's route: its query, where the answer goes, and until when.
+type Finding =
+    (u64, tokio::sync::oneshot::Sender<Option<(u32, metatopia_client::proto::NodeAddr)>>, std::time::Instant);
+
+/// A client's route question: which other sim holds this account's avatar.
+struct Locating {
+    account: metatopia_sim::AccountId,
+    /// Taken when a sim says "here".
+    tx: Option<tokio::sync::oneshot::Sender<Option<u32>>>,
+    deadline: std::time::Instant,
+    /// The nodes (with their sim) that have not answered yet.
+    waiting: std::collections::BTreeSet<(SimId, u16)>,
+}
+
+/// Which of the sim's validators this node reaches: into the status, and a warning naming a
+/// validator out of reach for 10 s (and a line when it is back).
+fn watch_validators(
+    watch: &mut crate::shell::watch::ValidatorWatch,
+    meter: &mut Meter,
+    core: &Core,
+    mesh: &Mesh,
+    key: &metatopia_consensus::SigningKey,
+    tag: &str,
+) {
+    let set: Vec<[u8; 32]> = core.agreement().keys().iter().map(|k| k.to_bytes()).collect();
+    let me = key.verifying_key().to_bytes();
+    let r = watch.look(crate::unix_ms(), &set, &me, &mesh.connected_keys());
+    for (k, down_ms) in &r.warn {
+        eprintln!(
+            "{tag}warning: validator {} of this sim unreachable for {} ({} of {} validators connected{})",
+            metatopia_sim::ids::hex(k),
+            crate::when::duration(*down_ms),
+            r.connected,
+            r.total,
+            if r.quorum() { "" } else { "; no quorum: the sim cannot commit" }
+        );
+    }
+    for k in &r.back {
+        println!("{tag}validator {} of this sim is reachable again", metatopia_sim::ids::hex(k));
+    }
+    meter.status.validators_connected = r.connected;
+    meter.status.validators_missing = r.missing.iter().map(|k| metatopia_sim::ids::hex(k)).collect();
+    metrics::gauge!("metatopia_validators_connected", "sim" => meter.sim.clone()).set(f64::from(r.connected));
+}
+
+/// The kicked and banned accounts as of the last tick (their sessions are closed when they change).
+#[derive(Debug, Default)]
+struct Removed {
+    kicked: std::collections::BTreeMap<metatopia_sim::AccountId, u64>,
+    banned: std::collections::BTreeSet<metatopia_sim::AccountId>,
+}
+
+/// After every executed tick: the status the HTTP service shows, and the gauges.
+fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash32, peers: u32) {
+    let w = core.sim().world();
+    let s = core.stats();
+    let st = &mut meter.status;
+    st.tick = tick;
+    st.root = root.to_string();
+    st.objects = w.objects().len() as u64;
+    st.scripts = w.scripts().len() as u64;
+    st.accounts = w.accounts().len() as u64;
+    st.pool_events = crate::core::Agreement::pool_len(core.agreement()) as u64;
+    st.accepted = s.accepted;
+    st.rejected = s.rejected;
+    st.refused_submissions = s.refused_submissions;
+    st.peers = peers;
+    st.validators = crate::core::Agreement::validators(core.agreement()) as u32;
+    st.voting = core.agreement().index().is_some();
+    st.tick_rate_hz = (1_000_000 / core.agreement().period_us().max(1)) as u32;
+    st.last_executed_unix_ms = crate::unix_ms();
+    st.neighbours = w.links().neighbours.keys().map(|s| s.0).collect();
+    st.mail_sent = s.mail_sent;
+    st.mail_received = s.mail_received;
+    st.mail_late = s.mail_late;
+    st.departures = s.departures;
+    st.arrivals = s.arrivals;
+    st.in_transit = w.links().departed().values().map(|d| d.record.object.name.clone()).collect();
+    metrics::gauge!("metatopia_tick", "sim" => meter.sim.clone()).set(tick as f64);
+    metrics::gauge!("metatopia_objects", "sim" => meter.sim.clone()).set(st.objects as f64);
+    metrics::gauge!("metatopia_scripts", "sim" => meter.sim.clone()).set(st.scripts as f64);
+    metrics::gauge!("metatopia_accounts", "sim" => meter.sim.clone()).set(st.accounts as f64);
+    metrics::gauge!("metatopia_pool_events", "sim" => meter.sim.clone()).set(st.pool_events as f64);
+    if !st.neighbours.is_empty() {
+        metrics::gauge!("metatopia_mail_signed", "sim" => meter.sim.clone()).set(st.mail_sent as f64);
+        metrics::gauge!("metatopia_mail_received", "sim" => meter.sim.clone()).set(st.mail_received as f64);
+        metrics::gauge!("metatopia_departures", "sim" => meter.sim.clone()).set(st.departures as f64);
+        metrics::gauge!("metatopia_arrivals", "sim" => meter.sim.clone()).set(st.arrivals as f64);
+        metrics::gauge!("metatopia_in_transit", "sim" => meter.sim.clone()).set(st.in_transit.len() as f64);
+    }
+}
+
+/// Once a second: dilation, latency quantiles and the time per tick in execution, scripts and
+/// physics since the last time.
+fn per_second(meter: &mut Meter, times: &StageTimes, dilation: f64) {
+    let (script_ns, physics_ns) = times.totals();
+    let executed = meter.status.tick + 1;
+    let (t0, e0, s0, p0) = meter.last;
+    let ticks = executed.saturating_sub(t0).max(1) as f64;
+    let per_tick_ms = |now: u64, then: u64| now.saturating_sub(then) as f64 / ticks / 1e6;
+    let (p50, p99) = (meter.quantile(0.5), meter.quantile(0.99));
+    let st = &mut meter.status;
+    st.dilation = dilation;
+    st.execute_ms = per_tick_ms(meter.exec_ns, e0);
+    st.script_ms = per_tick_ms(script_ns, s0);
+    st.physics_ms = per_tick_ms(physics_ns, p0);
+    st.commit_latency_p50_ms = p50;
+    st.commit_latency_p99_ms = p99;
+    meter.last = (executed, meter.exec_ns, script_ns, physics_ns);
+    metrics::gauge!("metatopia_time_dilation", "sim" => meter.sim.clone()).set(dilation);
+    metrics::gauge!("metatopia_tick_rate_hz", "sim" => meter.sim.clone()).set(f64::from(st.tick_rate_hz) * dilation);
+    metrics::gauge!("metatopia_execute_seconds_per_tick", "sim" => meter.sim.clone()).set(st.execute_ms / 1000.0);
+    metrics::gauge!("metatopia_script_seconds_per_tick", "sim" => meter.sim.clone()).set(st.script_ms / 1000.0);
+    metrics::gauge!("metatopia_physics_seconds_per_tick", "sim" => meter.sim.clone()).set(st.physics_ms / 1000.0);
+}
+
+fn write_desync_report(root: &Path, r: &DesyncReport) -> anyhow::Result<PathBuf> {
+    let dir = root.join(format!("desync-report-{}", r.tick));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("snapshot.bin"), &r.snapshot)?;
+    let mut roots = format!("tick {}\nmine {}\n", r.tick, r.mine);
+    for (v, h) in &r.theirs {
+        roots += &format!("validator {} {}\n", v.0, h);
+    }
+    if let Some(s) = &r.subsystems {
+        roots += &format!(
+            "objects {}\nscripts {}\nphysics {}\ngovernance {}\nqueue {}\n",
+            s.objects, s.scripts, s.physics, s.governance, s.queue
+        );
+    }
+    std::fs::write(dir.join("roots.txt"), roots)?;
+    std::fs::write(dir.join("last-inputs.bin"), postcard::to_allocvec(&r.last_inputs)?)?;
+    Ok(dir)
+}

@@ -1,0 +1,6 @@
+//! The scripting crate's integration tests: one binary, a module per area.
+
+mod common;
+mod determinism;
+mod examples;
+mod sandbox;

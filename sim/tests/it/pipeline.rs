@@ -1,0 +1,312 @@
+//! The tick pipeline end to end, with the built-in rules host and kinematic physics:
+//! ownership, scripts, chat ranges, listeners, timers, rejections and their reasons.
+use crate::common;
+
+use crate::common::{Signer, TestSim, idle, step};
+use metatopia_sim::event::account_of;
+use metatopia_sim::genesis::{DemoSpec, demo_key, demo_world};
+use metatopia_sim::pipeline::{DEBUG_CHANNEL, Speaker};
+use metatopia_sim::state::{RejectReason, Shape};
+use metatopia_sim::{ChatRange, Fx, ObjectId, Payload, SignedEvent, SimId, Vec2};
+
+/// An empty region with two players logged in; returns the sim and their signers.
+fn two_players() -> (TestSim, Signer, Signer) {
+    let demo = demo_world(DemoSpec { seed: 7, objects: 0, players: 0, ..DemoSpec::default() });
+    let mut sim = common::sim_of(&demo, 2);
+    let mut ann = Signer::new(demo_key(99, 1), &sim);
+    let mut bob = Signer::new(demo_key(99, 2), &sim);
+    let a = ann.sign(&sim, Payload::Login { name: "ann".into() });
+    let b = bob.sign(&sim, Payload::Login { name: "bob".into() });
+    let r = step(&mut sim, vec![a, b]);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    (sim, ann, bob)
+}
+
+fn avatar(sim: &TestSim, s: &Signer) -> ObjectId {
+    sim.world().account(&s.id()).and_then(|a| a.avatar).expect("logged in")
+}
+
+fn rez(sim: &mut TestSim, s: &mut Signer, at: Vec2) -> ObjectId {
+    let before: Vec<ObjectId> = sim.world().objects().keys().copied().collect();
+    let e = s.sign(
+        sim,
+        Payload::Rez {
+            name: "box".into(),
+            shape: Shape::Circle { radius: Fx::ONE },
+            position: at,
+            color: 0xff,
+            text: String::new(),
+        },
+    );
+    let r = step(sim, vec![e]);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    *sim.world().objects().keys().find(|id| !before.contains(id)).expect("a new object")
+}
+
+fn rez_centre(sim: &mut TestSim, s: &mut Signer) -> ObjectId {
+    let c = sim.world().region().centre();
+    rez(sim, s, c)
+}
+
+fn deploy(sim: &mut TestSim, s: &mut Signer, object: ObjectId, source: &str) -> metatopia_sim::TickReport {
+    let e = s.sign(
+        sim,
+        Payload::DeployScript {
+            object,
+            source: source.into(),
+            licence: "AGPL-3.0-or-later".into(),
+            derived_from: None,
+        },
+    );
+    step(sim, vec![e])
+}
+
+#[test]
+fn login_creates_account_and_avatar_and_move_is_owner_only() {
+    let (mut sim, mut ann, mut bob) = two_players();
+    let a = avatar(&sim, &ann);
+    assert_eq!(sim.world().object(a).unwrap().owner, ann.id());
+    let v = Vec2::from_ints(3, 0);
+    let mine = ann.sign(&sim, Payload::Move { object: a, velocity: v });
+    let theirs = bob.sign(&sim, Payload::Move { object: a, velocity: Vec2::from_ints(0, 5) });
+    let r = step(&mut sim, vec![mine, theirs]);
+    assert_eq!(r.rejected.len(), 1);
+    assert_eq!(r.rejected[0].reason, RejectReason::NotOwner { object: a });
+    let start = sim.world().object(a).unwrap().position;
+    idle(&mut sim, 30);
+    // 30 ticks at 30 Hz, 3 m/s: 3 m east (fixed-point dt = 1/30 truncated, so within 1 mm).
+    let moved = sim.world().object(a).unwrap().position - start;
+    assert!((moved.x - Fx::from_int(3)).abs() < Fx::from_ratio(1, 1000), "{moved:?}");
+    assert_eq!(moved.y, Fx::ZERO);
+}
+
+#[test]
+fn forged_replayed_and_wrong_sim_events_never_take_effect() {
+    let (mut sim, mut ann, _bob) = two_players();
+    let a = avatar(&sim, &ann);
+    let good = ann.sign(&sim, Payload::Move { object: a, velocity: Vec2::from_ints(1, 0) });
+    step(&mut sim, vec![good.clone()]);
+    let root_before = {
+        idle(&mut sim, 1);
+        sim.world().object(a).unwrap().velocity
+    };
+    let mut forged = ann.sign(&sim, Payload::Move { object: a, velocity: Vec2::from_ints(9, 9) });
+    forged.signature.0[5] ^= 1;
+    let wrong_sim = SignedEvent::new(
+        &ann.key,
+        SimId(999),
+        ann.nonce + 10,
+        Payload::Move { object: a, velocity: Vec2::from_ints(9, 9) },
+    );
+    let r = step(&mut sim, vec![good.clone(), forged, wrong_sim]);
+    let reasons: Vec<_> = r.rejected.iter().map(|x| x.reason.clone()).collect();
+    assert!(reasons.contains(&RejectReason::BadSignature), "{reasons:?}");
+    assert!(reasons.contains(&RejectReason::WrongSim { expected: sim.world().sim(), got: SimId(999) }));
+    assert!(reasons.iter().any(|x| matches!(x, RejectReason::StaleNonce { .. })), "replay refused");
+    assert_eq!(r.accepted, 0);
+    assert_eq!(sim.world().object(a).unwrap().velocity, root_before, "nothing took effect");
+    // The rejections are recorded in state, so every node records them identically.
+    assert_eq!(sim.world().receipts(), &r.rejected[..]);
+}
+
+#[test]
+fn unknown_accounts_must_log_in_first() {
+    let (mut sim, _ann, _bob) = two_players();
+    let mut eve = Signer::new(demo_key(99, 3), &sim);
+    let e = eve.sign(&sim, Payload::Chat { channel: 0, range: ChatRange::Say, text: "hi".into() });
+    let r = step(&mut sim, vec![e]);
+    assert_eq!(r.rejected[0].reason, RejectReason::UnknownAccount);
+}
+
+#[test]
+fn oversized_fields_are_refused_with_the_limit() {
+    let (mut sim, mut ann, _bob) = two_players();
+    let text = "x".repeat(5_000);
+    let e = ann.sign(&sim, Payload::Chat { channel: 0, range: ChatRange::Say, text });
+    let r = step(&mut sim, vec![e]);
+    assert_eq!(r.rejected[0].reason, RejectReason::FieldTooLong { field: "text".into(), len: 5_000, max: 1_024 });
+    let big = "y".repeat(200_000);
+    let e = ann.sign(&sim, Payload::Chat { channel: 0, range: ChatRange::Say, text: big });
+    let r = step(&mut sim, vec![e]);
+    assert!(matches!(r.rejected[0].reason, RejectReason::TooLarge { max: 98_304, .. }), "{:?}", r.rejected);
+}
+
+#[test]
+fn chat_carries_by_range_to_listening_scripts() {
+    let (mut sim, mut ann, _bob) = two_players();
+    let centre = sim.world().region().centre();
+    let near = rez(&mut sim, &mut ann, centre + Vec2::from_ints(15, 0));
+    let far = rez(&mut sim, &mut ann, centre + Vec2::from_ints(50, 0));
+    for o in [near, far] {
+        let r = deploy(&mut sim, &mut ann, o, "listen 5\non chat: echo");
+        assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    }
+    // A say (20 m) reaches `near` (15 m) but not `far` (50 m); a shout reaches both; a
+    // whisper (10 m) neither.
+    assert_eq!(echoes(&mut sim, &mut ann, ChatRange::Say, "ping"), vec![Speaker::Object(near)]);
+    assert_eq!(echoes(&mut sim, &mut ann, ChatRange::Shout, "hey"), vec![Speaker::Object(near), Speaker::Object(far)]);
+    assert_eq!(echoes(&mut sim, &mut ann, ChatRange::Whisper, "psst"), vec![]);
+}
+
+/// Say `text` on channel 5 at `range`; who echoed it on the next tick.
+fn echoes(sim: &mut TestSim, s: &mut Signer, range: ChatRange, text: &str) -> Vec<Speaker> {
+    let e = s.sign(sim, Payload::Chat { channel: 5, range, text: text.into() });
+    step(sim, vec![e]);
+    let r = step(sim, vec![]);
+    let want = format!("echo: {text}");
+    r.chat.iter().filter(|l| l.text == want).map(|l| l.speaker).collect()
+}
+
+#[test]
+fn touching_a_door_script_changes_it_and_its_state_persists() {
+    let (mut sim, mut ann, mut bob) = two_players();
+    let door = rez_centre(&mut sim, &mut ann);
+    deploy(&mut sim, &mut ann, door, "on touch: color ff0000ff; say 0 opened; count");
+    // Anyone may touch.
+    let t1 = bob.sign(&sim, Payload::Touch { object: door });
+    let r = step(&mut sim, vec![t1]);
+    let o = sim.world().object(door).unwrap();
+    assert_eq!(o.color, 0xff00_00ff);
+    assert_eq!(o.text, "1");
+    assert!(r.chat.iter().any(|l| l.text == "opened" && l.speaker == Speaker::Object(door)));
+    let t2 = ann.sign(&sim, Payload::Touch { object: door });
+    let t3 = bob.sign(&sim, Payload::Touch { object: door });
+    step(&mut sim, vec![t2, t3]);
+    assert_eq!(sim.world().object(door).unwrap().text, "3");
+    // Source, licence and author are readable by anyone.
+    let src = sim.world().script_source(door).unwrap();
+    assert!(src.source.contains("on touch"));
+    assert_eq!(src.licence, "AGPL-3.0-or-later");
+    assert_eq!(src.author, ann.id());
+}
+
+#[test]
+fn deploying_is_owner_only_and_needs_a_copyleft_licence_and_valid_source() {
+    let (mut sim, mut ann, mut bob) = two_players();
+    let o = rez_centre(&mut sim, &mut ann);
+    let e = bob.sign(
+        &sim,
+        Payload::DeployScript {
+            object: o,
+            source: "on touch: count".into(),
+            licence: "MIT".into(),
+            derived_from: None,
+        },
+    );
+    let r = step(&mut sim, vec![e]);
+    assert_eq!(r.rejected[0].reason, RejectReason::NotOwner { object: o });
+    let e = ann.sign(
+        &sim,
+        Payload::DeployScript {
+            object: o,
+            source: "on touch: count".into(),
+            licence: "MIT".into(),
+            derived_from: None,
+        },
+    );
+    let r = step(&mut sim, vec![e]);
+    assert_eq!(r.rejected[0].reason, RejectReason::LicenceNotCopyleft { licence: "MIT".into() });
+    let r = deploy(&mut sim, &mut ann, o, "on touch: launch rockets");
+    assert!(matches!(&r.rejected[0].reason, RejectReason::CompileError { message } if message.contains("line 1")));
+    assert!(sim.world().script(o).is_none());
+}
+
+#[test]
+fn script_errors_go_to_the_owner_and_suspend_after_the_limit() {
+    let (mut sim, mut ann, _bob) = two_players();
+    let o = rez_centre(&mut sim, &mut ann);
+    let other = rez_centre(&mut sim, &mut ann);
+    deploy(&mut sim, &mut ann, o, "on tick: fail");
+    deploy(&mut sim, &mut ann, other, "on tick: count");
+    let limit = sim.world().settings().limits.script_failure_limit;
+    let mut suspended_at = None;
+    for i in 0..limit + 3 {
+        let r = step(&mut sim, vec![]);
+        if let Some(e) = r.script_errors.first() {
+            assert_eq!(e.owner, ann.id());
+            assert!(r.chat.iter().any(|l| l.channel == DEBUG_CHANNEL && l.to == Some(ann.id())));
+            if e.suspended && suspended_at.is_none() {
+                suspended_at = Some(i);
+            }
+        }
+    }
+    assert!(sim.world().script(o).unwrap().suspended);
+    assert!(suspended_at.is_some());
+    // The healthy script kept running every tick.
+    let count: u64 = sim.world().object(other).unwrap().text.parse().unwrap();
+    assert!(count >= u64::from(limit) + 3, "{count}");
+    // Redeploying clears the suspension.
+    deploy(&mut sim, &mut ann, o, "on touch: count");
+    assert!(!sim.world().script(o).unwrap().suspended);
+}
+
+#[test]
+fn messages_and_timers_arrive_on_the_next_ticks() {
+    let (mut sim, mut ann, _bob) = two_players();
+    let c = sim.world().region().centre();
+    let relay = rez(&mut sim, &mut ann, c);
+    let sender = rez(&mut sim, &mut ann, c);
+    deploy(&mut sim, &mut ann, relay, "on message: reply pong");
+    deploy(&mut sim, &mut ann, sender, &format!("timer 3\non timer: send {relay} ping\non message: count"));
+    idle(&mut sim, 10);
+    // Fired at least twice (every 3 ticks), each ping answered by a pong that increments.
+    let n: u64 = sim.world().object(sender).unwrap().text.parse().unwrap();
+    assert!((2..=4).contains(&n), "{n}");
+}
+
+#[test]
+fn derez_and_logout_remove_objects_and_free_slots_for_new_generations() {
+    let (mut sim, mut ann, mut bob) = two_players();
+    let o = rez_centre(&mut sim, &mut ann);
+    let steal = bob.sign(&sim, Payload::Derez { object: o });
+    let r = step(&mut sim, vec![steal]);
+    assert_eq!(r.rejected[0].reason, RejectReason::NotOwner { object: o });
+    let e = ann.sign(&sim, Payload::Derez { object: o });
+    step(&mut sim, vec![e]);
+    assert!(sim.world().object(o).is_none());
+    let again = rez_centre(&mut sim, &mut ann);
+    assert_eq!(again.slot(), o.slot());
+    assert_eq!(again.generation(), o.generation() + 1, "a reused slot never aliases the old id");
+    let touch_old = bob.sign(&sim, Payload::Touch { object: o });
+    let r = step(&mut sim, vec![touch_old]);
+    assert_eq!(r.rejected[0].reason, RejectReason::NoSuchObject { object: o });
+    let out = ann.sign(&sim, Payload::Logout);
+    step(&mut sim, vec![out]);
+    assert!(sim.world().account(&ann.id()).unwrap().avatar.is_none());
+    assert_eq!(account_of(&ann.key), ann.id());
+}
+
+#[test]
+fn shared_sources_live_while_any_object_runs_them() {
+    let (mut sim, mut ann, _bob) = two_players();
+    let a = rez_centre(&mut sim, &mut ann);
+    let b = rez_centre(&mut sim, &mut ann);
+    deploy(&mut sim, &mut ann, a, "on touch: count");
+    deploy(&mut sim, &mut ann, b, "on touch: count");
+    let id = sim.world().script(a).unwrap().script;
+    assert_eq!(sim.world().script(b).unwrap().script, id, "content-addressed: one source");
+    assert_eq!(sim.world().sources().len(), 1);
+    let e = ann.sign(&sim, Payload::Derez { object: a });
+    step(&mut sim, vec![e]);
+    assert!(sim.world().sources().contains_key(&id), "b still runs it");
+    deploy(&mut sim, &mut ann, b, "on touch: color ff0000ff");
+    assert!(!sim.world().sources().contains_key(&id), "nobody runs it any more");
+    assert_eq!(sim.world().sources().len(), 1);
+}
+
+#[test]
+fn touching_a_suspended_script_leaves_it_untouched() {
+    let (mut sim, mut ann, mut bob) = two_players();
+    let o = rez_centre(&mut sim, &mut ann);
+    deploy(&mut sim, &mut ann, o, "on tick: fail");
+    let limit = sim.world().settings().limits.script_failure_limit;
+    idle(&mut sim, u64::from(limit) + 1);
+    let before = sim.world().script(o).unwrap().clone();
+    assert!(before.suspended);
+    let root = sim.roots().scripts;
+    let t = bob.sign(&sim, Payload::Touch { object: o });
+    let r = step(&mut sim, vec![t]);
+    assert!(r.script_errors.is_empty());
+    assert_eq!(sim.world().script(o).unwrap(), &before, "the failure streak is kept while suspended");
+    assert_eq!(sim.roots().scripts, root, "no script state changed");
+}

@@ -1,0 +1,190 @@
+//! The scenario catalogue in the deterministic cluster, reproducibility, synctest and replay.
+
+use crate::support::cli;
+
+use std::path::{Path, PathBuf};
+
+use metatopia_lab::scenario::{self, Options, Recording};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("scenarios")
+}
+
+fn catalogue() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("catalogue"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn run(path: &Path, seed: Option<u64>) -> (scenario::Report, Recording) {
+    let (spec, text) = scenario::load(path).unwrap();
+    let opts = Options { seed: seed.unwrap_or(spec.seed), scripts_dir: root().join("scripts") };
+    scenario::run(&spec, &text, &opts, &mut |_, _| {}).unwrap()
+}
+
+/// Every other scenario of the catalogue, from the `half`th (0 or 1): two tests, so the two
+/// halves run side by side.
+fn every_other_catalogue_scenario_passes_in_simulation(half: usize) {
+    let files = catalogue();
+    assert!(files.len() >= 15, "the catalogue has {} scenarios", files.len());
+    let mut failed = Vec::new();
+    for f in files.iter().skip(half).step_by(2) {
+        let (report, _) = run(f, None);
+        // Every scenario checks something beyond the built-in agreement verdict.
+        assert!(report.verdicts.len() >= 2, "{}: no expectations", f.display());
+        if !report.passed() {
+            failed.push(report.table());
+        }
+    }
+    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+}
+
+#[test]
+fn every_catalogue_scenario_passes_in_simulation_first_half() {
+    every_other_catalogue_scenario_passes_in_simulation(0);
+}
+
+#[test]
+fn every_catalogue_scenario_passes_in_simulation_second_half() {
+    every_other_catalogue_scenario_passes_in_simulation(1);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run_and_another_seed_another() {
+    let f = root().join("catalogue").join("lossy-network.toml");
+    let (a, ra) = run(&f, Some(5));
+    let (b, rb) = run(&f, Some(5));
+    assert_eq!(a, b);
+    assert_eq!(ra.ticks, rb.ticks);
+    let (c, _) = run(&f, Some(6));
+    assert_ne!(a.trace, c.trace);
+}
+
+#[test]
+fn a_failing_scenario_prints_a_command_that_reproduces_the_failure_exactly() {
+    let dir = std::env::temp_dir().join(format!("metatopia-scenario-fail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(root().join("catalogue").join("lossy-network.toml")).unwrap()
+        + "\n[[expect]]\nkind = \"min_ticks\"\nticks = 100000\n";
+    let file = dir.join("impossible.toml");
+    std::fs::write(&file, text).unwrap();
+    let scripts = root().join("scripts");
+    let (ok, out, err) =
+        cli(&["scenario", "run", file.to_str().unwrap(), "--seed", "77", "--scripts", scripts.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("FAIL") && err.contains("seed 77"), "{out}{err}");
+    let replay = err.split("replay exactly with: ").nth(1).expect("a replay command").trim();
+    let words: Vec<&str> = replay.split_whitespace().collect();
+    assert_eq!(words[0], "metatopia");
+    let mut args: Vec<&str> = words[1..].to_vec();
+    args.extend(["--scripts", scripts.to_str().unwrap()]);
+    let (ok2, out2, _) = cli(&args);
+    assert!(!ok2);
+    assert_eq!(out, out2, "the replay reproduces the run exactly (same table, same trace)");
+}
+
+#[test]
+fn synctest_and_replay_verify_pass_on_real_runs_and_catch_a_tampered_recording() {
+    let scripts = root().join("scripts");
+    let balls = root().join("catalogue").join("physics-balls.toml");
+    let (ok, out, err) = cli(&["synctest", balls.to_str().unwrap(), "--scripts", scripts.to_str().unwrap()]);
+    assert!(ok && out.contains("every root equal"), "{out}{err}");
+
+    let dir = std::env::temp_dir().join(format!("metatopia-recording-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rec = dir.join("door.rec");
+    let door = root().join("catalogue").join("door.toml");
+    let (ok, out, err) = cli(&["scenario", "run", door.to_str().unwrap(), "--record", rec.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = cli(&["replay", "verify", rec.to_str().unwrap()]);
+    assert!(ok && out.contains("every root equals the recorded one"), "{out}{err}");
+
+    // Change one committed input: the replay names the tick where the roots part.
+    let mut r: Recording = postcard::from_bytes(&std::fs::read(&rec).unwrap()).unwrap();
+    let t = r.ticks.iter().position(|(l, _)| !l.events.is_empty()).expect("a tick with events");
+    r.ticks[t].0.events.clear();
+    std::fs::write(&rec, postcard::to_allocvec(&r).unwrap()).unwrap();
+    let (ok, _, err) = cli(&["replay", "verify", rec.to_str().unwrap()]);
+    assert!(!ok && err.contains(&format!("tick {}", r.ticks[t].0.tick)) && err.contains("differs"), "{err}");
+}
+
+#[test]
+fn a_bad_scenario_file_is_an_error_naming_the_line() {
+    let dir = std::env::temp_dir().join(format!("metatopia-scenario-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bad.toml");
+    std::fs::write(&file, "name = \"bad\"\nduration_secs = 1\n\n[[faults]]\nkind = \"byzantine\"\nnode = 9\n").unwrap();
+    let (ok, _, err) = cli(&["scenario", "run", file.to_str().unwrap()]);
+    assert!(!ok && err.contains("line 4") && err.contains("node"), "{err}");
+    std::fs::write(&file, "name = \"bad\"\nduration_secs = 1\nwordl = 3\n").unwrap();
+    let (ok, _, err) = cli(&["scenario", "run", file.to_str().unwrap()]);
+    assert!(!ok && err.contains("line 3") && err.contains("wordl"), "{err}");
+}
+
+/// Two sims of four real nodes each (eight processes over libp2p): a scripted object and a
+/// ball cross the border between them, each exactly once, the counter's state intact.
+#[test]
+fn two_sims_side_by_side_hand_bodies_over_as_real_processes() {
+    let dir = std::env::temp_dir().join(format!("metatopia-scenario-sims-{}", std::process::id()));
+    let file = root().join("catalogue").join("border-crossing.toml");
+    let (ok, out, err) = cli(&["scenario", "run", file.to_str().unwrap(), "--real", "--dir", dir.to_str().unwrap()]);
+    assert!(ok && out.contains("passed") && !out.contains("FAIL"), "{out}\n{err}");
+    assert!(out.contains("2 left, 2 arrived, 0 in transit"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_subset_of_the_catalogue_passes_as_real_processes_on_loopback() {
+    let base = std::env::temp_dir().join(format!("metatopia-scenario-real-{}", std::process::id()));
+    // validator-admission: an observer process is admitted and votes from the epoch boundary,
+    // a removed validator only follows, and the sim keeps its quorum through two crashes only
+    // because the admitted node votes.
+    for name in ["door", "echo-chat", "ban-and-replay", "crash-restart", "diverging-node", "validator-admission"] {
+        let file = root().join("catalogue").join(format!("{name}.toml"));
+        let dir = base.join(name);
+        let (ok, out, err) =
+            cli(&["scenario", "run", file.to_str().unwrap(), "--real", "--dir", dir.to_str().unwrap()]);
+        assert!(ok && out.contains("passed") && !out.contains("FAIL"), "{name}:\n{out}\n{err}");
+        assert!(out.contains("real run"), "{out}");
+    }
+    // Simulation-only faults are refused with the line, not ignored.
+    let (ok, _, err) =
+        cli(&["scenario", "run", root().join("catalogue").join("partition-heal.toml").to_str().unwrap(), "--real"]);
+    assert!(!ok && err.contains("simulation-only") && err.contains("line"), "{err}");
+}
+
+#[test]
+fn a_node_that_crashes_between_a_commit_and_its_execution_loses_no_committed_tick() {
+    // Nodes execute a commit after their votes have left (in the cluster EXEC_DELAY_US later);
+    // the agreement's persisted state counts the commit as handed out from the moment it is. A
+    // crash in that window must still find the tick in the node's log when it restarts, or the
+    // node stops at the gap ("commit out of order"). Crash times a fifth of the window apart,
+    // over a tick period, put several crashes inside it. Each run stops 8 s in rather than the
+    // catalogue's 12 (the node is back at 4.5 s), its tick floor scaled to match.
+    let (mut spec, text) = scenario::load(&root().join("catalogue").join("crash-restart.toml")).unwrap();
+    let (from, to) = (spec.duration_secs, 8.0);
+    spec.duration_secs = to;
+    for e in &mut spec.expect {
+        if let Some(t) = e.get_mut().ticks.as_mut() {
+            *t = (*t as f64 * to / from) as u64;
+        }
+    }
+    assert!(spec.expect.iter().any(|e| e.get_ref().ticks.is_some_and(|t| t >= 130)), "a tick floor is checked");
+    let window = metatopia_lab::simnet::EXEC_DELAY_US as f64 / 1e6;
+    let opts = Options { seed: spec.seed, scripts_dir: root().join("scripts") };
+    let mut failed = Vec::new();
+    for k in 0..30 {
+        let at = 3.0 + f64::from(k) * window / 5.0 * 1.7;
+        spec.faults[0].get_mut().at_secs = at;
+        spec.faults[0].get_mut().until_secs = Some(4.5);
+        let (report, _) = scenario::run(&spec, &text, &opts, &mut |_, _| {}).unwrap();
+        if !report.passed() {
+            failed.push(format!("crash at {at:.5} s:\n{}", report.table()));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}

@@ -1,0 +1,14 @@
+//! The node's integration tests: real `metatopia` processes, their CLI, the mesh, the store and
+//! the clients. One binary, a module per area; `tests/support` is shared with the lab's tests.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod clients;
+mod devnet;
+mod fuzz_corpus;
+mod ownership;
+mod processes;
+mod sim_command;
+mod sims;
+mod viewer;

@@ -1,0 +1,113 @@
+//! The web viewer end to end: four real nodes on loopback run the plaza scenario's world; the
+//! viewer served by node 0 is driven in real headless Chromium (playwright-core): objects
+//! appear, the browser makes a key and logs in, chat gets the echo bot's reply, the door's
+//! script source shows, touching opens the door; a screenshot is saved under target/.
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use metatopia_node::api::http::Client;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn the_viewer_in_headless_chromium_logs_in_chats_reads_a_script_and_opens_the_door() {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "the viewer test needs Chromium at {chromium} (Debian: apt-get install chromium; .ci/setup installs it)"
+    );
+    let e2e = repo().join("tests").join("viewer");
+    if !e2e.join("node_modules").join("playwright-core").exists() {
+        let ok = Command::new("npm").args(["ci", "--no-audit", "--no-fund"]).current_dir(&e2e).status().unwrap();
+        assert!(ok.success(), "npm ci in tests/viewer failed");
+    }
+
+    let cluster = support::Cluster::start("viewer", "plaza.toml");
+    let http = cluster.http[0].clone();
+    let client = Client::new(&http);
+    // A terminal client in a pseudo-terminal (as a person runs it), through node 1.
+    let tui_key = cluster.root.join("tui.key");
+    let line = format!(
+        "{} client --join {} --name tui-player --key {}",
+        env!("CARGO_BIN_EXE_metatopia"),
+        cluster.join[1],
+        tui_key.display()
+    );
+    /// `script` and the client under it, killed if the test ends early.
+    struct Tui(std::process::Child);
+    impl Drop for Tui {
+        fn drop(&mut self) {
+            let _ = Command::new("pkill").args(["-KILL", "-P", &self.0.id().to_string()]).status();
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let tui = Tui({
+        Command::new("script")
+            .args(["-qfec", &line, "/dev/null"])
+            .env("TERM", "xterm")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    });
+    let avatars = |h: &str| -> Vec<String> {
+        let list: Vec<metatopia_client::proto::ObjectView> =
+            Client::new(h).get("/v1/objects").ok().flatten().unwrap_or_default();
+        list.into_iter().filter(|o| o.avatar).map(|o| o.name).collect()
+    };
+    let t0 = std::time::Instant::now();
+    while !cluster.http.iter().all(|h| avatars(h).contains(&"tui-player".to_owned())) {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "the terminal client's avatar did not appear");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // Killed (kill -9, as a crash or an OOM kill ends it): no logout is sent. The client runs
+    // in `script`'s session, as its child.
+    let client_pid =
+        String::from_utf8(Command::new("pgrep").args(["-P", &tui.0.id().to_string()]).output().unwrap().stdout)
+            .unwrap();
+    let client_pid = client_pid.trim();
+    assert!(!client_pid.is_empty(), "the terminal client runs under script");
+    for pid in [client_pid.to_owned(), tui.0.id().to_string()] {
+        let killed = Command::new("kill").args(["-s", "KILL", "--", &pid]).status().unwrap();
+        assert!(killed.success(), "kill -9 {pid}");
+    }
+    drop(tui);
+    // The page itself is served by the node.
+    let (code, html) = client.get_text("/").unwrap();
+    assert!(code == 200 && html.contains("viewer.js"), "{code}");
+
+    let shot = repo().join("target").join("viewer-screenshot.png");
+    let _ = std::fs::remove_file(&shot);
+    let out = Command::new("node")
+        .arg(e2e.join("e2e.mjs"))
+        .arg(format!("http://{http}/"))
+        .arg(&shot)
+        .env("CHROMIUM", &chromium)
+        .current_dir(&e2e)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("viewer e2e passed"), "{stdout}\n{stderr}");
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a real screenshot: {} bytes", png.len());
+
+    // The browser closed without logging out, the terminal client was killed: once the grace
+    // period has passed their avatars are gone on every node, and nobody else's.
+    let grace = std::time::Duration::from_millis(metatopia_sim::governance::SESSION_GRACE_MS);
+    let t0 = std::time::Instant::now();
+    loop {
+        let left: Vec<Vec<String>> = cluster.http.iter().map(|h| avatars(h)).collect();
+        let gone = left.iter().all(|a| !a.iter().any(|n| n == "ada" || n == "tui-player"));
+        if gone {
+            break;
+        }
+        assert!(t0.elapsed() < grace * 3, "avatars still there after {:?}: {left:?}", t0.elapsed());
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
