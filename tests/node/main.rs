@@ -7,6 +7,7 @@ mod support;
 mod clients;
 mod devnet;
 mod fuzz_corpus;
+mod house;
 mod ownership;
 mod processes;
 mod sim_command;

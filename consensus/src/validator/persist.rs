@@ -1,0 +1,156 @@
+//! What survives a crash: the validator's votes and certificates persisted and restored, and the blocks it handed out recalled from the commit log.
+
+use super::*;
+
+impl Validator {
+    /// Continue after a crash from what [`Validator::persist`] returned.
+    pub fn restore(
+        cfg: Config,
+        key: SigningKey,
+        keys: Vec<VerifyingKey>,
+        now: Micros,
+        saved: &[u8],
+    ) -> Result<Validator, crate::types::DecodeError> {
+        let p: Persisted =
+            postcard::from_bytes(saved).map_err(|e| crate::types::DecodeError::Malformed(e.to_string()))?;
+        let mut v = Validator::new(cfg, key, keys, now);
+        v.view = p.view;
+        for (view, (n, x, f)) in p.votes {
+            let lead = Some(v.leader(view)) == v.me;
+            let s = v.views.entry(view).or_default();
+            // Its own votes count in its tallies, as when they were cast: a validator that
+            // counted only its peers' after a restart needed one vote more than there could be
+            // with f validators down (three restored with their nullify votes of one view, the
+            // fourth down, each saw two and that view never ended).
+            for vote in [&n, &x, &f].into_iter().flatten() {
+                s.tally_mut(vote.kind, vote.digest).insert(vote.signer, vote.clone());
+                s.first.insert((vote.kind, vote.signer), vote.clone());
+            }
+            s.my_notarize = n;
+            s.my_nullify = x;
+            s.my_finalize = f;
+            s.proposed = s.my_notarize.is_some() && lead;
+        }
+        v.tip = p.tip;
+        v.output_tick = p.output_tick;
+        for b in p.blocks {
+            let ids = event_ids(&b.events);
+            v.blocks.insert(b.digest_with_ids(&ids), Stored::with_ids(b, ids));
+        }
+        for c in p.notarized {
+            v.notarized.insert(c.view, c);
+        }
+        for c in p.nullified {
+            v.nullified.insert(c.view, c);
+        }
+        for c in p.finalized {
+            v.finalized.insert(c.view, c);
+        }
+        // A certificate formed on its votes' MACs is saved only once their signatures are
+        // checked, a few milliseconds later. When every validator stopped inside that window
+        // (a whole sim stopped at once), nobody has it, and nobody sent its votes of a past view
+        // again: no later view could be built on, and every view timed out from then on. So
+        // this validator's votes whose certificate it lacks are sent again while it is stuck
+        // (as `resend` does for certificates that lost a vote), until the certificate forms.
+        let holes: Vec<(VoteKind, View)> = v
+            .views
+            .iter()
+            .flat_map(|(view, s)| {
+                [
+                    (VoteKind::Notarize, s.my_notarize.is_some()),
+                    (VoteKind::Nullify, s.my_nullify.is_some()),
+                    (VoteKind::Finalize, s.my_finalize.is_some()),
+                ]
+                .into_iter()
+                .filter(|(_, mine)| *mine)
+                .map(move |(kind, _)| (kind, *view))
+            })
+            .filter(|(kind, view)| !v.certified(*kind).contains_key(view))
+            .collect();
+        v.repair.extend(holes);
+        Ok(v)
+    }
+
+    /// Blocks this validator handed out as committed before a restart, oldest first, from the
+    /// application's commit log: kept again (as if never pruned) to answer peers' fetches.
+    /// [`Validator::persist`] keeps only the blocks not yet handed out, so without this, once
+    /// a whole sim had stopped, no validator would hold the blocks that one down at the time
+    /// still needs, and it could never commit again.
+    ///
+    /// Each block is rebuilt from its record and the notarization of the block before it (an
+    /// epoch's first block, from the genesis or the anchor), and kept only when its digest and
+    /// view are its notarization's. Records of ticks not handed out yet, before this epoch, or
+    /// more than `keep_blocks` below the committed tick are skipped, and the byte budget
+    /// applies as to any finalized block. Returns how many blocks were kept.
+    pub fn recall(&mut self, logged: impl IntoIterator<Item = Logged>) -> usize {
+        let Some(out) = self.output_tick else { return 0 };
+        let first_tick = self.cfg.anchor.as_ref().map_or(0, |a| a.block.tick + 1);
+        let keep_from = out.saturating_sub(self.cfg.keep_blocks).max(first_tick);
+        let mut prev: Option<(u64, Certificate)> = None;
+        let mut kept = 0;
+        for rec in logged {
+            let parent = if rec.tick == first_tick {
+                let anchor = self.cfg.anchor.as_ref().map(|a| a.notarization.clone());
+                Some((Parent { view: View(0), digest: self.root_parent() }, anchor))
+            } else {
+                prev.take()
+                    .filter(|(tick, _)| tick + 1 == rec.tick)
+                    .map(|(_, c)| (Parent { view: c.view, digest: c.digest }, Some(c)))
+            };
+            let n = rec.notarization;
+            if let Some((parent, parent_certificate)) = parent
+                && (keep_from..=out).contains(&rec.tick)
+                && n.kind == VoteKind::Notarize
+                && !self.blocks.contains_key(&n.digest)
+            {
+                let block = Block {
+                    view: n.view,
+                    leader: self.leader(n.view),
+                    parent,
+                    tick: rec.tick,
+                    time_ms: rec.time_ms,
+                    events: rec.events,
+                    parent_certificate,
+                };
+                let ids = event_ids(&block.events);
+                if block.digest_with_ids(&ids) == n.digest {
+                    self.blocks.insert(n.digest, Stored::with_ids(block, ids));
+                    kept += 1;
+                }
+            }
+            prev = Some((rec.tick, n));
+        }
+        self.prune();
+        kept
+    }
+
+    /// The state that must be durable before this step's outputs are sent.
+    pub fn persist(&self) -> Vec<u8> {
+        let from = self.tip.0;
+        let p = Persisted {
+            view: self.view,
+            votes: self
+                .views
+                .range(from..)
+                .map(|(v, s)| (*v, (s.my_notarize.clone(), s.my_nullify.clone(), s.my_finalize.clone())))
+                .collect(),
+            tip: self.tip,
+            output_tick: self.output_tick,
+            blocks: self.unoutput_chain_blocks(),
+            // (Certificates with unchecked votes are formed again after a restart.)
+            notarized: self.checked(&self.notarized, from),
+            nullified: self.checked(&self.nullified, from),
+            finalized: self.checked(&self.finalized, from),
+        };
+        postcard::to_allocvec(&p).expect("encoding into a Vec cannot fail")
+    }
+
+    pub(super) fn checked(&self, certs: &BTreeMap<View, Certificate>, from: View) -> Vec<Certificate> {
+        certs.range(from..).map(|(_, c)| c).filter(|c| !self.has_unchecked(c)).cloned().collect()
+    }
+
+    pub(super) fn unoutput_chain_blocks(&self) -> Vec<Block> {
+        let after = self.output_tick;
+        self.blocks.values().filter(|s| after.is_none_or(|t| s.block.tick >= t)).map(|s| (*s.block).clone()).collect()
+    }
+}
