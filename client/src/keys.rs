@@ -27,13 +27,11 @@ pub fn unhex(text: &str) -> Option<Vec<u8>> {
 pub fn parse_hex32(text: &str) -> anyhow::Result<[u8; 32]> {
     let chars = text.chars().count();
     anyhow::ensure!(chars == 64, "64 hex digits are needed, this has {chars} characters");
+    if let Some((at, c)) = text.chars().enumerate().find(|(_, c)| !c.is_ascii_hexdigit()) {
+        anyhow::bail!("only hex digits (0-9, a-f) may appear, not {c:?} (character {})", at + 1);
+    }
     let mut out = [0u8; 32];
-    ::hex::decode_to_slice(text, &mut out).map_err(|e| match e {
-        ::hex::FromHexError::InvalidHexCharacter { c, index } => {
-            anyhow::anyhow!("only hex digits (0-9, a-f) may appear, not {c:?} (at byte {index})")
-        }
-        other => anyhow::anyhow!("{other}"),
-    })?;
+    ::hex::decode_to_slice(text, &mut out).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(out)
 }
 

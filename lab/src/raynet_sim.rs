@@ -1,4 +1,4 @@
-//! `metatopia raynet`: run the Raynet simulator (N peers in this process, seeded) and print a
+//! `metatopia-lab raynet`: run the Raynet simulator (N peers in this process, seeded) and print a
 //! table per round: neighbour recall and precision against the exact Delaunay triangulation,
 //! view sizes, lookup success and hops, plus wall time and memory per simulated peer.
 

@@ -1,6 +1,6 @@
 //! Every decoder of untrusted bytes, as one function each: what `node/fuzz` runs under
 //! libFuzzer (`cargo +nightly fuzz run TARGET`, see `node/fuzz/README.md`) and what
-//! `node/tests/fuzz_corpus.rs` replays on stable from the committed corpora. Each takes any
+//! `tests/node/fuzz_corpus.rs` replays on stable from the committed corpora. Each takes any
 //! bytes and must return without panicking, looping or allocating past the bound it was given.
 
 use metatopia_scripting::RhaiHost;

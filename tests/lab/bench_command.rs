@@ -1,4 +1,4 @@
-//! `metatopia bench agreement` as a user runs it, small: a real process with four validators
+//! `metatopia-lab bench agreement` as a user runs it, small: a real process with four validators
 //! over loopback TCP, its report read back. (What it measures is for the by-hand runs; this
 //! checks that it runs, commits what it was given and reports it.)
 

@@ -79,7 +79,7 @@ fn a_failing_scenario_prints_a_command_that_reproduces_the_failure_exactly() {
     assert!(out.contains("FAIL") && err.contains("seed 77"), "{out}{err}");
     let replay = err.split("replay exactly with: ").nth(1).expect("a replay command").trim();
     let words: Vec<&str> = replay.split_whitespace().collect();
-    assert_eq!(words[0], "metatopia");
+    assert_eq!(words[0], "metatopia-lab");
     let mut args: Vec<&str> = words[1..].to_vec();
     args.extend(["--scripts", scripts.to_str().unwrap()]);
     let (ok2, out2, _) = cli(&args);

@@ -5,6 +5,7 @@
 mod support;
 
 mod clients;
+mod config;
 mod devnet;
 mod fuzz_corpus;
 mod house;

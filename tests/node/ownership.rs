@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use metatopia_node::api::http::{Client, GovernanceView, Status};
 
 fn free_ports(n: usize) -> Vec<u16> {
-    let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    metatopia_node::net::free_ports(n).unwrap()
 }
 
 fn ok(args: &[&str]) -> String {

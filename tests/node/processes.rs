@@ -52,8 +52,7 @@ impl Drop for Node {
 }
 
 fn free_ports(n: usize) -> Vec<u16> {
-    let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    metatopia_node::net::free_ports(n).unwrap()
 }
 
 fn setup(name: &str, n: usize, rate: u32) -> Vec<PathBuf> {
@@ -306,9 +305,10 @@ fn a_node_in_no_config_joins_through_a_join_address_from_a_certified_snapshot_an
 }
 
 #[test]
-fn a_killed_leader_costs_one_leader_timeout_per_view_it_would_lead() {
-    use metatopia_node::config::LEADER_TIMEOUT_US;
+fn a_killed_leader_costs_only_the_views_it_would_lead() {
+    use metatopia_node::api::http::{Client, Status};
     // 20 Hz; leaders rotate every view, so a dead validator is the leader of one view in four.
+    // Counted in views and ticks, not in wall-clock time (a loaded machine stretches both).
     let dirs = setup("leader", 4, 20);
     let roots: Roots = Arc::default();
     let mut nodes: Vec<Node> =
@@ -317,25 +317,27 @@ fn a_killed_leader_costs_one_leader_timeout_per_view_it_would_lead() {
     nodes[1].child.kill().unwrap();
     nodes[1].child.wait().unwrap();
     let at_kill = highest(&roots, 0).unwrap();
-    wait_for("40 ticks without node 1", Duration::from_secs(300), || highest(&roots, 0) >= Some(at_kill + 42));
+    let node0 = Client::new(&http_of(&dirs[0]));
+    let agreement = || {
+        let s: Status = node0.get("/v1/status").unwrap().unwrap();
+        (s.view, s.agreed_tick.unwrap_or(0))
+    };
+    wait_for("5 ticks without node 1", Duration::from_secs(300), || highest(&roots, 0) >= Some(at_kill + 5));
+    let (view0, tick0) = agreement();
+    wait_for("40 more ticks without node 1", Duration::from_secs(300), || agreement().1 >= tick0 + 40);
+    let (view1, tick1) = agreement();
     for (i, n) in nodes.iter_mut().enumerate() {
         if i != 1 {
             interrupt(n);
         }
     }
-    // When node 0 executed each tick after the kill (its "tick T" line, one per tick).
-    let r = roots.lock().unwrap();
-    let times: Vec<Instant> = (at_kill + 2..=at_kill + 42).map(|t| r[&(0, t)].1).collect();
-    let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
-    let timeout = Duration::from_micros(LEADER_TIMEOUT_US);
-    let worst = *gaps.iter().max().unwrap();
-    // Each of the dead leader's views waits one leader timeout, then the next leader proposes:
-    // never two timeouts in a row (a generous bound: loaded CI machines are slow).
-    assert!(worst < 2 * timeout, "worst gap between ticks {worst:?} (leader timeout {timeout:?}): {gaps:?}");
-    // The control: its views did wait for it. One view in four is its, and a skipped view makes
-    // no tick, so one tick in three comes a leader timeout late (13 of 40 measured here).
-    let waited = gaps.iter().filter(|g| **g >= timeout * 3 / 4).count();
-    assert!((5..=16).contains(&waited), "{waited} of 40 ticks waited a leader timeout: {gaps:?}");
+    // Every view makes one tick, except the dead leader's (nullified after a leader timeout).
+    let (views, ticks) = (view1 - view0, tick1 - tick0);
+    let skipped = views - ticks.min(views);
+    // Its views did fail: about one in four...
+    assert!(skipped + 2 >= views / 4, "{skipped} of {views} views skipped ({ticks} ticks)");
+    // ...and no other did: a live leader's view is never lost to the dead one.
+    assert!(skipped <= views.div_ceil(4) + 1, "{skipped} of {views} views skipped ({ticks} ticks)");
 }
 
 /// The whole stdout of a run that stops by itself.
@@ -708,11 +710,19 @@ fn the_admins_tick_rate_takes_effect_at_the_next_epoch_boundary_on_every_node() 
     assert!(ok && out.contains("executed at tick"), "{out}{err}");
     let rate = |i: usize| cluster.status(i).map(|s: Status| s.tick_rate_hz);
     wait_for("10 Hz on every node", Duration::from_secs(60), || (0..4).all(|i| rate(i) == Some(10)));
-    // And the sim runs at it: about 10 ticks a second now (generous bounds: a loaded machine).
-    let (t0, a) = (Instant::now(), cluster.status(0).unwrap().tick);
-    std::thread::sleep(Duration::from_secs(4));
-    let per_sec = (cluster.status(0).unwrap().tick - a) as f64 / t0.elapsed().as_secs_f64();
-    assert!((5.0..=13.0).contains(&per_sec), "{per_sec:.1} ticks a second at 10 Hz");
+    // And the sim runs at it: its agreed time advances a tenth of a second a tick (the leaders
+    // schedule ticks from the chain's own times; nothing here reads the test's clock). At 20 Hz
+    // it would be half that; a loaded machine can only make it more.
+    let gov = |i: usize| {
+        let g: metatopia_node::api::http::GovernanceView =
+            metatopia_node::api::http::Client::new(&cluster.http[i]).get("/v1/governance").unwrap().unwrap();
+        (g.tick, g.time_ms)
+    };
+    let (t0, ms0) = gov(0);
+    wait_for("20 more ticks", Duration::from_secs(120), || gov(0).0 >= t0 + 20);
+    let (t1, ms1) = gov(0);
+    let per_tick = (ms1 - ms0) / (t1 - t0);
+    assert!(per_tick >= 90, "{per_tick} ms of agreed time a tick at 10 Hz (ticks {t0}..{t1})");
     // Every node agrees on every tick before and after the switch.
     let low = (0..4).map(|i| cluster.status(i).unwrap().tick).min().unwrap();
     for t in [low.saturating_sub(60), low.saturating_sub(10)] {

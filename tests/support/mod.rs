@@ -86,9 +86,7 @@ impl Cluster {
         let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let root = std::env::temp_dir().join(format!("metatopia-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let ls: Vec<_> = (0..2 * n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-        let ports: Vec<u16> = ls.iter().map(|l| l.local_addr().unwrap().port()).collect();
-        drop(ls);
+        let ports = metatopia_node::net::free_ports(2 * n).unwrap();
         let quic = metatopia_node::net::free_udp_ports(n).unwrap();
         let dirs: Vec<std::path::PathBuf> = (0..n).map(|i| root.join(format!("node-{i}"))).collect();
         let validators: Vec<ValidatorEntry> = dirs

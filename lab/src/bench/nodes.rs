@@ -1,4 +1,4 @@
-//! `metatopia bench nodes`: a devnet of real node processes at a tick rate for a while, sampled
+//! `metatopia-lab bench nodes`: a devnet of real node processes at a tick rate for a while, sampled
 //! once a second. Per node: missed ticks (the ticks the rate asked for and the node did not
 //! execute), time dilation, commit latency p50/p99 (as the node measures it), CPU and memory.
 

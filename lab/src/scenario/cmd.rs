@@ -1,4 +1,4 @@
-//! `metatopia scenario run`, `metatopia synctest` and `metatopia replay verify`.
+//! `metatopia-lab scenario run`, `metatopia-lab synctest` and `metatopia-lab replay verify`.
 
 use std::path::{Path, PathBuf};
 
@@ -64,7 +64,7 @@ fn run_file(file: &Path, seed: Option<u64>, scripts: Option<PathBuf>) -> anyhow:
     out
 }
 
-/// `metatopia scenario run`.
+/// `metatopia-lab scenario run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let (report, recording) = if args.real {
         anyhow::ensure!(args.record.is_none(), "--record works in simulation only");
@@ -89,7 +89,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         Ok(())
     } else {
         anyhow::bail!(
-            "scenario {} failed with seed {}; replay exactly with: metatopia scenario run {} --seed {}{}",
+            "scenario {} failed with seed {}; replay exactly with: metatopia-lab scenario run {} --seed {}{}",
             report.name,
             report.seed,
             args.file.display(),
@@ -99,7 +99,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 }
 
-/// `metatopia synctest`.
+/// `metatopia-lab synctest`.
 pub fn synctest(args: SyncArgs) -> anyhow::Result<()> {
     let (report, recording) = run_file(&args.file, args.seed, args.scripts)?;
     let n = scenario::synctest(&recording)?;
@@ -107,7 +107,7 @@ pub fn synctest(args: SyncArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `metatopia replay verify`.
+/// `metatopia-lab replay verify`.
 pub fn replay_verify(args: ReplayArgs) -> anyhow::Result<()> {
     let bytes = std::fs::read(&args.recording).with_context(|| args.recording.display().to_string())?;
     let rec: Recording =

@@ -1,4 +1,4 @@
-//! `metatopia scenario run --real`: the scenario as real `metatopia run` processes on loopback.
+//! `metatopia-lab scenario run --real`: the scenario as real `metatopia run` processes on loopback.
 //! Its times are sim time, as in simulation: the run lasts until the nodes have executed
 //! `duration_secs × tick_rate_hz` ticks, and faults happen at the ticks their seconds stand for.
 //! Steps are signed here and submitted through the nodes' HTTP API when the `via` node reaches
@@ -88,8 +88,7 @@ fn spawn_with(
 }
 
 fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    Ok(ls.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.port()).collect())
+    Ok(metatopia_node::net::free_ports(n)?)
 }
 
 fn check_supported(spec: &Scenario, text: &str) -> anyhow::Result<()> {

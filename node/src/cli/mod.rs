@@ -57,6 +57,8 @@ pub enum SimCmd {
 pub enum ConfigCmd {
     /// Read and check the config (unknown keys and bad values are errors naming the line).
     Check(setup::DirArgs),
+    /// Print the configuration reference: every key, its type, default and meaning (Markdown).
+    Reference,
 }
 
 /// Run one command.
@@ -68,6 +70,10 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Stats(args) => admin::stats(args),
         Command::Admin(args) => admin::admin(args),
         Command::Config(ConfigCmd::Check(args)) => setup::config_check(args),
+        Command::Config(ConfigCmd::Reference) => {
+            print!("{}", crate::config::reference::markdown());
+            Ok(())
+        }
         Command::Client(args) => client::client(args),
         Command::Bot(args) => client::bot(args),
         Command::Sim(SimCmd::New(args)) => sim_new::new(args),

@@ -47,10 +47,45 @@ const MAX_INDEX: usize = 0x4000;
 /// How often listed nodes that are not connected are dialed again.
 const REDIAL: Duration = Duration::from_millis(500);
 
-/// `n` UDP ports free on loopback now (for tests and devnets that pick their own).
+/// `n` ports free on loopback for both TCP and UDP, for tests, devnets and benches that hand
+/// ports to the nodes they start. They come from below the kernel's ephemeral range (which
+/// starts at 32768 on Linux), so no socket bound to port 0 and no outgoing connection of any
+/// process takes one between this check and the node's bind, and no port is handed out twice
+/// by one process: the bind-drop-reuse race of picking "port 0" ports is gone.
+pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    // Below the devnet tests' contiguous blocks (20000..32000) and above the devnet's defaults.
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    // Each process starts at its own place in the range (two test binaries at once rarely meet).
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(2_654_435_761) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..SPAN {
+        if out.len() == n {
+            break;
+        }
+        let port = (LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
+        let free = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        if free {
+            out.push(port);
+        }
+    }
+    if out.len() < n {
+        return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("fewer than {n} free ports")));
+    }
+    Ok(out)
+}
+
+/// [`free_ports`], for the UDP (QUIC) side.
 pub fn free_udp_ports(n: usize) -> std::io::Result<Vec<u16>> {
-    let sockets = (0..n).map(|_| std::net::UdpSocket::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>()?;
-    sockets.iter().map(|s| s.local_addr().map(|a| a.port())).collect()
+    free_ports(n)
 }
 
 /// A node of the mesh: its key and where it listens (either address may be absent).

@@ -108,6 +108,30 @@ impl Finishing {
     }
 }
 
+/// A desync report (`desync-report-<tick>/` under `root`): the node's snapshot, its root and
+/// the peers', its per-subsystem roots, and the last inputs.
+pub fn write_desync_report(
+    root: &std::path::Path,
+    r: &crate::core::DesyncReport,
+) -> anyhow::Result<std::path::PathBuf> {
+    let dir = root.join(format!("desync-report-{}", r.tick));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("snapshot.bin"), &r.snapshot)?;
+    let mut roots = format!("tick {}\nmine {}\n", r.tick, r.mine);
+    for (v, h) in &r.theirs {
+        roots += &format!("validator {} {}\n", v.0, h);
+    }
+    if let Some(s) = &r.subsystems {
+        roots += &format!(
+            "objects {}\nscripts {}\nphysics {}\ngovernance {}\nqueue {}\n",
+            s.objects, s.scripts, s.physics, s.governance, s.queue
+        );
+    }
+    std::fs::write(dir.join("roots.txt"), roots)?;
+    std::fs::write(dir.join("last-inputs.bin"), postcard::to_allocvec(&r.last_inputs)?)?;
+    Ok(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

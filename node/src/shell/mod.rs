@@ -3,11 +3,11 @@
 //! when it stops, `crate::shell::finish`.
 
 pub mod finish;
+mod locate;
 pub mod setup;
 pub mod timing;
 pub mod watch;
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::api::gateway::{Feed, Hub};
@@ -15,18 +15,18 @@ use crate::api::http::object_view;
 use crate::api::http::{Query, Service, Status};
 use crate::config::NodeConfig;
 use crate::core::epochs::Epochs;
-use crate::core::{Agreement as _, CoreOutput, DesyncReport, NodeCore};
+use crate::core::{Agreement as _, CoreOutput, NodeCore};
 use crate::net::wire::NodeMsg;
 use crate::net::{Mesh, MeshEvent, PeerAddr};
-use crate::overlay::reach::Reach;
 use crate::shell::timing::{StageTimes, TimedHost, TimedPhysics};
 use crate::store::{CommitLog, DataDir};
 use crate::world::AnyPhysics;
 use anyhow::Context;
+use locate::{Finding, Locating, MAX_LOCATE_SIMS, neighbour_squares, reach};
 use metatopia_consensus::Config;
 use metatopia_scripting::RhaiHost;
+use metatopia_sim::Snapshot;
 use metatopia_sim::genesis::EventGen;
-use metatopia_sim::{SimId, Snapshot};
 pub use setup::{DirArgs, InitArgs, RunArgs};
 
 fn now_us() -> u64 {
@@ -133,7 +133,7 @@ struct Shared {
     several: bool,
 }
 
-type Core = NodeCore<Epochs, TimedHost<RhaiHost>, TimedPhysics<AnyPhysics>>;
+pub(crate) type Core = NodeCore<Epochs, TimedHost<RhaiHost>, TimedPhysics<AnyPhysics>>;
 
 /// Figures for `stats` and `/metrics` the loop keeps between status updates.
 #[derive(Debug, Default)]
@@ -393,7 +393,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             .collect()
     };
     let hub = std::sync::Arc::new(Hub::new(cfg.world.sim_id, node_addrs(&cfg.validators)));
-    let mut reach = reach(&cfg, &key, &mesh, &core, &contacts, hub.clone())?;
+    let mut reach = reach(&cfg, &key, &mesh, core.sim().world(), &contacts, hub.clone())?;
     if let Some(n) = Some(reach.neighbour_counts()).filter(|n| !n.is_empty()) {
         let names: Vec<String> = n.keys().map(ToString::to_string).collect();
         println!(
@@ -702,7 +702,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 }
                 CoreOutput::Desync(report) => {
                     meter.status.desynced = Some(report.tick);
-                    let path = write_desync_report(dir.root(), &report)?;
+                    let path = crate::shell::finish::write_desync_report(dir.root(), &report)?;
                     eprintln!(
                         "{tag}error: this node diverged at tick {}; report in {}; resyncing from a snapshot its peers certify",
                         report.tick,
@@ -812,88 +812,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sims asked at most where an avatar is.
-const MAX_LOCATE_SIMS: usize = 64;
-
-/// The node's Raynet peer on the mesh: its card (a point of its sim's square), its neighbour
-/// sims (their squares and genesis validators, from the world's genesis) and its contacts (its
-/// own sim's nodes, `[raynet] bootstrap`, `[[sims]]` validators listed with an address).
-fn reach(
-    cfg: &NodeConfig,
-    key: &metatopia_consensus::SigningKey,
-    mesh: &Mesh,
-    core: &Core,
-    peers: &[PeerAddr],
-    hub: std::sync::Arc<Hub>,
-) -> anyhow::Result<Reach> {
-    use crate::overlay::{Card, CardBody, Overlay, node_point};
-    let w = core.sim().world();
-    let square =
-        |r: &metatopia_sim::state::Region| ([r.origin.x.floor_int(), r.origin.y.floor_int()], r.size.floor_int());
-    let (origin, size) = square(w.region());
-    let me = key.verifying_key().to_bytes();
-    let card = Card::sign(
-        key,
-        CardBody {
-            key: me,
-            sim: cfg.world.sim_id,
-            pos: node_point(&me, origin, size),
-            addr: cfg.listen,
-            quic: cfg.quic,
-            since_ms: crate::unix_ms(),
-        },
-    );
-    let links = w.links();
-    let radius = match links.bounds {
-        Some((a, b)) => (b.x - a.x).floor_int().max((b.y - a.y).floor_int()) as f64,
-        None => size as f64,
-    };
-    let mut r = Reach::new(Overlay::new(card, radius), mesh.clone(), neighbour_squares(w), Some(hub));
-    for p in peers {
-        r.contact(p.clone());
-    }
-    for (i, b) in cfg.raynet.bootstrap.iter().enumerate() {
-        let (key, addr) = crate::config::parse_join(b).with_context(|| format!("raynet.bootstrap[{i}]"))?;
-        r.contact(PeerAddr { key, tcp: Some(addr), quic: None });
-    }
-    for s in &cfg.sims {
-        for v in s.validators.iter().filter(|v| v.address.is_some() || v.quic.is_some()) {
-            let key = crate::config::parse_public(&v.key)?;
-            r.contact_outsider(PeerAddr { key, tcp: v.address, quic: v.quic });
-        }
-    }
-    Ok(r)
-}
-
-/// The world's neighbour sims: the centre of each one's square, and its validators (as the
-/// world knows them: from genesis, then from their mail).
-fn neighbour_squares(
-    w: &metatopia_sim::World,
-) -> std::collections::BTreeMap<SimId, ([i64; 2], std::collections::BTreeSet<[u8; 32]>)> {
-    w.links()
-        .neighbours
-        .iter()
-        .map(|(s, n)| {
-            let (o, size) = (n.region.origin, n.region.size.floor_int());
-            (*s, ([o.x.floor_int() + size / 2, o.y.floor_int() + size / 2], n.validators.iter().map(|a| a.0).collect()))
-        })
-        .collect()
-}
-
-/// A Raynet lookup for a client's route: its query, where the answer goes, and until when.
-type Finding =
-    (u64, tokio::sync::oneshot::Sender<Option<(u32, metatopia_client::proto::NodeAddr)>>, std::time::Instant);
-
-/// A client's route question: which other sim holds this account's avatar.
-struct Locating {
-    account: metatopia_sim::AccountId,
-    /// Taken when a sim says "here".
-    tx: Option<tokio::sync::oneshot::Sender<Option<u32>>>,
-    deadline: std::time::Instant,
-    /// The nodes (with their sim) that have not answered yet.
-    waiting: std::collections::BTreeSet<(SimId, u16)>,
-}
-
 /// Which of the sim's validators this node reaches: into the status, and a warning naming a
 /// validator out of reach for 10 s (and a line when it is back).
 fn watch_validators(
@@ -994,23 +912,4 @@ fn per_second(meter: &mut Meter, times: &StageTimes, dilation: f64) {
     metrics::gauge!("metatopia_execute_seconds_per_tick", "sim" => meter.sim.clone()).set(st.execute_ms / 1000.0);
     metrics::gauge!("metatopia_script_seconds_per_tick", "sim" => meter.sim.clone()).set(st.script_ms / 1000.0);
     metrics::gauge!("metatopia_physics_seconds_per_tick", "sim" => meter.sim.clone()).set(st.physics_ms / 1000.0);
-}
-
-fn write_desync_report(root: &Path, r: &DesyncReport) -> anyhow::Result<PathBuf> {
-    let dir = root.join(format!("desync-report-{}", r.tick));
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("snapshot.bin"), &r.snapshot)?;
-    let mut roots = format!("tick {}\nmine {}\n", r.tick, r.mine);
-    for (v, h) in &r.theirs {
-        roots += &format!("validator {} {}\n", v.0, h);
-    }
-    if let Some(s) = &r.subsystems {
-        roots += &format!(
-            "objects {}\nscripts {}\nphysics {}\ngovernance {}\nqueue {}\n",
-            s.objects, s.scripts, s.physics, s.governance, s.queue
-        );
-    }
-    std::fs::write(dir.join("roots.txt"), roots)?;
-    std::fs::write(dir.join("last-inputs.bin"), postcard::to_allocvec(&r.last_inputs)?)?;
-    Ok(dir)
 }

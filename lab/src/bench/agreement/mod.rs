@@ -1,4 +1,4 @@
-//! `metatopia bench agreement`: 4 validators in this process, connected over real loopback TCP
+//! `metatopia-lab bench agreement`: 4 validators in this process, connected over real loopback TCP
 //! (tokio, length-prefixed frames, `TCP_NODELAY`), UDP (`--transport udp`: a socket per
 //! validator, frames in pieces when longer than a datagram), or with `--transport libp2p` over the node's
 //! own mesh (`node::net`: libp2p, QUIC), committing one tick per period with a load of signed
@@ -11,17 +11,22 @@
 //! says how much of their time the validator threads were on a core.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use metatopia_consensus::{Config, Digest, Message, Output, SigningKey, Validator, ValidatorIndex, VerifyingKey};
+use metatopia_consensus::{Config, Digest, Message, SigningKey, Validator, ValidatorIndex, VerifyingKey};
 use metatopia_sim::genesis::demo_key;
 use metatopia_sim::{Payload, SignedEvent, SimId};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+mod driver;
 mod reactor;
+pub use driver::Idle;
+use driver::{Driver, Frame, Inbox, Inboxes, Input, Links, Shared, new_shared};
+mod report;
+use report::report;
 
 #[derive(Debug, clap::Args)]
 pub struct AgreementArgs {
@@ -102,36 +107,7 @@ pub enum Threads {
     Reactor,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Idle {
-    Spin,
-    Block,
-}
-
 use metatopia_node::net::frames::{MAX_FRAME, busy, read_frame, write_frames};
-
-type Frame = Arc<Vec<u8>>;
-
-struct Shared {
-    start: Instant,
-    /// Each proposal, by the block's digest: when its leader sent it, and which validator that was.
-    proposed: Mutex<BTreeMap<Digest, (Duration, u16)>>,
-    /// (validator, digest) -> when it learned of the finalization.
-    finalized: Mutex<Vec<(u16, Digest, Duration)>>,
-    committed: Mutex<Vec<(u16, u64, Duration, usize)>>,
-    /// Time spent handling each kind of input: (count, total, max).
-    handling: Mutex<BTreeMap<&'static str, (u64, Duration, Duration)>>,
-    /// Bytes sent by all validators, per kind of message: (frames, bytes).
-    sent: Mutex<BTreeMap<&'static str, (u64, u64)>>,
-    /// Every input handled: (validator, start, end, kind), for `--timeline`.
-    inputs: Mutex<Vec<(u16, Duration, Duration, &'static str)>>,
-    /// Each validator thread's CPU time and wall time, from its start to its end.
-    cpu: Mutex<Vec<(Duration, Duration)>>,
-    /// (validator, digest) -> when it sent its finalize vote (queued it for its peers).
-    finalize_sent: Mutex<Vec<(u16, Digest, Duration)>>,
-    /// The core each validator is pinned to (empty when not pinned).
-    cores: Mutex<Vec<usize>>,
-}
 
 pub fn run(args: AgreementArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.validators >= 4, "--validators must be at least 4");
@@ -489,21 +465,6 @@ fn config_for(args: &AgreementArgs) -> Config {
     }
 }
 
-fn new_shared() -> Arc<Shared> {
-    Arc::new(Shared {
-        start: Instant::now(),
-        proposed: Mutex::new(BTreeMap::new()),
-        finalized: Mutex::new(Vec::new()),
-        committed: Mutex::new(Vec::new()),
-        handling: Mutex::new(BTreeMap::new()),
-        sent: Mutex::new(BTreeMap::new()),
-        inputs: Mutex::new(Vec::new()),
-        cpu: Mutex::new(Vec::new()),
-        finalize_sent: Mutex::new(Vec::new()),
-        cores: Mutex::new(Vec::new()),
-    })
-}
-
 /// The same bench over the node's libp2p mesh: each validator has its own swarm (QUIC on
 /// loopback), and consensus messages travel as `NodeMsg::Consensus` frames, as between nodes.
 async fn bench_libp2p(
@@ -514,13 +475,10 @@ async fn bench_libp2p(
     total_ticks: u64,
 ) -> anyhow::Result<()> {
     use metatopia_node::net::wire::NodeMsg;
-    use metatopia_node::net::{Mesh, MeshEvent, PeerAddr, free_udp_ports};
+    use metatopia_node::net::{Mesh, MeshEvent, PeerAddr, free_ports, free_udp_ports};
     let n = usize::from(args.validators);
-    let tcp: Vec<std::net::SocketAddr> = {
-        // Free ports: bound, read and let go.
-        let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-        ls.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?
-    };
+    let tcp: Vec<std::net::SocketAddr> =
+        free_ports(n)?.into_iter().map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))).collect();
     let udp: Vec<std::net::SocketAddr> =
         free_udp_ports(n)?.into_iter().map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))).collect();
     let peers: Vec<PeerAddr> =
@@ -647,175 +605,6 @@ async fn load(
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
-/// Peers' messages in two queues: votes, proposals and certificates first, then gossiped
-/// client events (a proposal queued behind a few hundred events waited 50-150 µs).
-type Inboxes = (mpsc::UnboundedReceiver<(ValidatorIndex, Message)>, mpsc::UnboundedReceiver<(ValidatorIndex, Message)>);
-
-/// The sending half of [`Inboxes`]: routes a peer's message to its queue.
-#[derive(Clone)]
-struct Inbox {
-    first: mpsc::UnboundedSender<(ValidatorIndex, Message)>,
-    gossip: mpsc::UnboundedSender<(ValidatorIndex, Message)>,
-}
-
-impl Inbox {
-    fn new() -> (Inbox, Inboxes) {
-        let (first, a) = mpsc::unbounded_channel();
-        let (gossip, b) = mpsc::unbounded_channel();
-        (Inbox { first, gossip }, (a, b))
-    }
-
-    /// `false` once the validator is gone.
-    fn send(&self, from: ValidatorIndex, m: Message) -> bool {
-        let queue = if matches!(m, Message::Events(_)) { &self.gossip } else { &self.first };
-        queue.send((from, m)).is_ok()
-    }
-}
-
-/// What a validator's links are: plain TCP, its thread busy-polling them or not; or the node's
-/// mesh, whose frames are `NodeMsg::Consensus` rather than bare messages.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Links {
-    Tcp(Idle),
-    Mesh,
-}
-
-/// An input for a validator.
-enum Input {
-    Message(ValidatorIndex, Box<Message>),
-    Events(Vec<Vec<u8>>),
-    Timeout,
-}
-
-/// A validator and what the bench records of it, whatever runs it (a task of its own, or a
-/// core's reactor): it handles one input at a time and hands each frame it sends to the caller.
-struct Driver {
-    v: Validator,
-    shared: Arc<Shared>,
-    me: u16,
-    /// How many peers a broadcast goes to.
-    peers: usize,
-    until_tick: u64,
-    mesh: bool,
-}
-
-impl Driver {
-    fn new(v: Validator, shared: Arc<Shared>, until_tick: u64, links: Links) -> Driver {
-        let me = v.index().expect("every bench node is a validator").0;
-        let peers = v.keys().len().saturating_sub(1);
-        Driver { v, shared, me, peers, until_tick, mesh: links == Links::Mesh }
-    }
-
-    fn micros(&self) -> u64 {
-        self.shared.start.elapsed().as_micros() as u64
-    }
-
-    /// When the validator next wants a timeout input (µs on the bench's clock), if ever.
-    fn deadline(&self) -> Option<u64> {
-        self.v.poll_timeout()
-    }
-
-    fn encode(&self, m: Message) -> Frame {
-        if self.mesh {
-            Arc::new(metatopia_node::net::wire::NodeMsg::Consensus { epoch: 0, msg: m }.encode())
-        } else {
-            Arc::new(m.encode())
-        }
-    }
-
-    /// Handle `input`, timing and recording it, then pass each frame the validator sends to
-    /// `send` (for one peer, or for all with `None`). `false` once it has committed its last tick.
-    fn step(&mut self, input: Input, send: &mut impl FnMut(Option<u16>, &Frame)) -> bool {
-        let (me, shared) = (self.me, self.shared.clone());
-        // Only the handling is timed (not the wait for the input).
-        let t0 = Instant::now();
-        let started = shared.start.elapsed();
-        let kind = match input {
-            Input::Message(from, msg) => {
-                let kind = msg.kind();
-                self.v.handle_message(self.micros(), from, *msg);
-                kind
-            }
-            Input::Events(batch) => {
-                self.v.submit_events(self.micros(), batch);
-                "submit"
-            }
-            Input::Timeout => {
-                self.v.handle_timeout(self.micros());
-                "timeout"
-            }
-        };
-        let took = t0.elapsed();
-        shared.inputs.lock().expect("not poisoned").push((me, started, started + took, kind));
-        {
-            let mut h = shared.handling.lock().expect("not poisoned");
-            let e = h.entry(kind).or_insert((0, Duration::ZERO, Duration::ZERO));
-            e.0 += 1;
-            e.1 += took;
-            e.2 = e.2.max(took);
-        }
-        let count = |kind: &'static str, frames: usize, len: usize| {
-            let mut sent = shared.sent.lock().expect("not poisoned");
-            let e = sent.entry(kind).or_insert((0, 0));
-            e.0 += frames as u64;
-            e.1 += (frames * len) as u64;
-        };
-        let sending = shared.start.elapsed();
-        let mut proposing = false;
-        let mut more = true;
-        while let Some(o) = self.v.poll_output() {
-            let at = shared.start.elapsed();
-            proposing |= matches!(&o, Output::Broadcast(m) if m.kind() == "propose");
-            match o {
-                Output::Broadcast(m) => {
-                    if let Some(vote) = m.vote().filter(|_| m.kind() == "propose") {
-                        // The leader's own notarize vote names the block's digest.
-                        shared.proposed.lock().expect("not poisoned").insert(vote.digest, (at, vote.signer.0));
-                    }
-                    let kind = m.kind();
-                    if let Some(vote) = m.vote().filter(|_| matches!(kind, "notarize" | "finalize")) {
-                        // (For `--timeline`, and for finding the vote that finalizes.)
-                        let sent = if kind == "finalize" { "finalize sent" } else { "notarize sent" };
-                        shared.inputs.lock().expect("not poisoned").push((me, at, at, sent));
-                        if kind == "finalize" {
-                            shared.finalize_sent.lock().expect("not poisoned").push((me, vote.digest, at));
-                        }
-                    }
-                    let frame = self.encode(m);
-                    count(kind, self.peers, frame.len());
-                    send(None, &frame);
-                }
-                Output::Send(to, m) => {
-                    if let Some(vote) = m.vote().filter(|_| m.kind() == "propose") {
-                        // (Full to some peers, compact to others: one proposal.)
-                        shared.proposed.lock().expect("not poisoned").entry(vote.digest).or_insert((at, vote.signer.0));
-                    }
-                    let kind = m.kind();
-                    let frame = self.encode(m);
-                    count(kind, 1, frame.len());
-                    send(Some(to.0), &frame);
-                }
-                Output::Finalized { digest, .. } => {
-                    shared.finalized.lock().expect("not poisoned").push((me, digest, at))
-                }
-                Output::Committed(c) => {
-                    shared.committed.lock().expect("not poisoned").push((me, c.block.tick, at, c.block.events.len()));
-                    if c.block.tick >= self.until_tick {
-                        more = false;
-                        break;
-                    }
-                }
-                Output::RootMismatch { .. } | Output::Evidence(_) => {}
-            }
-        }
-        if proposing {
-            // (For `--timeline`: the leader encoding and queueing its proposal.)
-            shared.inputs.lock().expect("not poisoned").push((me, sending, shared.start.elapsed(), "send"));
-        }
-        more
-    }
-}
-
 async fn validator_loop(
     v: Validator,
     (mut inbox, mut gossip): Inboxes,
@@ -864,163 +653,6 @@ async fn validator_loop(
         // Let the writers send what was just queued before the next input is handled (they
         // are tasks of this thread: a proposal otherwise waited behind queued events).
         tokio::task::yield_now().await;
-    }
-}
-
-fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
-    let proposed = shared.proposed.lock().expect("not poisoned").clone();
-    let committed = shared.committed.lock().expect("not poisoned").clone();
-    let warmup = Duration::from_micros(warmup_ticks(args) * 1_000_000 / u64::from(args.rate_hz));
-    let mut lat: Vec<f64> = shared
-        .finalized
-        .lock()
-        .expect("not poisoned")
-        .iter()
-        .filter_map(|(_, d, at)| {
-            proposed.get(d).filter(|(p, _)| *p > warmup).map(|(p, _)| at.saturating_sub(*p).as_secs_f64() * 1e3)
-        })
-        .collect();
-    lat.sort_by(f64::total_cmp);
-    let pct = |v: &[f64], p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(f64::NAN);
-    let ticks = committed.iter().filter(|(v, ..)| *v == 0).count();
-    let events: usize = committed.iter().filter(|(v, ..)| *v == 0).map(|c| c.3).sum();
-    let rtt_ms = rtt.as_secs_f64() * 1e3;
-    println!("ticks committed (validator 0): {ticks}, events committed: {events}");
-    println!(
-        "commit latency (proposal -> finalization, every validator, {} samples): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
-        lat.len(),
-        pct(&lat, 0.5),
-        pct(&lat, 0.99),
-        lat.last().copied().unwrap_or(f64::NAN)
-    );
-    println!(
-        "ratio to the loopback round trip: p50 {:.1}x, p99 {:.1}x (targets: p50 <= 0.5 ms, p99 <= 2 ms at {} Hz with {} events/tick)",
-        pct(&lat, 0.5) / rtt_ms,
-        pct(&lat, 0.99) / rtt_ms,
-        args.rate_hz,
-        args.events_per_tick
-    );
-    finalizing_votes(shared, &proposed, warmup, args.validators);
-    let bounds = [0.25, 0.5, 1.0, 2.0, 5.0, 10.0, f64::INFINITY];
-    let mut below = 0;
-    let buckets: Vec<String> = bounds
-        .iter()
-        .map(|b| {
-            let n = lat.partition_point(|x| x <= b) - below;
-            below += n;
-            if b.is_finite() { format!("<= {b} ms: {n}") } else { format!("more: {n}") }
-        })
-        .collect();
-    println!("  distribution: {}", buckets.join(", "));
-    for (kind, (count, total, max)) in shared.handling.lock().expect("not poisoned").iter() {
-        println!(
-            "  handling {kind:<12} {count:>7} times, mean {:>8.1} µs, max {:>8.1} µs",
-            total.as_secs_f64() * 1e6 / *count as f64,
-            max.as_secs_f64() * 1e6
-        );
-    }
-    let cpu = shared.cpu.lock().expect("not poisoned");
-    let (used, wall) = cpu.iter().fold((0.0, 0.0), |(u, w), (c, t)| (u + c.as_secs_f64(), w + t.as_secs_f64()));
-    let handled: f64 = shared.handling.lock().expect("not poisoned").values().map(|(_, t, _)| t.as_secs_f64()).sum();
-    if wall > 0.0 {
-        println!(
-            "validator threads: {:.1}% of their time on a core ({}), {:.1}% handling inputs",
-            100.0 * used / wall,
-            match args.idle {
-                Idle::Spin => "busy-polling: the rest is spent polling, and yielded to any other thread",
-                Idle::Block => "asleep the rest",
-            },
-            100.0 * handled / wall
-        );
-    }
-    let all_ticks = committed.iter().filter(|(v, ..)| *v == 0).count().max(1) as f64;
-    let sent = shared.sent.lock().expect("not poisoned");
-    let line: Vec<String> = sent
-        .iter()
-        .map(|(kind, (frames, bytes))| {
-            format!("{kind} {:.1} KB in {:.1} frames", *bytes as f64 / all_ticks / 1e3, *frames as f64 / all_ticks)
-        })
-        .collect();
-    println!("sent per tick (all validators): {}", line.join(", "));
-    println!(
-        "(a tick's batch is handed to the sim one period later: its order seed is the certificate its child embeds)"
-    );
-    if args.timeline > 0 {
-        timeline(shared, &proposed, args.timeline, args.validators);
-    }
-}
-
-/// Which validator's finalize vote finalized each measured tick (the quorum-th sent: each
-/// validator finalizes once it has that one), and when it was sent: where the latency goes.
-/// Validators share cores here, so whose vote it is tells which core's work holds the tick up.
-fn finalizing_votes(shared: &Shared, proposed: &BTreeMap<Digest, (Duration, u16)>, warmup: Duration, n: u16) {
-    let quorum = 2 * ((usize::from(n) - 1) / 3) + 1;
-    let cores = shared.cores.lock().expect("not poisoned");
-    let mut sent: BTreeMap<Digest, Vec<(Duration, u16)>> = BTreeMap::new();
-    for (v, d, at) in shared.finalize_sent.lock().expect("not poisoned").iter() {
-        sent.entry(*d).or_default().push((*at, *v));
-    }
-    // (the leader's, a follower's on the leader's core, a follower's elsewhere)
-    let mut whose = [0usize; 3];
-    let mut after = Vec::new();
-    for (d, (proposed_at, leader)) in proposed.iter().filter(|(_, (p, _))| *p > warmup) {
-        let Some(votes) = sent.get_mut(d) else { continue };
-        votes.sort();
-        let Some(&(at, v)) = votes.get(quorum - 1) else { continue };
-        let core = |w: u16| cores.get(usize::from(w)).copied();
-        let role = if v == *leader {
-            0
-        } else if core(v).is_some() && core(v) == core(*leader) {
-            1
-        } else {
-            2
-        };
-        whose[role] += 1;
-        after.push(at.saturating_sub(*proposed_at).as_secs_f64() * 1e3);
-    }
-    if after.is_empty() {
-        return;
-    }
-    after.sort_by(f64::total_cmp);
-    let share = |k: usize| 100.0 * whose[k] as f64 / after.len() as f64;
-    let on_cores = if cores.is_empty() {
-        format!("a follower's {:.0}%", share(1) + share(2))
-    } else {
-        format!("a follower's on the leader's core {:.0}%, on another core {:.0}%", share(1), share(2))
-    };
-    println!(
-        "  the finalize vote that finalizes (the last of the first {quorum} sent, {} ticks): the leader's {:.0}%, {on_cores}; sent p50 {:.3} ms after the proposal",
-        after.len(),
-        share(0),
-        after[(after.len() - 1) / 2]
-    );
-}
-
-/// For a few ticks: every input each validator handled from the proposal to the last
-/// finalization, in µs after the proposal (start-end kind); `send` is the leader encoding and
-/// queueing its proposal, `read` a follower's reader decoding it off the socket, `notarize
-/// sent` and `finalize sent` a validator queueing its votes.
-fn timeline(shared: &Shared, proposed: &BTreeMap<Digest, (Duration, u16)>, count: usize, validators: u16) {
-    let finalized = shared.finalized.lock().expect("not poisoned").clone();
-    let inputs = shared.inputs.lock().expect("not poisoned");
-    let mut props: Vec<(Duration, Digest)> = proposed.iter().map(|(d, (at, _))| (*at, *d)).collect();
-    props.sort();
-    let step = (props.len() / (count + 1)).max(1);
-    for (at, digest) in props.iter().skip(step).step_by(step).take(count) {
-        let done: Vec<(u16, Duration)> =
-            finalized.iter().filter(|(_, d, _)| d == digest).map(|(v, _, t)| (*v, *t)).collect();
-        let end = done.iter().map(|(_, t)| *t).max().unwrap_or(*at);
-        let us = |t: Duration| t.as_micros() as i64 - at.as_micros() as i64;
-        println!("timeline of a proposal (µs after it; the leader's proposing input ends at 0):");
-        for v in 0..validators {
-            let fin = done.iter().find(|(w, _)| *w == v).map_or(-1, |(_, t)| us(*t));
-            let line: Vec<String> = inputs
-                .iter()
-                .filter(|(w, s, e, _)| *w == v && *e + Duration::from_micros(300) >= *at && *s <= end)
-                .map(|(_, s, e, k)| format!("{}-{} {k}", us(*s), us(*e)))
-                .collect();
-            println!("  v{v} (finalized at {fin}): {}", line.join(", "));
-        }
     }
 }
 

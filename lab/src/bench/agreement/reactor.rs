@@ -27,7 +27,7 @@ use metatopia_node::net::frames::MAX_FRAME;
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::mpsc;
 
-use super::{Driver, Frame, Input, Shared};
+use super::driver::{Driver, Frame, Input, Shared};
 
 /// What a validator's messages travel over, as set up before its thread starts.
 pub(super) enum Setup {

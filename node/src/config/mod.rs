@@ -1,4 +1,7 @@
 //! `config.toml`: what a node runs. Unknown keys and bad values are errors that name the line.
+//! [`reference`] renders every key, from the doc comments below, as `docs/config.md`.
+
+pub mod reference;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -77,7 +80,9 @@ pub struct NodeConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimEntry {
+    /// That sim's id (its `[world] sim_id`).
     pub sim_id: u32,
+    /// Its validators (its genesis validator set).
     pub validators: Vec<SimValidator>,
 }
 
@@ -85,11 +90,17 @@ pub struct SimEntry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimValidator {
+    /// The validator's public key, 64 hex digits.
+    #[serde(deserialize_with = "public_key")]
     pub key: String,
+    /// Where it listens for peers over TCP, if known (then it is also a contact); otherwise
+    /// found through Raynet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<SocketAddr>,
+    /// Where it listens for peers over QUIC, if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<SocketAddr>,
+    /// It follows that sim without voting (until that sim's admin admits it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub observer: bool,
 }
@@ -135,6 +146,7 @@ impl RaynetConfig {
     }
 }
 
+/// `[world]`: the sim this node belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorldConfig {
@@ -146,10 +158,13 @@ pub struct WorldConfig {
     /// A demo sim's genesis time, Unix milliseconds (every node of the sim the same).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub genesis_time_ms: Option<u64>,
+    /// A demo sim's seed (its objects, players and their keys).
     #[serde(default = "one")]
     pub seed: u64,
+    /// A demo sim's random prims.
     #[serde(default)]
     pub objects: u32,
+    /// A demo sim's players (accounts with avatars, whose keys the bots sign with).
     #[serde(default = "one_u32")]
     pub players: u32,
     /// A distinct number per sim (goes into every signed event).
@@ -204,6 +219,7 @@ impl WorldConfig {
     }
 }
 
+/// `[bots]`: load this node makes itself (devnets and benchmarks).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BotsConfig {
@@ -211,11 +227,14 @@ pub struct BotsConfig {
     pub events_per_tick: u32,
 }
 
+/// `[[validators]]`: one validator of this node's sim.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ValidatorEntry {
     /// The validator's public key, 64 hex digits.
+    #[serde(deserialize_with = "public_key")]
     pub key: String,
+    /// Where it listens for its peers over TCP (and for clients over QUIC, the same port).
     pub address: SocketAddr,
     /// Its QUIC address for peers (libp2p, UDP); without one, peers reach it over TCP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -225,6 +244,13 @@ pub struct ValidatorEntry {
     /// next epoch boundary on).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub observer: bool,
+}
+
+/// A public key's text, checked as it is read, so that a bad one is an error naming its line.
+fn public_key<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_public(&text).map_err(|e| serde::de::Error::custom(format!("{e:#}")))?;
+    Ok(text)
 }
 
 fn default_rate() -> u32 {
