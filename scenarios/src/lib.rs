@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod judge;
 pub mod spec;
 
 pub use cluster::{Cluster, Dest, Fault, NetConfig, NetStats, NodeId, Outbox, Partition, Process, Restarter, Time};

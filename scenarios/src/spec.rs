@@ -267,27 +267,108 @@ pub struct FaultSpec {
     pub behaviour: Option<String>,
 }
 
-/// What must hold.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Expect {
-    /// `roots_equal`, `min_ticks`, `objects`, `chat_seen`, `role`, `outcome`, `no_desync`,
-    /// `desync`, `resynced`, `object_text`; with several sims, `handoffs` (at least `count`
-    /// bodies crossed between sims, each exactly once) and `in_sim` (`object` ends in `sim`).
-    pub kind: String,
-    pub ticks: Option<u64>,
-    pub count: Option<u64>,
-    pub text: Option<String>,
-    pub account: Option<String>,
-    pub role: Option<String>,
-    pub at_tick: Option<u64>,
-    pub step: Option<String>,
-    pub status: Option<String>,
-    pub reason: Option<String>,
-    pub node: Option<u16>,
-    pub object: Option<String>,
-    /// A sim number (`in_sim`).
-    pub sim: Option<u32>,
+/// What must hold at the end of a run: an `[[expect]]` table, its `kind` naming the variant and
+/// its other keys the variant's fields (a missing or unknown one is an error naming its line).
+/// Every runner judges these with [`crate::judge`].
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Expect {
+    /// The honest nodes (of each sim) have the same root wherever two executed the same tick.
+    RootsEqual,
+    /// Every honest node up at the end executed at least `ticks` ticks.
+    MinTicks { ticks: u64 },
+    /// The world holds `count` objects at the end.
+    Objects { count: u64 },
+    /// Every honest node saw a chat line containing `text`.
+    ChatSeen { text: String },
+    /// `account` has `role` at tick `at_tick`.
+    Role { account: String, role: ExpectedRole, at_tick: u64 },
+    /// The step labelled `step` was executed, or refused with `reason` in its reason, the same
+    /// on every honest node.
+    Outcome {
+        step: String,
+        status: ExpectedStatus,
+        #[serde(default)]
+        reason: String,
+    },
+    /// No honest node diverged.
+    NoDesync,
+    /// Node `node` noticed it diverged.
+    Desync { node: u16 },
+    /// Node `node` resynced from a certified snapshot and agrees since.
+    Resynced { node: u16 },
+    /// Node `node` joined from a certified snapshot and agrees since.
+    Joined { node: u16 },
+    /// Node `node` votes at the end.
+    Validator { node: u16 },
+    /// Node `node` only follows at the end.
+    Observer { node: u16 },
+    /// The object named `object` shows `text`.
+    ObjectText { object: String, text: String },
+    /// With several sims: at least `count` bodies crossed between sims, each exactly once.
+    Handoffs { count: u64 },
+    /// With several sims: the object named `object` ends in sim `sim`.
+    InSim { object: String, sim: u32 },
+}
+
+/// A role an `role` expectation names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpectedRole {
+    Admin,
+    TempAdmin,
+    Member,
+}
+
+/// What an `outcome` expectation wants of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpectedStatus {
+    Executed,
+    Refused,
+}
+
+impl Expect {
+    /// Its `kind`, as the file says it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Expect::RootsEqual => "roots_equal",
+            Expect::MinTicks { .. } => "min_ticks",
+            Expect::Objects { .. } => "objects",
+            Expect::ChatSeen { .. } => "chat_seen",
+            Expect::Role { .. } => "role",
+            Expect::Outcome { .. } => "outcome",
+            Expect::NoDesync => "no_desync",
+            Expect::Desync { .. } => "desync",
+            Expect::Resynced { .. } => "resynced",
+            Expect::Joined { .. } => "joined",
+            Expect::Validator { .. } => "validator",
+            Expect::Observer { .. } => "observer",
+            Expect::ObjectText { .. } => "object_text",
+            Expect::Handoffs { .. } => "handoffs",
+            Expect::InSim { .. } => "in_sim",
+        }
+    }
+
+    /// The node it names, if any.
+    pub fn node(&self) -> Option<u16> {
+        match self {
+            Expect::Desync { node }
+            | Expect::Resynced { node }
+            | Expect::Joined { node }
+            | Expect::Validator { node }
+            | Expect::Observer { node } => Some(*node),
+            _ => None,
+        }
+    }
+
+    /// The object it names, if any.
+    pub fn object(&self) -> Option<&str> {
+        match self {
+            Expect::ObjectText { object, .. } | Expect::InSim { object, .. } => Some(object),
+            _ => None,
+        }
+    }
 }
 
 /// A scenario file error, with the line it is about.
@@ -313,23 +394,6 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 const BEHAVIOURS: [&str; 4] = ["equivocate", "double_vote", "invalid_signatures", "withhold"];
-const EXPECT_KINDS: [&str; 15] = [
-    "validator",
-    "observer",
-    "roots_equal",
-    "min_ticks",
-    "objects",
-    "chat_seen",
-    "role",
-    "outcome",
-    "no_desync",
-    "desync",
-    "resynced",
-    "joined",
-    "object_text",
-    "handoffs",
-    "in_sim",
-];
 
 impl Scenario {
     /// Parse and check a scenario file's text.
@@ -543,57 +607,29 @@ impl Scenario {
         }
         for e in &self.expect {
             let v = e.get_ref();
-            if !EXPECT_KINDS.contains(&v.kind.as_str()) {
-                return Err(at(e.span(), format!("unknown expectation {:?}: one of {EXPECT_KINDS:?}", v.kind)));
-            }
-            let need = |field: &str, present: bool| {
-                if present { Ok(()) } else { Err(at(e.span(), format!("{} needs `{field}`", v.kind))) }
-            };
             let single_only = ["validator", "observer", "joined", "resynced", "desync", "role", "outcome", "chat_seen"];
-            if several && single_only.contains(&v.kind.as_str()) {
-                return Err(at(e.span(), format!("{} expectations need a single sim, for now", v.kind)));
+            if several && single_only.contains(&v.kind()) {
+                return Err(at(e.span(), format!("{} expectations need a single sim, for now", v.kind())));
             }
-            match v.kind.as_str() {
-                "min_ticks" => need("ticks", v.ticks.is_some())?,
-                "objects" => need("count", v.count.is_some())?,
-                "chat_seen" => need("text", v.text.is_some())?,
-                "object_text" => need("object and text", v.object.is_some() && v.text.is_some())?,
-                "handoffs" | "in_sim" if !several => {
-                    return Err(at(e.span(), format!("{} needs several sims (world.sims > 1)", v.kind)));
+            match v {
+                Expect::Handoffs { .. } | Expect::InSim { .. } if !several => {
+                    return Err(at(e.span(), format!("{} needs several sims (world.sims > 1)", v.kind())));
                 }
-                "handoffs" => need("count", v.count.is_some())?,
-                "in_sim" => {
-                    need("object and sim", v.object.is_some() && v.sim.is_some())?;
-                    if v.sim.is_some_and(|s| s == 0 || s > w.sims) {
-                        return Err(at(e.span(), format!("sim must be 1..={}", w.sims)));
-                    }
+                Expect::InSim { sim, .. } if *sim == 0 || *sim > w.sims => {
+                    return Err(at(e.span(), format!("sim must be 1..={}", w.sims)));
                 }
-
-                "role" => {
-                    need("account, role and at_tick", v.account.is_some() && v.role.is_some() && v.at_tick.is_some())?;
-                    account(e.span(), v.account.as_deref().unwrap_or_default(), "account")?;
-                    let r = v.role.as_deref().unwrap_or_default();
-                    if !["admin", "temp_admin", "member"].contains(&r) {
-                        return Err(at(e.span(), format!("role must be admin, temp_admin or member, not {r:?}")));
-                    }
-                }
-                "outcome" => {
-                    need("step and status", v.step.is_some() && v.status.is_some())?;
-                    let st = v.step.as_deref().unwrap_or_default();
-                    if !labels.contains(st) {
-                        return Err(at(e.span(), format!("no step labelled {st:?}")));
-                    }
-                    let status = v.status.as_deref().unwrap_or_default();
-                    if status != "executed" && status != "refused" {
-                        return Err(at(e.span(), format!("status must be executed or refused, not {status:?}")));
-                    }
-                }
-                "desync" | "resynced" | "joined" | "validator" | "observer" => {
-                    need("node", v.node.is_some_and(|x| x < total))?
+                Expect::Role { account: a, .. } => account(e.span(), a, "account")?,
+                Expect::Outcome { step, .. } if !labels.contains(step.as_str()) => {
+                    return Err(at(e.span(), format!("no step labelled {step:?}")));
                 }
                 _ => {}
             }
-            if let Some(o) = &v.object
+            if let Some(node) = v.node()
+                && node >= total
+            {
+                return Err(at(e.span(), format!("{} needs `node` in 0..{total}", v.kind())));
+            }
+            if let Some(o) = v.object()
                 && !objects.contains(o)
             {
                 return Err(at(e.span(), format!("no object named {o:?}")));
@@ -655,5 +691,27 @@ object = "door"
             "{OK}\n[[faults]]\nkind = \"byzantine\"\nnode = 1\nbehaviour = \"withhold\"\n[[faults]]\nkind = \"twin\"\nnode = 2\n"
         );
         assert!(Scenario::parse(&two_byz).unwrap_err().message.contains("tolerates 1"));
+    }
+
+    #[test]
+    fn an_expectation_is_typed_by_its_kind_and_a_wrong_one_names_its_line() {
+        let with = |e: &str| Scenario::parse(&format!("{OK}\n[[expect]]\n{e}\n"));
+        let s = with("kind = \"min_ticks\"\nticks = 30").unwrap();
+        assert_eq!(*s.expect[0].get_ref(), Expect::MinTicks { ticks: 30 });
+        let s = with("kind = \"role\"\naccount = \"alice\"\nrole = \"temp_admin\"\nat_tick = 9").unwrap();
+        let want = Expect::Role { account: "alice".into(), role: ExpectedRole::TempAdmin, at_tick: 9 };
+        assert_eq!(*s.expect[0].get_ref(), want);
+        // A missing field, a field of another kind, an unknown kind, a bad value: each names the
+        // expectation's line (the table starts on line 16).
+        for (bad, says) in [
+            ("kind = \"min_ticks\"", "ticks"),
+            ("kind = \"objects\"\ncount = 3\nticks = 9", "ticks"),
+            ("kind = \"maxi_ticks\"", "maxi_ticks"),
+            ("kind = \"role\"\naccount = \"alice\"\nrole = \"king\"\nat_tick = 9", "king"),
+            ("kind = \"outcome\"\nstep = \"nope\"\nstatus = \"executed\"", "nope"),
+        ] {
+            let e = with(bad).unwrap_err();
+            assert!(e.message.contains(says) && e.line.is_some_and(|l| l >= 16), "{bad}: {e}");
+        }
     }
 }

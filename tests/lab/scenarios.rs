@@ -169,11 +169,12 @@ fn a_node_that_crashes_between_a_commit_and_its_execution_loses_no_committed_tic
     let (from, to) = (spec.duration_secs, 8.0);
     spec.duration_secs = to;
     for e in &mut spec.expect {
-        if let Some(t) = e.get_mut().ticks.as_mut() {
-            *t = (*t as f64 * to / from) as u64;
+        if let metatopia_scenarios::spec::Expect::MinTicks { ticks } = e.get_mut() {
+            *ticks = (*ticks as f64 * to / from) as u64;
         }
     }
-    assert!(spec.expect.iter().any(|e| e.get_ref().ticks.is_some_and(|t| t >= 130)), "a tick floor is checked");
+    let floor = |e: &metatopia_scenarios::spec::Expect| matches!(e, metatopia_scenarios::spec::Expect::MinTicks { ticks } if *ticks >= 130);
+    assert!(spec.expect.iter().any(|e| floor(e.get_ref())), "a tick floor is checked");
     let window = metatopia_lab::simnet::EXEC_DELAY_US as f64 / 1e6;
     let opts = Options { seed: spec.seed, scripts_dir: root().join("scripts") };
     let mut failed = Vec::new();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use metatopia_consensus::{Config, SigCache};
+use metatopia_scenarios::judge::StepOutcome;
 use metatopia_scenarios::spec::{Action, Scenario};
 use metatopia_scenarios::{Cluster, Fault, NetConfig, NetStats, NodeId, Partition, Time};
 use metatopia_scripting::RhaiHost;
@@ -22,14 +23,7 @@ pub(crate) type Node = CoreProcess<Actor, RhaiHost, AnyPhysics>;
 
 pub(crate) const MS: Time = 1_000;
 
-/// One expectation's verdict.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Verdict {
-    pub line: usize,
-    pub what: String,
-    pub ok: bool,
-    pub detail: String,
-}
+pub use metatopia_scenarios::judge::Verdict;
 
 /// What a run did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -207,13 +201,10 @@ pub fn payload(
     })
 }
 
-/// An `outcome` expectation: every node saw the same outcome, of the wanted status (`executed`
-/// or `refused`), and a refusal's reason contains `reason`.
-pub fn outcome_holds(got: &[Option<Outcome>], want: &str, reason: &str) -> bool {
-    got.iter().all(|o| *o == got[0])
-        && match got.first().and_then(Option::as_ref) {
-            Some(Outcome::Executed { .. }) => want == "executed",
-            Some(Outcome::Refused { reason: r, .. }) => want == "refused" && r.contains(reason),
-            None => false,
-        }
+/// A node's outcome of a step, as the judge reads it.
+pub fn step_outcome(o: &Outcome) -> StepOutcome {
+    match o {
+        Outcome::Executed { .. } => StepOutcome::Executed,
+        Outcome::Refused { reason, .. } => StepOutcome::Refused(reason.clone()),
+    }
 }

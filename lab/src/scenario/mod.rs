@@ -16,7 +16,7 @@ pub mod replay;
 pub mod single;
 pub mod world;
 
-pub use common::{Recording, Report, Verdict, outcome_holds, payload};
+pub use common::{Recording, Report, Verdict, payload, step_outcome};
 pub use metatopia_node::world::{Options, account_key, load, validator_key};
 pub use replay::{replay_verify, synctest};
 

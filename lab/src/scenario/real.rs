@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::scenario::common::{self as scenario, Report, Verdict};
+use crate::scenario::common::{self as scenario, Report};
 use anyhow::Context;
 use metatopia_node::api::http::{AccountView, ChatView, Client, ObjectView, RootView, Status};
 use metatopia_node::config::{
@@ -23,7 +23,9 @@ use metatopia_node::core::Outcome;
 use metatopia_node::store::{DataDir, write_atomic};
 use metatopia_node::world::{Options, account_key};
 use metatopia_scenarios::Scenario;
+use metatopia_scenarios::judge::{Agreement, Crossings, Observed, StepOutcome, judge};
 use metatopia_scenarios::spec::Action;
+use metatopia_scenarios::spec::Expect;
 use metatopia_sim::event::account_of;
 use metatopia_sim::{EventId, ObjectId, SignedEvent};
 
@@ -281,7 +283,8 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     let mut last: BTreeMap<String, SignedEvent> = BTreeMap::new();
     let mut labelled: BTreeMap<String, EventId> = BTreeMap::new();
     let mut at_door: BTreeMap<String, String> = BTreeMap::new();
-    let mut roles: BTreeMap<usize, Verdict> = BTreeMap::new();
+    // Roles seen at their tick: (account, tick) -> (role, where).
+    let mut roles: BTreeMap<(String, u64), (String, String)> = BTreeMap::new();
     let mut submitted = 0;
     // Every node's key in node order (joiners included: the admin may admit them).
     let public: Vec<_> = dirs.iter().map(|d| d.key().map(|k| k.verifying_key())).collect::<Result<_, _>>()?;
@@ -357,30 +360,20 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             submitted += 1;
         }
         for e in &spec.expect {
-            let v = e.get_ref();
-            let line = Scenario::line_of(text, e.span());
-            if v.kind != "role" || roles.contains_key(&line) {
+            let Expect::Role { account, at_tick, .. } = e.get_ref() else { continue };
+            if roles.contains_key(&(account.clone(), *at_tick)) {
                 continue;
             }
-            let at = v.at_tick.unwrap_or_default();
+            let at = *at_tick;
             let Some((i, st)) = honest.iter().find_map(|i| status(*i).filter(|s| s.tick + 1 >= at).map(|s| (*i, s)))
             else {
                 continue;
             };
-            let who = account_of(&account_key(v.account.as_deref().unwrap_or_default()));
+            let who = account_of(&account_key(account));
             let role = clients[i]
                 .get::<AccountView>(&format!("/v1/accounts/{who}"))?
                 .map_or("none".to_owned(), |a| a.role.replace(' ', "_"));
-            let want = v.role.as_deref().unwrap_or_default();
-            roles.insert(
-                line,
-                Verdict {
-                    line,
-                    what: format!("{} is {want} at tick {at}", v.account.as_deref().unwrap_or_default()),
-                    ok: role == want,
-                    detail: format!("{role} at tick {} on node {i}", st.tick + 1),
-                },
-            );
+            roles.insert((account.clone(), at), (role, format!("at tick {} on node {i}", st.tick + 1)));
         }
     }
     bar.finish_and_clear();
@@ -388,9 +381,10 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     std::thread::sleep(Duration::from_millis(1_000));
     let up: Vec<usize> = honest.iter().copied().filter(|i| procs[*i].child.is_some()).collect();
     let verdicts = if sims > 1 {
-        judge_world(spec, text, &clients, &up, per, &gs)?
+        judge(spec, text, &WorldSeen::new(&clients, &up, per, &gs)?)
     } else {
-        judge(spec, text, &clients, &up, &procs, &gs[0].objects, (&labelled, &at_door), roles)?
+        let seen = Seen::new(&clients, &up, &procs, &gs[0].objects, (&labelled, &at_door), roles)?;
+        judge(spec, text, &seen)
     };
     let ticks = (0..n).map(|i| status(i).map(|s| s.tick + 1)).collect();
     for p in &mut procs {
@@ -412,147 +406,133 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn judge(
-    spec: &Scenario,
-    text: &str,
-    clients: &[Client],
-    up: &[usize],
-    procs: &[Proc],
-    objects: &BTreeMap<String, ObjectId>,
-    (labelled, at_door): (&BTreeMap<String, EventId>, &BTreeMap<String, String>),
-    mut roles: BTreeMap<usize, Verdict>,
-) -> anyhow::Result<Vec<Verdict>> {
-    let first = *up.first().context("no honest node is up at the end")?;
-    let status: Vec<Status> =
-        up.iter().map(|i| clients[*i].get::<Status>("/v1/status")?.context("no status")).collect::<Result<_, _>>()?;
-    // Agreement: every tick of the last 200 that all of them still remember.
-    let low = status.iter().map(|s| s.tick).min().unwrap_or(0);
-    let (compared, bad) = compare_roots(clients, up, low);
-    let mut agree = (bad.is_none(), bad.map(|t| format!("roots differ at tick {t}")).unwrap_or_default());
-    if agree.0 {
-        agree.1 = format!("{compared} ticks compared across {} honest nodes", up.len());
+/// What a run of one sim's real processes saw, from their HTTP services and what they printed.
+struct Seen<'a> {
+    clients: &'a [Client],
+    /// The honest nodes up at the end, and their status.
+    up: &'a [usize],
+    status: Vec<Status>,
+    procs: &'a [Proc],
+    objects: &'a BTreeMap<String, ObjectId>,
+    labelled: &'a BTreeMap<String, EventId>,
+    at_door: &'a BTreeMap<String, String>,
+    roles: BTreeMap<(String, u64), (String, String)>,
+    agreement: (u64, Option<u64>),
+}
+
+impl<'a> Seen<'a> {
+    fn new(
+        clients: &'a [Client],
+        up: &'a [usize],
+        procs: &'a [Proc],
+        objects: &'a BTreeMap<String, ObjectId>,
+        (labelled, at_door): (&'a BTreeMap<String, EventId>, &'a BTreeMap<String, String>),
+        roles: BTreeMap<(String, u64), (String, String)>,
+    ) -> anyhow::Result<Seen<'a>> {
+        anyhow::ensure!(!up.is_empty(), "no honest node is up at the end");
+        let status: Vec<Status> = up
+            .iter()
+            .map(|i| clients[*i].get::<Status>("/v1/status")?.context("no status"))
+            .collect::<Result<_, _>>()?;
+        // Agreement: every tick of the last 200 that all of them still remember.
+        let low = status.iter().map(|s| s.tick).min().unwrap_or(0);
+        let agreement = compare_roots_over_http(clients, up, low);
+        Ok(Seen { clients, up, status, procs, objects, labelled, at_door, roles, agreement })
     }
-    let mut out = vec![Verdict {
-        line: 0,
-        what: "honest nodes agree (always checked)".into(),
-        ok: agree.0 && compared > 0,
-        detail: agree.1.clone(),
-    }];
-    for e in &spec.expect {
-        let v = e.get_ref();
-        let line = Scenario::line_of(text, e.span());
-        let verdict = |what: String, ok: bool, detail: String| Verdict { line, what, ok, detail };
-        let vd = match v.kind.as_str() {
-            "roots_equal" => verdict("roots equal on every honest node".into(), out[0].ok, agree.1.clone()),
-            "min_ticks" => {
-                let want = v.ticks.unwrap_or_default();
-                let got: Vec<u64> = status.iter().map(|s| s.tick + 1).collect();
-                verdict(
-                    format!("every honest node executed {want} ticks"),
-                    got.iter().all(|t| *t >= want),
-                    format!("{got:?}"),
-                )
-            }
-            "no_desync" => {
-                let bad: Vec<_> = status.iter().filter_map(|s| s.desynced).collect();
-                verdict("no honest node diverged".into(), bad.is_empty(), format!("{bad:?}"))
-            }
-            "desync" | "resynced" | "joined" => {
-                let node = usize::from(v.node.unwrap_or_default());
-                let (out, err) = (procs[node].out.lock().map(|s| s.clone()), procs[node].err.lock().map(|s| s.clone()));
-                let (out, err) = (out.unwrap_or_default(), err.unwrap_or_default());
-                if v.kind == "desync" {
-                    let ok = err.contains("diverged at tick");
-                    verdict(
-                        format!("node {node} noticed it diverged"),
-                        ok,
-                        err.lines().find(|l| l.contains("diverged")).unwrap_or("").to_owned(),
-                    )
-                } else {
-                    // "resynced: ..." or "joined: ...", and it agrees now: its root of a recent
-                    // tick is the first honest node's.
-                    let prefix = if v.kind == "joined" { "joined:" } else { "resynced" };
-                    let line = out.lines().find(|l| l.starts_with(prefix)).unwrap_or("").to_owned();
-                    let t = status[0].tick.saturating_sub(5);
-                    let mine = clients[node].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten();
-                    let theirs = clients[first].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten();
-                    let ok = !line.is_empty() && mine.is_some() && mine == theirs;
-                    let what = if v.kind == "joined" { "joined from a snapshot" } else { "resynced" };
-                    verdict(
-                        format!("node {node} {what} and agrees"),
-                        ok,
-                        format!("{line}; tick {t} equal: {}", mine == theirs),
-                    )
-                }
-            }
-            "objects" => {
-                let want = v.count.unwrap_or_default();
-                verdict(
-                    format!("{want} objects at the end"),
-                    status[0].objects == want,
-                    format!("{}", status[0].objects),
-                )
-            }
-            "object_text" => {
-                let name = v.object.as_deref().unwrap_or_default();
-                let want = v.text.as_deref().unwrap_or_default();
-                let got = match objects.get(name) {
-                    Some(id) => clients[first].get::<ObjectView>(&format!("/v1/objects/{id}"))?.map(|o| o.text),
-                    None => None,
-                };
-                verdict(format!("{name} shows {want:?}"), got.as_deref() == Some(want), format!("{got:?}"))
-            }
-            "chat_seen" => {
-                let want = v.text.as_deref().unwrap_or_default();
-                let mut seen = Vec::new();
-                for i in up {
-                    let lines: Vec<ChatView> = clients[*i].get("/v1/chat/0")?.unwrap_or_default();
-                    seen.push(lines.iter().any(|l| l.text.contains(want)));
-                }
-                verdict(format!("chat {want:?} seen"), seen.iter().all(|s| *s), format!("on nodes: {seen:?}"))
-            }
-            "outcome" => {
-                let label = v.step.as_deref().unwrap_or_default();
-                let mut got: Vec<Option<Outcome>> = Vec::new();
-                for i in up {
-                    got.push(match (at_door.get(label), labelled.get(label)) {
-                        (Some(why), _) => Some(Outcome::Refused { tick: 0, reason: why.clone() }),
-                        (None, Some(id)) => clients[*i].get::<Outcome>(&format!("/v1/events/{id}"))?,
-                        (None, None) => None,
-                    });
-                }
-                let want = v.status.as_deref().unwrap_or_default();
-                let reason = v.reason.as_deref().unwrap_or_default();
-                let ok = scenario::outcome_holds(&got, want, reason);
-                verdict(format!("step {label} {want}"), ok, format!("{:?}", got[0]))
-            }
-            "validator" | "observer" => {
-                let node = usize::from(v.node.unwrap_or_default());
-                let st = clients.get(node).and_then(|c| c.get::<Status>("/v1/status").ok().flatten());
-                let want = v.kind == "validator";
-                let (ok, detail) = match st {
-                    Some(s) => (
-                        s.voting == want,
-                        format!("{} ({} validators)", if s.voting { "votes" } else { "follows" }, s.validators),
-                    ),
-                    None => (false, "down".to_owned()),
-                };
-                verdict(format!("node {node} {}", if want { "votes" } else { "only follows" }), ok, detail)
-            }
-            "role" => roles.remove(&line).unwrap_or_else(|| {
-                verdict(format!("role at tick {}", v.at_tick.unwrap_or_default()), false, "never reached".into())
-            }),
-            other => anyhow::bail!("line {line}: unknown expectation {other:?}"),
-        };
-        out.push(vd);
+}
+
+fn http_err(e: impl std::fmt::Display) -> String {
+    format!("asking a node: {e}")
+}
+
+impl Observed for Seen<'_> {
+    fn agreement(&self) -> Agreement {
+        let (compared, bad) = self.agreement;
+        Agreement {
+            compared,
+            differ: bad.map(|t| format!("roots differ at tick {t}")),
+            scope: format!("across {} honest nodes", self.up.len()),
+        }
     }
-    Ok(out)
+
+    fn ticks(&self) -> Vec<u64> {
+        self.status.iter().map(|s| s.tick + 1).collect()
+    }
+
+    fn desynced(&self) -> Vec<u64> {
+        self.status.iter().filter_map(|s| s.desynced).collect()
+    }
+
+    fn objects(&self) -> u64 {
+        self.status[0].objects
+    }
+
+    fn object_text(&self, name: &str) -> Result<Option<String>, String> {
+        match self.objects.get(name) {
+            Some(id) => Ok(self.clients[self.up[0]]
+                .get::<ObjectView>(&format!("/v1/objects/{id}"))
+                .map_err(http_err)?
+                .map(|o| o.text)),
+            None => Ok(None),
+        }
+    }
+
+    fn chat_seen(&self, text: &str) -> Result<Vec<bool>, String> {
+        let mut seen = Vec::new();
+        for i in self.up {
+            let lines: Vec<ChatView> = self.clients[*i].get("/v1/chat/0").map_err(http_err)?.unwrap_or_default();
+            seen.push(lines.iter().any(|l| l.text.contains(text)));
+        }
+        Ok(seen)
+    }
+
+    fn outcomes(&self, step: &str) -> Result<Option<Vec<Option<StepOutcome>>>, String> {
+        if let Some(why) = self.at_door.get(step) {
+            return Ok(Some(self.up.iter().map(|_| Some(StepOutcome::Refused(why.clone()))).collect()));
+        }
+        let Some(id) = self.labelled.get(step) else { return Ok(None) };
+        let mut got = Vec::new();
+        for i in self.up {
+            let o = self.clients[*i].get::<Outcome>(&format!("/v1/events/{id}")).map_err(http_err)?;
+            got.push(o.as_ref().map(scenario::step_outcome));
+        }
+        Ok(Some(got))
+    }
+
+    fn role_at(&self, account: &str, at_tick: u64) -> Result<Option<(String, String)>, String> {
+        Ok(self.roles.get(&(account.to_owned(), at_tick)).cloned())
+    }
+
+    fn noticed_desync(&self, node: u16) -> Result<(bool, String), String> {
+        let err = self.procs[usize::from(node)].err.lock().map(|s| s.clone()).unwrap_or_default();
+        Ok((err.contains("diverged at tick"), err.lines().find(|l| l.contains("diverged")).unwrap_or("").to_owned()))
+    }
+
+    fn caught_up(&self, node: u16, joined: bool) -> Result<(bool, String), String> {
+        // "resynced: ..." or "joined: ...", and it agrees now: its root of a recent tick is the
+        // first honest node's.
+        let node = usize::from(node);
+        let out = self.procs[node].out.lock().map(|s| s.clone()).unwrap_or_default();
+        let prefix = if joined { "joined:" } else { "resynced" };
+        let line = out.lines().find(|l| l.starts_with(prefix)).unwrap_or("").to_owned();
+        let t = self.status[0].tick.saturating_sub(5);
+        let mine = self.clients[node].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten();
+        let theirs = self.clients[self.up[0]].get::<RootView>(&format!("/v1/roots/{t}")).ok().flatten();
+        let ok = !line.is_empty() && mine.is_some() && mine == theirs;
+        Ok((ok, format!("{line}; tick {t} equal: {}", mine == theirs)))
+    }
+
+    fn votes(&self, node: u16) -> Result<Option<(bool, String)>, String> {
+        let st = self.clients.get(usize::from(node)).and_then(|c| c.get::<Status>("/v1/status").ok().flatten());
+        Ok(st.map(|s| {
+            (s.voting, format!("{} ({} validators)", if s.voting { "votes" } else { "follows" }, s.validators))
+        }))
+    }
 }
 
 /// The roots of the last 200 ticks that all of `nodes` remember: (ticks compared, first
 /// tick that differs).
-fn compare_roots(clients: &[Client], nodes: &[usize], low: u64) -> (u64, Option<u64>) {
+fn compare_roots_over_http(clients: &[Client], nodes: &[usize], low: u64) -> (u64, Option<u64>) {
     let mut compared = 0;
     for t in low.saturating_sub(200)..=low {
         let roots: Vec<Option<RootView>> =
@@ -568,118 +548,125 @@ fn compare_roots(clients: &[Client], nodes: &[usize], low: u64) -> (u64, Option<
     (compared, None)
 }
 
-/// The expectations of a world of several sims, from the nodes' HTTP services.
-fn judge_world(
-    spec: &Scenario,
-    text: &str,
-    clients: &[Client],
-    up: &[usize],
+/// What a run of a world's real processes saw, from their HTTP services.
+struct WorldSeen<'a> {
+    clients: &'a [Client],
+    up: &'a [usize],
     per: usize,
-    gs: &[metatopia_node::world::Genesis],
-) -> anyhow::Result<Vec<Verdict>> {
-    let status: BTreeMap<usize, Status> =
-        up.iter().filter_map(|i| clients[*i].get::<Status>("/v1/status").ok().flatten().map(|s| (*i, s))).collect();
-    let mut agree = (true, String::new());
-    let mut compared = 0;
-    // Per sim: its nodes that are up, the objects its first one holds, and its crossings.
-    let mut objects: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    let mut in_transit: BTreeMap<String, u32> = BTreeMap::new();
-    let (mut left, mut arrived) = (0, 0);
-    for k in 0..gs.len() {
-        let nodes: Vec<usize> = up.iter().copied().filter(|i| i / per == k && status.contains_key(i)).collect();
-        let first = *nodes.first().with_context(|| format!("no node of sim {} is up at the end", k + 1))?;
-        let low = nodes.iter().map(|i| status[i].tick).min().unwrap_or(0);
-        let (n, bad) = compare_roots(clients, &nodes, low);
-        compared += n;
-        if let Some(t) = bad.filter(|_| agree.0) {
-            agree = (false, format!("sim {}: roots differ at tick {t}", k + 1));
+    gs: &'a [metatopia_node::world::Genesis],
+    status: BTreeMap<usize, Status>,
+    /// The sims each object is in (by the first node up of each sim), and those in transit.
+    objects: BTreeMap<String, Vec<u32>>,
+    in_transit: BTreeMap<String, u32>,
+    left: u64,
+    arrived: u64,
+    compared: u64,
+    differ: Option<String>,
+}
+
+impl<'a> WorldSeen<'a> {
+    fn new(
+        clients: &'a [Client],
+        up: &'a [usize],
+        per: usize,
+        gs: &'a [metatopia_node::world::Genesis],
+    ) -> anyhow::Result<WorldSeen<'a>> {
+        let status: BTreeMap<usize, Status> =
+            up.iter().filter_map(|i| clients[*i].get::<Status>("/v1/status").ok().flatten().map(|s| (*i, s))).collect();
+        let mut seen = WorldSeen {
+            clients,
+            up,
+            per,
+            gs,
+            status,
+            objects: BTreeMap::new(),
+            in_transit: BTreeMap::new(),
+            left: 0,
+            arrived: 0,
+            compared: 0,
+            differ: None,
+        };
+        // Per sim: its nodes that are up, the objects its first one holds, and its crossings.
+        for k in 0..gs.len() {
+            let nodes: Vec<usize> =
+                up.iter().copied().filter(|i| i / per == k && seen.status.contains_key(i)).collect();
+            let first = *nodes.first().with_context(|| format!("no node of sim {} is up at the end", k + 1))?;
+            let low = nodes.iter().map(|i| seen.status[i].tick).min().unwrap_or(0);
+            let (n, bad) = compare_roots_over_http(clients, &nodes, low);
+            seen.compared += n;
+            if let Some(t) = bad.filter(|_| seen.differ.is_none()) {
+                seen.differ = Some(format!("sim {}: roots differ at tick {t}", k + 1));
+            }
+            let list: Vec<ObjectView> = clients[first].get("/v1/objects")?.unwrap_or_default();
+            for o in list {
+                seen.objects.entry(o.name).or_default().push(k as u32 + 1);
+            }
+            for name in &seen.status[&first].in_transit {
+                *seen.in_transit.entry(name.clone()).or_default() += 1;
+            }
+            seen.left += nodes.iter().map(|i| seen.status[i].departures).max().unwrap_or(0);
+            seen.arrived += nodes.iter().map(|i| seen.status[i].arrivals).max().unwrap_or(0);
         }
-        let list: Vec<ObjectView> = clients[first].get("/v1/objects")?.unwrap_or_default();
-        for o in list {
-            objects.entry(o.name).or_default().push(k as u32 + 1);
+        Ok(seen)
+    }
+}
+
+impl Observed for WorldSeen<'_> {
+    fn agreement(&self) -> Agreement {
+        Agreement {
+            compared: self.compared,
+            differ: self.differ.clone(),
+            scope: format!("within {} sims", self.gs.len()),
         }
-        for name in &status[&first].in_transit {
-            *in_transit.entry(name.clone()).or_default() += 1;
+    }
+
+    fn ticks(&self) -> Vec<u64> {
+        self.status.values().map(|s| s.tick + 1).collect()
+    }
+
+    fn desynced(&self) -> Vec<u64> {
+        self.status.values().filter_map(|s| s.desynced).collect()
+    }
+
+    fn objects(&self) -> u64 {
+        let names: std::collections::BTreeSet<&String> = self.objects.keys().chain(self.in_transit.keys()).collect();
+        names.len() as u64
+    }
+
+    fn object_text(&self, name: &str) -> Result<Option<String>, String> {
+        let mut got = None;
+        for k in self.objects.get(name).into_iter().flatten() {
+            let first =
+                self.up.iter().copied().find(|i| i / self.per == *k as usize - 1 && self.status.contains_key(i));
+            let list: Vec<ObjectView> =
+                first.and_then(|f| self.clients[f].get("/v1/objects").ok().flatten()).unwrap_or_default();
+            got = list.into_iter().find(|o| o.name == name).map(|o| o.text);
         }
-        left += nodes.iter().map(|i| status[i].departures).max().unwrap_or(0);
-        arrived += nodes.iter().map(|i| status[i].arrivals).max().unwrap_or(0);
+        Ok(got)
     }
-    if agree.0 {
-        agree.1 = format!("{compared} tick roots compared within {} sims", gs.len());
+
+    fn sims_of(&self, object: &str) -> Result<Vec<u32>, String> {
+        Ok(self.objects.get(object).cloned().unwrap_or_default())
     }
-    let mut out = vec![Verdict {
-        line: 0,
-        what: "each sim's nodes agree (always checked)".into(),
-        ok: agree.0 && compared > 0,
-        detail: agree.1.clone(),
-    }];
-    for e in &spec.expect {
-        let v = e.get_ref();
-        let line = Scenario::line_of(text, e.span());
-        let verdict = |what: String, ok: bool, detail: String| Verdict { line, what, ok, detail };
-        out.push(match v.kind.as_str() {
-            "roots_equal" => verdict("roots equal within every sim".into(), out[0].ok, agree.1.clone()),
-            "min_ticks" => {
-                let want = v.ticks.unwrap_or_default();
-                let got: Vec<u64> = status.values().map(|s| s.tick + 1).collect();
-                verdict(format!("every node executed {want} ticks"), got.iter().all(|t| *t >= want), format!("{got:?}"))
-            }
-            "no_desync" => {
-                let bad: Vec<_> = status.values().filter_map(|s| s.desynced).collect();
-                verdict("no node diverged".into(), bad.is_empty(), format!("{bad:?}"))
-            }
-            "objects" => {
-                let want = v.count.unwrap_or_default();
-                let names: std::collections::BTreeSet<&String> = objects.keys().chain(in_transit.keys()).collect();
-                verdict(
-                    format!("{want} objects in the world at the end"),
-                    names.len() as u64 == want,
-                    names.len().to_string(),
-                )
-            }
-            "object_text" => {
-                let name = v.object.as_deref().unwrap_or_default();
-                let want = v.text.as_deref().unwrap_or_default();
-                let mut got = None;
-                for k in objects.get(name).into_iter().flatten() {
-                    let first = up.iter().copied().find(|i| i / per == *k as usize - 1 && status.contains_key(i));
-                    let list: Vec<ObjectView> =
-                        first.and_then(|f| clients[f].get("/v1/objects").ok().flatten()).unwrap_or_default();
-                    got = list.into_iter().find(|o| o.name == name).map(|o| o.text);
-                }
-                verdict(format!("{name} shows {want:?}"), got.as_deref() == Some(want), format!("{got:?}"))
-            }
-            "in_sim" => {
-                let name = v.object.as_deref().unwrap_or_default();
-                let want = v.sim.unwrap_or_default();
-                let got = objects.get(name).cloned().unwrap_or_default();
-                verdict(format!("{name} ends in sim {want}"), got == [want], format!("in sims {got:?}"))
-            }
-            "handoffs" => {
-                let want = v.count.unwrap_or_default();
-                let transit = in_transit.keys().filter(|n| !objects.contains_key(*n)).count() as u64;
-                let doubled: Vec<&String> = objects
-                    .iter()
-                    .filter(|(_, s)| s.len() > 1)
-                    .map(|(n, _)| n)
-                    .chain(in_transit.iter().filter(|(_, c)| **c > 1).map(|(n, _)| n))
-                    .collect();
-                let lost: Vec<&String> = gs
-                    .iter()
-                    .flat_map(|g| g.objects.keys())
-                    .filter(|n| !objects.contains_key(*n) && !in_transit.contains_key(*n))
-                    .collect();
-                let ok = arrived >= want && left == arrived + transit && doubled.is_empty() && lost.is_empty();
-                verdict(
-                    format!("at least {want} bodies crossed between sims, each exactly once"),
-                    ok,
-                    format!("{left} left, {arrived} arrived, {transit} in transit; doubled {doubled:?}, lost {lost:?}"),
-                )
-            }
-            other => anyhow::bail!("line {line}: expectation {other:?} is not supported with several sims"),
-        });
+
+    fn crossings(&self) -> Result<Crossings, String> {
+        let in_transit = self.in_transit.keys().filter(|n| !self.objects.contains_key(*n)).count() as u64;
+        let doubled = self
+            .objects
+            .iter()
+            .filter(|(_, s)| s.len() > 1)
+            .map(|(n, _)| n.clone())
+            .chain(self.in_transit.iter().filter(|(_, c)| **c > 1).map(|(n, _)| n.clone()))
+            .collect();
+        let lost = self
+            .gs
+            .iter()
+            .flat_map(|g| g.objects.keys())
+            .filter(|n| !self.objects.contains_key(*n) && !self.in_transit.contains_key(*n))
+            .cloned()
+            .collect();
+        Ok(Crossings { left: self.left, arrived: self.arrived, in_transit, doubled, lost })
     }
-    Ok(out)
 }
 
 /// Where `--real` keeps the nodes' data.

@@ -13,14 +13,16 @@ use metatopia_sim::event::account_of;
 use metatopia_sim::genesis::EventGen;
 use metatopia_sim::governance::{Role, role_of};
 use metatopia_sim::state::DAY_MS;
-use metatopia_sim::{AccountId, EventId, Hash32, SignedEvent, Sim, SimId, Tick, World};
+use metatopia_sim::{AccountId, EventId, Hash32, SignedEvent, Sim, SimId, World};
 
 use crate::simnet::{Actor, CoreProcess, Saved};
 use metatopia_node::core::epochs::Epochs;
-use metatopia_node::core::{CoreOutput, NodeCore, Outcome};
+use metatopia_node::core::{CoreOutput, NodeCore};
 use metatopia_node::world::{AnyPhysics, Genesis, Options, account_key, genesis, validator_key};
 
 use crate::scenario::common::*;
+use metatopia_scenarios::judge::{Agreement, Observed, StepOutcome, compare_roots, judge, role_name};
+use metatopia_scenarios::spec::{Expect, ExpectedRole};
 
 struct Account {
     key: SigningKey,
@@ -182,7 +184,8 @@ pub fn run(
     let mut at_door: BTreeMap<String, String> = BTreeMap::new();
     let mut submitted = 0;
     let mut bots = (spec.bots.events_per_tick > 0).then(|| EventGen::new(&g.demo, seed ^ 0xb075));
-    let mut roles: BTreeMap<usize, Verdict> = BTreeMap::new();
+    // Roles seen at their tick: (account, tick) -> (role, detail).
+    let mut roles: Roles = BTreeMap::new();
     let end = (spec.duration_secs * 1e6) as Time;
     let mut t = 0;
     while t < end {
@@ -242,41 +245,42 @@ pub fn run(
         }
         // Roles at their tick, on the first honest node that is there.
         for e in &spec.expect {
-            let v = e.get_ref();
-            let line = Scenario::line_of(text, e.span());
-            if v.kind != "role" || roles.contains_key(&line) {
+            let Expect::Role { account, at_tick, .. } = e.get_ref() else { continue };
+            if roles.contains_key(&(account.clone(), *at_tick)) {
                 continue;
             }
-            let at_tick = v.at_tick.unwrap_or_default();
             let Some(world) =
-                honest.iter().filter_map(|h| c.node(*h)).map(|p| p.core.sim().world()).find(|w| w.tick().0 >= at_tick)
+                honest.iter().filter_map(|h| c.node(*h)).map(|p| p.core.sim().world()).find(|w| w.tick().0 >= *at_tick)
             else {
                 continue;
             };
-            let who = account_of(&account_key(v.account.as_deref().unwrap_or_default()));
+            let who = account_of(&account_key(account));
             let role = match role_of(world, &who, world.time_ms()) {
-                Role::Admin => "admin",
-                Role::TempAdmin => "temp_admin",
-                Role::Member => "member",
+                Role::Admin => ExpectedRole::Admin,
+                Role::TempAdmin => ExpectedRole::TempAdmin,
+                Role::Member => ExpectedRole::Member,
             };
-            let want = v.role.as_deref().unwrap_or_default();
-            roles.insert(
-                line,
-                Verdict {
-                    line,
-                    what: format!("{} is {want} at tick {at_tick}", v.account.as_deref().unwrap_or_default()),
-                    ok: role == want,
-                    detail: format!(
-                        "{role} at tick {} (day {:.1} after genesis)",
-                        world.tick(),
-                        world.time_ms().saturating_sub(world.governance().genesis_ms) as f64 / DAY_MS as f64
-                    ),
-                },
+            let detail = format!(
+                "at tick {} (day {:.1} after genesis)",
+                world.tick(),
+                world.time_ms().saturating_sub(world.governance().genesis_ms) as f64 / DAY_MS as f64
             );
+            roles.insert((account.clone(), *at_tick), (role_name(role).to_owned(), detail));
         }
     }
 
-    let verdicts = judge(spec, text, &c, &honest, &g, (&labelled, &at_door), roles)?;
+    let up: Vec<&Node> = honest.iter().filter_map(|h| c.node(*h)).collect();
+    anyhow::ensure!(!up.is_empty(), "no honest node is up at the end");
+    let seen = Seen {
+        c: &c,
+        roots: up.iter().map(|p| p.executed_roots().into_iter().map(|(t, r)| (t.0, r)).collect()).collect(),
+        up,
+        g: &g,
+        labelled: &labelled,
+        at_door: &at_door,
+        roles,
+    };
+    let verdicts = judge(spec, text, &seen);
     let ticks = (0..c.len() as NodeId).map(|i| c.node(i).map(|p| p.core.sim().world().tick().0)).collect();
     let report = Report {
         name: spec.name.clone(),
@@ -293,200 +297,121 @@ pub fn run(
     Ok((report, recording(rec_node, &g.world, w)?))
 }
 
-fn judge(
-    spec: &Scenario,
-    text: &str,
-    c: &Cluster<Node>,
-    honest: &[NodeId],
-    g: &Genesis,
-    (labelled, at_door): (&BTreeMap<String, EventId>, &BTreeMap<String, String>),
-    mut roles: BTreeMap<usize, Verdict>,
-) -> anyhow::Result<Vec<Verdict>> {
-    let up: Vec<&Node> = honest.iter().filter_map(|h| c.node(*h)).collect();
-    let first = *up.first().context("no honest node is up at the end")?;
-    let all_roots: Vec<BTreeMap<Tick, Hash32>> = up.iter().map(|p| p.executed_roots()).collect();
-    let mut out = Vec::new();
-    // Always: the honest nodes agree wherever they both executed a tick.
-    let mut agree = (true, String::from("no common ticks"));
-    let mut compared = 0;
-    'outer: for (i, a) in all_roots.iter().enumerate() {
-        for b in &all_roots[i + 1..] {
-            for (t, r) in a {
-                if let Some(r2) = b.get(t) {
-                    compared += 1;
-                    if r != r2 {
-                        agree = (false, format!("roots differ at tick {t}"));
-                        break 'outer;
-                    }
-                }
-            }
+/// Roles seen at their tick: (account, tick) -> (role, how it was seen).
+type Roles = BTreeMap<(String, u64), (String, String)>;
+
+/// What one sim's cluster run saw, for the judge.
+struct Seen<'a> {
+    c: &'a Cluster<Node>,
+    /// The honest nodes up at the end, and their executed roots.
+    up: Vec<&'a Node>,
+    roots: Vec<BTreeMap<u64, Hash32>>,
+    g: &'a Genesis,
+    labelled: &'a BTreeMap<String, EventId>,
+    at_door: &'a BTreeMap<String, String>,
+    roles: Roles,
+}
+
+impl Seen<'_> {
+    /// The first snapshot catch-up of a node (`joined`: as a new node): tick and certifiers.
+    fn catch_up(&self, node: u16, joined: bool) -> Option<(&Node, u64, usize)> {
+        let p = self.c.node(NodeId::from(node))?;
+        let (tick, by) = p.log.iter().find_map(|o| match o {
+            CoreOutput::Resynced { tick, certified_by, joined: j, .. } if *j || !joined => Some((*tick, *certified_by)),
+            _ => None,
+        })?;
+        Some((p, tick, by))
+    }
+}
+
+impl Observed for Seen<'_> {
+    fn agreement(&self) -> Agreement {
+        let (compared, bad) = compare_roots(&self.roots);
+        Agreement {
+            compared,
+            differ: bad.map(|t| format!("roots differ at tick {t}")),
+            scope: format!("across {} honest nodes", self.up.len()),
         }
     }
-    if agree.0 {
-        agree.1 = format!("{compared} tick roots compared across {} honest nodes", up.len());
+
+    fn ticks(&self) -> Vec<u64> {
+        self.up.iter().map(|p| p.core.sim().world().tick().0).collect()
     }
-    out.push(Verdict {
-        line: 0,
-        what: "honest nodes agree (always checked)".into(),
-        ok: agree.0,
-        detail: agree.1.clone(),
-    });
-    for e in &spec.expect {
-        let v = e.get_ref();
-        let line = Scenario::line_of(text, e.span());
-        let verdict = |what: String, ok: bool, detail: String| Verdict { line, what, ok, detail };
-        let vd = match v.kind.as_str() {
-            "roots_equal" => {
-                verdict("roots equal on every honest node".into(), agree.0 && compared > 0, agree.1.clone())
-            }
-            "min_ticks" => {
-                let want = v.ticks.unwrap_or_default();
-                let got: Vec<u64> = up.iter().map(|p| p.core.sim().world().tick().0).collect();
-                verdict(
-                    format!("every honest node executed {want} ticks"),
-                    got.iter().all(|t| *t >= want),
-                    format!("{got:?}"),
+
+    fn desynced(&self) -> Vec<u64> {
+        self.up.iter().filter_map(|p| p.core.desynced()).collect()
+    }
+
+    fn objects(&self) -> u64 {
+        self.up[0].core.sim().world().objects().len() as u64
+    }
+
+    fn object_text(&self, name: &str) -> Result<Option<String>, String> {
+        let world = self.up[0].core.sim().world();
+        Ok(self.g.objects.get(name).and_then(|id| world.object(*id)).map(|o| o.text.clone()))
+    }
+
+    fn chat_seen(&self, text: &str) -> Result<Vec<bool>, String> {
+        Ok(self
+            .up
+            .iter()
+            .map(|p| {
+                p.log.iter().any(
+                    |o| matches!(o, CoreOutput::Executed { chat, .. } if chat.iter().any(|l| l.text.contains(text))),
                 )
-            }
-            "no_desync" => {
-                let bad: Vec<_> = up.iter().filter_map(|p| p.core.desynced()).collect();
-                verdict("no honest node diverged".into(), bad.is_empty(), format!("{bad:?}"))
-            }
-            "desync" => {
-                let node = NodeId::from(v.node.unwrap_or_default());
-                let at = c.node(node).and_then(|p| {
-                    p.log.iter().find_map(|o| match o {
-                        CoreOutput::Desync(r) => Some(r.tick),
-                        _ => None,
-                    })
-                });
-                verdict(format!("node {node} noticed it diverged"), at.is_some(), format!("at tick {at:?}"))
-            }
-            "validator" | "observer" => {
-                let node = NodeId::from(v.node.unwrap_or_default());
-                let votes = c.node(node).and_then(|p| match p.core.agreement() {
-                    Actor::Epochs(e) => Some((e.index().is_some(), e.epoch())),
-                    _ => None,
-                });
-                let want = v.kind == "validator";
-                let (ok, detail) = match votes {
-                    Some((is, epoch)) => {
-                        (is == want, format!("{} in epoch {epoch}", if is { "votes" } else { "follows" }))
-                    }
-                    None => (false, "down or not an honest node".to_owned()),
-                };
-                verdict(format!("node {node} {}", if want { "votes" } else { "only follows" }), ok, detail)
-            }
-            "joined" => {
-                let node = NodeId::from(v.node.unwrap_or_default());
-                let p = c.node(node);
-                let at = p.and_then(|p| {
-                    p.log.iter().find_map(|o| match o {
-                        CoreOutput::Resynced { tick, certified_by, joined: true, .. } => Some((*tick, *certified_by)),
-                        _ => None,
-                    })
-                });
-                let (ok, detail) = match (p, at) {
-                    (Some(p), Some((tick, by))) => {
-                        let mine = p.executed_roots();
-                        let first = mine.keys().next().map_or(0, |t| t.0);
-                        let reference = &all_roots[0];
-                        let bad = mine.iter().find(|(t, r)| reference.get(t).is_some_and(|h| h != *r));
-                        match bad {
-                            Some((t, _)) => (false, format!("joined at tick {tick}, but differs at tick {t}")),
-                            None if first < tick => (false, format!("executed tick {first}, before its snapshot")),
-                            None => (
-                                mine.len() > 1,
-                                format!("from tick {tick} (certified by {by}); {} ticks in step since", mine.len()),
-                            ),
-                        }
-                    }
-                    _ => (false, "never joined".to_owned()),
-                };
-                verdict(format!("node {node} joined from a snapshot and agrees"), ok, detail)
-            }
-            "resynced" => {
-                let node = NodeId::from(v.node.unwrap_or_default());
-                let p = c.node(node);
-                let at = p.and_then(|p| {
-                    p.log.iter().find_map(|o| match o {
-                        CoreOutput::Resynced { tick, certified_by, .. } => Some((*tick, *certified_by)),
-                        _ => None,
-                    })
-                });
-                let (ok, detail) = match (p, at) {
-                    (Some(p), Some((tick, by))) => {
-                        let mine = p.executed_roots();
-                        let after: Vec<_> = mine.range(Tick(tick)..).collect();
-                        let reference = &all_roots[0];
-                        let bad = after.iter().find(|(t, r)| reference.get(t).is_some_and(|h| h != *r));
-                        match bad {
-                            Some((t, _)) => (false, format!("resynced at tick {tick}, but differs at tick {t}")),
-                            None => (
-                                !after.is_empty(),
-                                format!("from tick {tick} (certified by {by}); {} ticks in step since", after.len()),
-                            ),
-                        }
-                    }
-                    _ => (false, "never resynced".to_owned()),
-                };
-                verdict(format!("node {node} resynced and agrees"), ok, detail)
-            }
-            "objects" => {
-                let want = v.count.unwrap_or_default();
-                let got = first.core.sim().world().objects().len() as u64;
-                verdict(format!("{want} objects at the end"), got == want, format!("{got}"))
-            }
-            "object_text" => {
-                let name = v.object.as_deref().unwrap_or_default();
-                let want = v.text.as_deref().unwrap_or_default();
-                let got =
-                    g.objects.get(name).and_then(|id| first.core.sim().world().object(*id)).map(|o| o.text.clone());
-                verdict(format!("{name} shows {want:?}"), got.as_deref() == Some(want), format!("{got:?}"))
-            }
-            "chat_seen" => {
-                let want = v.text.as_deref().unwrap_or_default();
-                let seen: Vec<bool> = up
-                    .iter()
-                    .map(|p| {
-                        p.log.iter().any(|o| {
-                            matches!(o, CoreOutput::Executed { chat, .. } if chat.iter().any(|l| l.text.contains(want)))
-                        })
-                    })
-                    .collect();
-                verdict(format!("chat {want:?} seen"), seen.iter().all(|s| *s), format!("on nodes: {seen:?}"))
-            }
-            "outcome" => {
-                let label = v.step.as_deref().unwrap_or_default();
-                let id = labelled.get(label);
-                let got: Vec<Option<Outcome>> = match at_door.get(label) {
-                    Some(why) => up.iter().map(|_| Some(Outcome::Refused { tick: 0, reason: why.clone() })).collect(),
-                    None => up.iter().map(|p| id.and_then(|id| p.core.outcome(id).cloned())).collect(),
-                };
-                let want = v.status.as_deref().unwrap_or_default();
-                let reason = v.reason.as_deref().unwrap_or_default();
-                let ok = outcome_holds(&got, want, reason);
-                let detail = match &got[0] {
-                    None if id.is_none() => "the step was never submitted".to_owned(),
-                    other => format!("{other:?}"),
-                };
-                verdict(format!("step {label} {want}"), ok, detail)
-            }
-            "role" => roles.remove(&line).unwrap_or_else(|| {
-                verdict(
-                    format!(
-                        "{} is {} at tick {}",
-                        v.account.as_deref().unwrap_or_default(),
-                        v.role.as_deref().unwrap_or_default(),
-                        v.at_tick.unwrap_or_default()
-                    ),
-                    false,
-                    "the sim never reached that tick".into(),
-                )
-            }),
-            other => anyhow::bail!("line {line}: unknown expectation {other:?}"),
+            })
+            .collect())
+    }
+
+    fn outcomes(&self, step: &str) -> Result<Option<Vec<Option<StepOutcome>>>, String> {
+        if let Some(why) = self.at_door.get(step) {
+            return Ok(Some(self.up.iter().map(|_| Some(StepOutcome::Refused(why.clone()))).collect()));
+        }
+        let Some(id) = self.labelled.get(step) else { return Ok(None) };
+        Ok(Some(self.up.iter().map(|p| p.core.outcome(id).map(step_outcome)).collect()))
+    }
+
+    fn role_at(&self, account: &str, at_tick: u64) -> Result<Option<(String, String)>, String> {
+        Ok(self.roles.get(&(account.to_owned(), at_tick)).cloned())
+    }
+
+    fn noticed_desync(&self, node: u16) -> Result<(bool, String), String> {
+        let at = self.c.node(NodeId::from(node)).and_then(|p| {
+            p.log.iter().find_map(|o| match o {
+                CoreOutput::Desync(r) => Some(r.tick),
+                _ => None,
+            })
+        });
+        Ok((at.is_some(), format!("at tick {at:?}")))
+    }
+
+    fn caught_up(&self, node: u16, joined: bool) -> Result<(bool, String), String> {
+        let what = if joined { "joined" } else { "resynced" };
+        let Some((p, tick, by)) = self.catch_up(node, joined) else {
+            return Ok((false, format!("never {what}")));
         };
-        out.push(vd);
+        let mine: BTreeMap<u64, Hash32> = p.executed_roots().into_iter().map(|(t, r)| (t.0, r)).collect();
+        let reference = &self.roots[0];
+        // A joined node executes nothing before its snapshot; a resynced one is judged from it.
+        let judged: Vec<(&u64, &Hash32)> = if joined { mine.iter().collect() } else { mine.range(tick..).collect() };
+        let first = mine.keys().next().copied().unwrap_or(0);
+        Ok(match judged.iter().find(|(t, r)| reference.get(t).is_some_and(|h| h != *r)) {
+            Some((t, _)) => (false, format!("{what} at tick {tick}, but differs at tick {t}")),
+            None if joined && first < tick => (false, format!("executed tick {first}, before its snapshot")),
+            None => (
+                if joined { judged.len() > 1 } else { !judged.is_empty() },
+                format!("from tick {tick} (certified by {by}); {} ticks in step since", judged.len()),
+            ),
+        })
     }
-    Ok(out)
+
+    fn votes(&self, node: u16) -> Result<Option<(bool, String)>, String> {
+        Ok(self.c.node(NodeId::from(node)).and_then(|p| match p.core.agreement() {
+            Actor::Epochs(e) => {
+                let is = e.index().is_some();
+                Some((is, format!("{} in epoch {}", if is { "votes" } else { "follows" }, e.epoch())))
+            }
+            _ => None,
+        }))
+    }
 }

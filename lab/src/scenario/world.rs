@@ -18,15 +18,16 @@ use metatopia_scenarios::spec::{Action, Scenario};
 use metatopia_scenarios::{Cluster, NodeId, Time};
 use metatopia_scripting::RhaiHost;
 use metatopia_sim::event::account_of;
-use metatopia_sim::{AccountId, EventId, Hash32, SignedEvent, Sim, SimId, Tick, World};
+use metatopia_sim::{AccountId, EventId, Hash32, SignedEvent, Sim, SimId, World};
 
 use crate::scenario::common::{
-    Node, Recording, Report, Verdict, consensus_config, net_config, recording, schedule_network_fault,
+    Node, Recording, Report, consensus_config, net_config, recording, schedule_network_fault,
 };
 use crate::simnet::{Actor, CoreProcess, Saved, WorldPlace};
 use metatopia_node::core::epochs::Epochs;
 use metatopia_node::core::{CoreOutput, NodeCore};
 use metatopia_node::world::{AnyPhysics, Genesis, Options, genesis_in, place_of};
+use metatopia_scenarios::judge::{Agreement, Crossings, Observed, compare_roots, judge};
 
 /// The sims of a run: their genesis and their nodes' keys.
 struct Sims {
@@ -181,7 +182,7 @@ pub fn run(
         }
     }
 
-    let verdicts = judge(spec, text, &c, &sims)?;
+    let verdicts = judge(spec, text, &Seen::new(&c, &sims)?);
     let ticks = (0..c.len() as NodeId).map(|i| c.node(i).map(|p| p.core.sim().world().tick().0)).collect();
     let report = Report {
         name: spec.name.clone(),
@@ -215,99 +216,89 @@ fn whereabouts(worlds: &[(u32, &World)]) -> BTreeMap<String, (Vec<u32>, Vec<u32>
     at
 }
 
-fn judge(spec: &Scenario, text: &str, c: &Cluster<Node>, sims: &Sims) -> anyhow::Result<Vec<Verdict>> {
-    let count = sims.genesis.len();
-    let mut out = Vec::new();
-    // Always: within each sim, the nodes agree wherever two executed the same tick.
-    let mut agree = (true, String::new());
-    let mut compared = 0;
-    for k in 0..count {
-        let roots: Vec<BTreeMap<Tick, Hash32>> =
-            sims.nodes(k).filter_map(|id| c.node(id)).map(|p| p.executed_roots()).collect();
-        for (i, a) in roots.iter().enumerate() {
-            for b in &roots[i + 1..] {
-                for (t, r) in a {
-                    if let Some(r2) = b.get(t) {
-                        compared += 1;
-                        if r != r2 && agree.0 {
-                            agree = (false, format!("sim {}: roots differ at tick {t}", k + 1));
-                        }
-                    }
-                }
+/// What a world's cluster run saw, for the judge.
+struct Seen<'a> {
+    c: &'a Cluster<Node>,
+    sims: &'a Sims,
+    /// The first node of each sim that is up, with its sim's number.
+    firsts: Vec<(u32, &'a Node)>,
+    /// Where each object is: the sims whose world holds it, and those that handed it over.
+    at: BTreeMap<String, (Vec<u32>, Vec<u32>)>,
+}
+
+impl<'a> Seen<'a> {
+    fn new(c: &'a Cluster<Node>, sims: &'a Sims) -> anyhow::Result<Seen<'a>> {
+        let count = sims.genesis.len();
+        let firsts: Vec<(u32, &Node)> =
+            (0..count).filter_map(|k| sims.nodes(k).find_map(|id| c.node(id)).map(|p| (k as u32 + 1, p))).collect();
+        anyhow::ensure!(firsts.len() == count, "some sim has no node up at the end");
+        let worlds: Vec<(u32, &World)> = firsts.iter().map(|(k, p)| (*k, p.core.sim().world())).collect();
+        let at = whereabouts(&worlds);
+        Ok(Seen { c, sims, firsts, at })
+    }
+
+    fn up(&self) -> Vec<&Node> {
+        (0..self.c.len() as NodeId).filter_map(|id| self.c.node(id)).collect()
+    }
+}
+
+impl Observed for Seen<'_> {
+    fn agreement(&self) -> Agreement {
+        let count = self.sims.genesis.len();
+        let (mut compared, mut differ) = (0, None);
+        for k in 0..count {
+            let roots: Vec<BTreeMap<u64, Hash32>> = self
+                .sims
+                .nodes(k)
+                .filter_map(|id| self.c.node(id))
+                .map(|p| p.executed_roots().into_iter().map(|(t, r)| (t.0, r)).collect())
+                .collect();
+            let (n, bad) = compare_roots(&roots);
+            compared += n;
+            if let Some(t) = bad.filter(|_| differ.is_none()) {
+                differ = Some(format!("sim {}: roots differ at tick {t}", k + 1));
             }
         }
+        Agreement { compared, differ, scope: format!("within {count} sims") }
     }
-    if agree.0 {
-        agree.1 = format!("{compared} tick roots compared within {count} sims");
+
+    fn ticks(&self) -> Vec<u64> {
+        self.up().iter().map(|p| p.core.sim().world().tick().0).collect()
     }
-    out.push(Verdict {
-        line: 0,
-        what: "each sim's nodes agree (always checked)".into(),
-        ok: agree.0,
-        detail: agree.1.clone(),
-    });
-    // The first node of each sim that is up.
-    let firsts: Vec<(u32, &Node)> =
-        (0..count).filter_map(|k| sims.nodes(k).find_map(|id| c.node(id)).map(|p| (k as u32 + 1, p))).collect();
-    anyhow::ensure!(firsts.len() == count, "some sim has no node up at the end");
-    let worlds: Vec<(u32, &World)> = firsts.iter().map(|(k, p)| (*k, p.core.sim().world())).collect();
-    let at = whereabouts(&worlds);
-    for e in &spec.expect {
-        let v = e.get_ref();
-        let line = Scenario::line_of(text, e.span());
-        let verdict = |what: String, ok: bool, detail: String| Verdict { line, what, ok, detail };
-        let up: Vec<&Node> = (0..c.len() as NodeId).filter_map(|id| c.node(id)).collect();
-        out.push(match v.kind.as_str() {
-            "roots_equal" => verdict("roots equal within every sim".into(), agree.0 && compared > 0, agree.1.clone()),
-            "min_ticks" => {
-                let want = v.ticks.unwrap_or_default();
-                let got: Vec<u64> = up.iter().map(|p| p.core.sim().world().tick().0).collect();
-                verdict(format!("every node executed {want} ticks"), got.iter().all(|t| *t >= want), format!("{got:?}"))
-            }
-            "no_desync" => {
-                let bad: Vec<_> = up.iter().filter_map(|p| p.core.desynced()).collect();
-                verdict("no node diverged".into(), bad.is_empty(), format!("{bad:?}"))
-            }
-            "objects" => {
-                let want = v.count.unwrap_or_default();
-                let got = at.len() as u64;
-                verdict(format!("{want} objects in the world at the end"), got == want, format!("{got}"))
-            }
-            "object_text" => {
-                let name = v.object.as_deref().unwrap_or_default();
-                let want = v.text.as_deref().unwrap_or_default();
-                let got = worlds
-                    .iter()
-                    .find_map(|(_, w)| w.objects().values().find(|o| o.name == name))
-                    .map(|o| o.text.clone());
-                verdict(format!("{name} shows {want:?}"), got.as_deref() == Some(want), format!("{got:?}"))
-            }
-            "in_sim" => {
-                let name = v.object.as_deref().unwrap_or_default();
-                let want = v.sim.unwrap_or_default();
-                let got = at.get(name).map(|(w, _)| w.clone()).unwrap_or_default();
-                verdict(format!("{name} ends in sim {want}"), got == [want], format!("in sims {got:?}"))
-            }
-            "handoffs" => {
-                let want = v.count.unwrap_or_default();
-                let left: u64 = firsts.iter().map(|(_, p)| p.core.stats().departures).sum();
-                let arrived: u64 = firsts.iter().map(|(_, p)| p.core.stats().arrivals).sum();
-                let in_transit = at.values().filter(|(w, d)| w.is_empty() && d.len() == 1).count() as u64;
-                let doubled: Vec<&String> =
-                    at.iter().filter(|(_, (w, d))| w.len() > 1 || d.len() > 1).map(|(n, _)| n).collect();
-                let lost: Vec<&String> =
-                    sims.genesis.iter().flat_map(|g| g.objects.keys()).filter(|n| !at.contains_key(*n)).collect();
-                let ok = arrived >= want && left == arrived + in_transit && doubled.is_empty() && lost.is_empty();
-                verdict(
-                    format!("at least {want} bodies crossed between sims, each exactly once"),
-                    ok,
-                    format!(
-                        "{left} left, {arrived} arrived, {in_transit} in transit; doubled {doubled:?}, lost {lost:?}"
-                    ),
-                )
-            }
-            other => anyhow::bail!("line {line}: expectation {other:?} is not supported with several sims"),
-        });
+
+    fn desynced(&self) -> Vec<u64> {
+        self.up().iter().filter_map(|p| p.core.desynced()).collect()
     }
-    Ok(out)
+
+    fn objects(&self) -> u64 {
+        self.at.len() as u64
+    }
+
+    fn object_text(&self, name: &str) -> Result<Option<String>, String> {
+        Ok(self
+            .firsts
+            .iter()
+            .find_map(|(_, p)| p.core.sim().world().objects().values().find(|o| o.name == name))
+            .map(|o| o.text.clone()))
+    }
+
+    fn sims_of(&self, object: &str) -> Result<Vec<u32>, String> {
+        Ok(self.at.get(object).map(|(w, _)| w.clone()).unwrap_or_default())
+    }
+
+    fn crossings(&self) -> Result<Crossings, String> {
+        let left: u64 = self.firsts.iter().map(|(_, p)| p.core.stats().departures).sum();
+        let arrived: u64 = self.firsts.iter().map(|(_, p)| p.core.stats().arrivals).sum();
+        let in_transit = self.at.values().filter(|(w, d)| w.is_empty() && d.len() == 1).count() as u64;
+        let doubled = self.at.iter().filter(|(_, (w, d))| w.len() > 1 || d.len() > 1).map(|(n, _)| n.clone()).collect();
+        let lost = self
+            .sims
+            .genesis
+            .iter()
+            .flat_map(|g| g.objects.keys())
+            .filter(|n| !self.at.contains_key(*n))
+            .cloned()
+            .collect();
+        Ok(Crossings { left, arrived, in_transit, doubled, lost })
+    }
 }

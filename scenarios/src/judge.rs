@@ -1,0 +1,252 @@
+//! One judge for every scenario runner: the deterministic cluster (one sim or a world of
+//! several) and real processes alike. A runner says what it saw through [`Observed`]; [`judge`]
+//! turns a scenario's [`Expect`]ations into [`Verdict`]s the same way for all of them, and an
+//! expectation a runner cannot observe fails with the reason (the file's checks refuse most
+//! such combinations before a run starts).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::spec::{Expect, ExpectedRole, ExpectedStatus, Scenario};
+
+/// One expectation's verdict (line 0: the check every run makes, that honest nodes agree).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    pub line: usize,
+    pub what: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// How a step ended on one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepOutcome {
+    Executed,
+    Refused(String),
+}
+
+/// Whether the honest nodes agree on every tick two of them executed (within each sim).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Agreement {
+    /// Tick roots compared.
+    pub compared: u64,
+    /// The first disagreement found, if any ("roots differ at tick T", "sim 2: …").
+    pub differ: Option<String>,
+    /// What was compared ("across 4 honest nodes", "within 3 sims").
+    pub scope: String,
+}
+
+/// Crossings between sims, counted over the whole world.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Crossings {
+    pub left: u64,
+    pub arrived: u64,
+    pub in_transit: u64,
+    /// Objects found in two places at once.
+    pub doubled: Vec<String>,
+    /// Objects of the genesis found nowhere.
+    pub lost: Vec<String>,
+}
+
+/// What a runner saw at the end of a run. Methods a runner cannot answer keep their default:
+/// an error saying so, which fails the expectation.
+pub trait Observed {
+    /// How the always-made agreement check went.
+    fn agreement(&self) -> Agreement;
+    /// The ticks each judged node executed.
+    fn ticks(&self) -> Vec<u64>;
+    /// The ticks at which judged nodes diverged.
+    fn desynced(&self) -> Vec<u64>;
+    /// Objects in the world at the end.
+    fn objects(&self) -> u64;
+    /// The text the named object shows (`None`: no such object at the end).
+    fn object_text(&self, name: &str) -> Result<Option<String>, String>;
+    /// Whether each judged node saw a chat line containing `text`.
+    fn chat_seen(&self, _text: &str) -> Result<Vec<bool>, String> {
+        Err(self.cannot("chat"))
+    }
+    /// The step's outcome on each judged node; `None` if it was never submitted.
+    fn outcomes(&self, _step: &str) -> Result<Option<Vec<Option<StepOutcome>>>, String> {
+        Err(self.cannot("step outcomes"))
+    }
+    /// The role the account had at the tick (`admin`, `temp_admin`, `member`, or what the runner
+    /// saw instead) and how it was seen, as the runner recorded it then (`None`: the sim never
+    /// reached that tick).
+    fn role_at(&self, _account: &str, _at_tick: u64) -> Result<Option<(String, String)>, String> {
+        Err(self.cannot("roles"))
+    }
+    /// Whether the node noticed it diverged, and how it said so.
+    fn noticed_desync(&self, _node: u16) -> Result<(bool, String), String> {
+        Err(self.cannot("desyncs"))
+    }
+    /// Whether the node caught up from a certified snapshot (`joined`: as a new node; else a
+    /// resync) and agrees since, and what was found.
+    fn caught_up(&self, _node: u16, _joined: bool) -> Result<(bool, String), String> {
+        Err(self.cannot("snapshot catch-ups"))
+    }
+    /// Whether the node votes at the end, and what it said (`None`: down).
+    fn votes(&self, _node: u16) -> Result<Option<(bool, String)>, String> {
+        Err(self.cannot("votes"))
+    }
+    /// The sims the named object is in at the end.
+    fn sims_of(&self, _object: &str) -> Result<Vec<u32>, String> {
+        Err(self.cannot("sims"))
+    }
+    /// Crossings between sims.
+    fn crossings(&self) -> Result<Crossings, String> {
+        Err(self.cannot("crossings"))
+    }
+    /// "this runner cannot observe WHAT".
+    fn cannot(&self, what: &str) -> String {
+        format!("this runner cannot observe {what}")
+    }
+}
+
+/// Whether every node saw the same outcome, of the wanted status, a refusal's reason holding
+/// `reason`.
+pub fn outcome_holds(got: &[Option<StepOutcome>], want: ExpectedStatus, reason: &str) -> bool {
+    got.iter().all(|o| *o == got[0])
+        && match got.first().and_then(Option::as_ref) {
+            Some(StepOutcome::Executed) => want == ExpectedStatus::Executed,
+            Some(StepOutcome::Refused(r)) => want == ExpectedStatus::Refused && r.contains(reason),
+            None => false,
+        }
+}
+
+/// A role as files and nodes write it.
+pub fn role_name(r: ExpectedRole) -> &'static str {
+    match r {
+        ExpectedRole::Admin => "admin",
+        ExpectedRole::TempAdmin => "temp_admin",
+        ExpectedRole::Member => "member",
+    }
+}
+
+/// Every verdict of a run: the agreement check (line 0), then each expectation in file order.
+pub fn judge(spec: &Scenario, text: &str, seen: &dyn Observed) -> Vec<Verdict> {
+    let agreement = seen.agreement();
+    let agree_ok = agreement.differ.is_none();
+    let agree_detail = agreement
+        .differ
+        .clone()
+        .unwrap_or_else(|| format!("{} tick roots compared {}", agreement.compared, agreement.scope));
+    let mut out = vec![Verdict {
+        line: 0,
+        what: "honest nodes agree (always checked)".into(),
+        ok: agree_ok && agreement.compared > 0,
+        detail: agree_detail.clone(),
+    }];
+    for e in &spec.expect {
+        let line = Scenario::line_of(text, e.span());
+        let verdict = |what: String, got: Result<(bool, String), String>| match got {
+            Ok((ok, detail)) => Verdict { line, what, ok, detail },
+            Err(why) => Verdict { line, what, ok: false, detail: why },
+        };
+        out.push(match e.get_ref() {
+            Expect::RootsEqual => verdict(
+                "roots equal on every honest node".into(),
+                Ok((agree_ok && agreement.compared > 0, agree_detail.clone())),
+            ),
+            Expect::MinTicks { ticks } => {
+                let got = seen.ticks();
+                verdict(
+                    format!("every honest node executed {ticks} ticks"),
+                    Ok((!got.is_empty() && got.iter().all(|t| t >= ticks), format!("{got:?}"))),
+                )
+            }
+            Expect::NoDesync => {
+                let bad = seen.desynced();
+                verdict("no honest node diverged".into(), Ok((bad.is_empty(), format!("{bad:?}"))))
+            }
+            Expect::Objects { count } => {
+                let got = seen.objects();
+                verdict(format!("{count} objects at the end"), Ok((got == *count, got.to_string())))
+            }
+            Expect::ObjectText { object, text } => verdict(
+                format!("{object} shows {text:?}"),
+                seen.object_text(object).map(|got| (got.as_deref() == Some(text.as_str()), format!("{got:?}"))),
+            ),
+            Expect::ChatSeen { text } => verdict(
+                format!("chat {text:?} seen"),
+                seen.chat_seen(text).map(|s| (!s.is_empty() && s.iter().all(|x| *x), format!("on nodes: {s:?}"))),
+            ),
+            Expect::Outcome { step, status, reason } => {
+                let want = match status {
+                    ExpectedStatus::Executed => "executed",
+                    ExpectedStatus::Refused => "refused",
+                };
+                verdict(
+                    format!("step {step} {want}"),
+                    seen.outcomes(step).map(|got| match got {
+                        None => (false, "the step was never submitted".to_owned()),
+                        Some(got) => {
+                            (outcome_holds(&got, *status, reason), format!("{:?}", got.first().cloned().flatten()))
+                        }
+                    }),
+                )
+            }
+            Expect::Role { account, role, at_tick } => verdict(
+                format!("{account} is {} at tick {at_tick}", role_name(*role)),
+                seen.role_at(account, *at_tick).map(|got| match got {
+                    Some((r, how)) => (r == role_name(*role), format!("{r} {how}")),
+                    None => (false, "the sim never reached that tick".to_owned()),
+                }),
+            ),
+            Expect::Desync { node } => verdict(format!("node {node} noticed it diverged"), seen.noticed_desync(*node)),
+            Expect::Resynced { node } => {
+                verdict(format!("node {node} resynced and agrees"), seen.caught_up(*node, false))
+            }
+            Expect::Joined { node } => {
+                verdict(format!("node {node} joined from a snapshot and agrees"), seen.caught_up(*node, true))
+            }
+            Expect::Validator { node } | Expect::Observer { node } => {
+                let want = matches!(e.get_ref(), Expect::Validator { .. });
+                verdict(
+                    format!("node {node} {}", if want { "votes" } else { "only follows" }),
+                    seen.votes(*node).map(|v| match v {
+                        Some((votes, detail)) => (votes == want, detail),
+                        None => (false, "down or not an honest node".to_owned()),
+                    }),
+                )
+            }
+            Expect::InSim { object, sim } => verdict(
+                format!("{object} ends in sim {sim}"),
+                seen.sims_of(object).map(|got| (got == [*sim], format!("in sims {got:?}"))),
+            ),
+            Expect::Handoffs { count } => verdict(
+                format!("at least {count} bodies crossed between sims, each exactly once"),
+                seen.crossings().map(|c| {
+                    let ok = c.arrived >= *count
+                        && c.left == c.arrived + c.in_transit
+                        && c.doubled.is_empty()
+                        && c.lost.is_empty();
+                    let detail = format!(
+                        "{} left, {} arrived, {} in transit; doubled {:?}, lost {:?}",
+                        c.left, c.arrived, c.in_transit, c.doubled, c.lost
+                    );
+                    (ok, detail)
+                }),
+            ),
+        });
+    }
+    out
+}
+
+/// Compare every pair of root maps on the ticks both hold: (ticks compared, first difference).
+pub fn compare_roots<R: PartialEq>(roots: &[BTreeMap<u64, R>]) -> (u64, Option<u64>) {
+    let mut compared = 0;
+    for (i, a) in roots.iter().enumerate() {
+        for b in &roots[i + 1..] {
+            for (t, r) in a {
+                if let Some(r2) = b.get(t) {
+                    compared += 1;
+                    if r != r2 {
+                        return (compared, Some(*t));
+                    }
+                }
+            }
+        }
+    }
+    (compared, None)
+}
