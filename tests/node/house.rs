@@ -285,6 +285,10 @@ fn no_crate_has_an_import_cycle() {
     let name = |m: &Vec<String>| if m.is_empty() { "crate".to_owned() } else { m.join("::") };
     for krate in CRATES {
         let edges = graph(krate);
+        // The graph, for whoever runs this with --nocapture.
+        for (from, to) in &edges {
+            println!("{krate}: {} -> {}", name(from), to.iter().map(name).collect::<Vec<_>>().join(" "));
+        }
         if let Some(c) = cycle(&edges) {
             let names: Vec<String> = c.iter().map(name).collect();
             panic!("{krate}: modules import each other in a cycle: {} -> {}", names.join(" -> "), names[0]);
