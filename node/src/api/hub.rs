@@ -139,10 +139,40 @@ pub fn key_of(id: &str) -> Option<u64> {
     Some((u64::from(o.slot()) << 32) | u64::from(o.generation()))
 }
 
+/// What an object's view is made of, kept beside the view so that a tick compares these
+/// (copies of plain values) instead of building the view of every object (about ten strings
+/// each); the name and the text are compared with the view's own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Raw {
+    kind: metatopia_sim::state::ObjectKind,
+    owner: metatopia_sim::AccountId,
+    position: metatopia_sim::Vec2,
+    velocity: metatopia_sim::Vec2,
+    shape: metatopia_sim::state::Shape,
+    color: u32,
+    scripted: bool,
+}
+
+impl Raw {
+    fn of(w: &metatopia_sim::World, o: &metatopia_sim::Object) -> Raw {
+        Raw {
+            kind: o.kind,
+            owner: o.owner,
+            position: o.position,
+            velocity: o.velocity,
+            shape: o.shape,
+            color: o.color,
+            scripted: w.script_source(o.id).is_some(),
+        }
+    }
+}
+
 /// One object in the index: its view, where it is (whole metres) and its grid cell.
 #[derive(Debug)]
 pub(crate) struct Entry {
     view: ObjectView,
+    /// What the view was built from (`None`: given as a view).
+    raw: Option<Raw>,
     at: [i64; 2],
     cell: (i64, i64),
     /// Position (mm) and velocity (mm/s), parsed once per change for every session's dead reckoning.
@@ -156,6 +186,8 @@ pub struct AoiIndex {
     pub(crate) objects: BTreeMap<u64, Entry>,
     pub(crate) cells: BTreeMap<(i64, i64), BTreeSet<u64>>,
     pub(crate) avatars: BTreeMap<String, u64>,
+    /// The index's keys, reused by [`AoiIndex::update_world`] from tick to tick.
+    pub(crate) scratch: Vec<u64>,
     /// The sim's area-of-interest radius setting, metres.
     pub radius_m: u32,
     /// The tick rate clients extrapolate motion at.
@@ -193,6 +225,62 @@ impl AoiIndex {
         changed
     }
 
+    /// Bring the index to the world after a tick, building the views (`view`) of the objects
+    /// that changed only: an unchanged object costs a comparison of plain values, not a view.
+    /// What changed in the objects it already had, as [`AoiIndex::update`] says it.
+    pub fn update_world(
+        &mut self,
+        tick: u64,
+        w: &metatopia_sim::World,
+        view: impl Fn(&metatopia_sim::Object) -> ObjectView,
+    ) -> Vec<(u64, ObjectUpdate)> {
+        self.tick = tick;
+        let mut changed = Vec::new();
+        // The index's keys and the world's objects, both in key order (slot, then generation):
+        // a key of the index the walk passes without meeting its object is gone.
+        let mut old = std::mem::take(&mut self.scratch);
+        old.clear();
+        old.extend(self.objects.keys().copied());
+        let mut next_old = 0;
+        let mut last = None;
+        for o in w.objects().values() {
+            let k = (u64::from(o.id.slot()) << 32) | u64::from(o.id.generation());
+            debug_assert!(last < Some(k), "objects come in key order");
+            last = Some(k);
+            while old.get(next_old).is_some_and(|g| *g < k) {
+                self.remove(old[next_old]);
+                next_old += 1;
+            }
+            if old.get(next_old) == Some(&k) {
+                next_old += 1;
+            }
+            let raw = Raw::of(w, o);
+            match self.objects.get_mut(&k) {
+                Some(e) if e.raw.as_ref() == Some(&raw) && e.view.name == o.name && e.view.text == o.text => {}
+                Some(e) => {
+                    let v = view(o);
+                    if e.view == v {
+                        e.raw = Some(raw);
+                        continue;
+                    }
+                    changed.push((k, ObjectUpdate::between(&e.view, &v)));
+                    self.remove(k);
+                    self.insert(k, v);
+                    self.objects.get_mut(&k).expect("just inserted").raw = Some(raw);
+                }
+                None => {
+                    self.insert(k, view(o));
+                    self.objects.get_mut(&k).expect("just inserted").raw = Some(raw);
+                }
+            }
+        }
+        for g in &old[next_old..] {
+            self.remove(*g);
+        }
+        self.scratch = old;
+        changed
+    }
+
     fn insert(&mut self, k: u64, view: ObjectView) {
         let motion = view.motion_mm();
         let at = [motion.0[0].div_euclid(1000), motion.0[1].div_euclid(1000)];
@@ -201,7 +289,7 @@ impl AoiIndex {
         if view.avatar {
             self.avatars.insert(view.owner.clone(), k);
         }
-        self.objects.insert(k, Entry { view, at, cell, motion });
+        self.objects.insert(k, Entry { view, raw: None, at, cell, motion });
     }
 
     fn remove(&mut self, k: u64) {
@@ -265,5 +353,52 @@ impl AoiIndex {
 
     pub fn all(&self) -> BTreeSet<u64> {
         self.objects.keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::http::object_view;
+    use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world, tick_time_ms};
+    use metatopia_sim::kinematic::KinematicPhysics;
+    use metatopia_sim::rules::RuleHost;
+    use metatopia_sim::{Hash32, Sim, VerifiedBatch};
+
+    /// Walking the world and comparing plain values gives the index (and the changes) that
+    /// building every object's view gives, tick after tick, with objects moving, recoloured,
+    /// retexted, scripted, rezzed and removed by the demo world's bots.
+    #[test]
+    fn the_world_walk_gives_what_building_every_view_gives() {
+        let demo = demo_world(DemoSpec {
+            seed: 3,
+            objects: 300,
+            players: 20,
+            scripted_per_mille: 200,
+            moving_per_mille: 300,
+            ..DemoSpec::default()
+        });
+        let mut bots = EventGen::new(&demo, 3);
+        let rate = demo.world.settings().tick_rate_hz;
+        let mut sim = Sim::new(demo.world, RuleHost::default(), KinematicPhysics::default(), 1).unwrap();
+        let (mut full, mut walk) = (AoiIndex::default(), AoiIndex::default());
+        let mut changes = 0;
+        for _ in 0..60 {
+            let w = sim.world();
+            let t = w.tick().0;
+            let a = full.update(t, w.objects().values().map(|o| object_view(w, o, false)));
+            let b = walk.update_world(t, w, |o| object_view(w, o, false));
+            assert_eq!(a, b, "tick {t}");
+            changes += b.len();
+            let views = |i: &AoiIndex| i.objects.iter().map(|(k, e)| (*k, e.view.clone())).collect::<Vec<_>>();
+            assert_eq!(views(&full), views(&walk), "tick {t}");
+            assert_eq!((&full.cells, &full.avatars), (&walk.cells, &walk.avatars), "tick {t}");
+            let tick = w.tick();
+            let mut batch = bots.batch(w, tick, 30);
+            batch.time_ms = tick_time_ms(tick, rate).max(w.time_ms());
+            batch.seed = Hash32(*blake3::hash(&tick.0.to_le_bytes()).as_bytes());
+            sim.step(&VerifiedBatch::new(batch, 1)).unwrap();
+        }
+        assert!(changes > 100, "the world changed: {changes} changes");
     }
 }

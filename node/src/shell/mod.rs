@@ -637,7 +637,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         index.radius_m = w.settings().aoi_radius_m;
                         index.rate_hz = meter.status.tick_rate_hz;
                         if hub.listened() {
-                            let changed = index.update(tick.0, w.objects().values().map(|o| object_view(w, o, false)));
+                            let changed = index.update_world(tick.0, w, |o| object_view(w, o, false));
                             drop(index);
                             hub.publish(Feed::Tick { tick: tick.0, changed: std::sync::Arc::new(changed) });
                         } else if !index.is_empty() {
