@@ -70,6 +70,20 @@ fn devnet_single_runs_four_nodes_in_lockstep_and_stops_after_the_ticks() {
 }
 
 #[test]
+fn four_real_nodes_with_delayed_links_stay_in_lockstep() {
+    // The test-only delay stage in every node's mesh: 30 ms one way (± 20 %), as between homes
+    // across a country. Judged by roots, never by time.
+    let (out, _) = run_devnet(
+        "delayed",
+        4,
+        &["--single", "--ticks", "60", "--bots", "5", "--test-link-delay-ms", "30", "--test-link-jitter-percent", "20"],
+    );
+    let last = out.lines().rfind(|l| l.starts_with("sim 1: tick ")).expect("a status line for the sim");
+    let at = last.split(" at tick ").nth(1).and_then(|r| r.split(',').next()).and_then(|t| t.parse::<u64>().ok());
+    assert!(last.contains(", 4 of 4 nodes on root ") && at >= Some(29), "{last}");
+}
+
+#[test]
 fn devnet_runs_four_sims_side_by_side_in_four_processes() {
     // The default world.
     let (out, _) = run_devnet("grid", 16, &["--ticks", "40", "--rate", "10", "--each-node"]);

@@ -59,6 +59,13 @@ pub struct DevnetArgs {
     /// Measurement only (`bench nodes`): the nodes send votes before they are on disk.
     #[arg(long, hide = true)]
     unsafe_no_sync: bool,
+    /// Tests and measurements only: the nodes' frames to each other wait this many
+    /// milliseconds (one way), as across the internet (`run --test-link-delay-ms`).
+    #[arg(long, hide = true, default_value_t = 0)]
+    test_link_delay_ms: u64,
+    /// With `--test-link-delay-ms`: each frame's delay varies by up to this percent of it.
+    #[arg(long, hide = true, default_value_t = 0)]
+    test_link_jitter_percent: u32,
 }
 
 /// The built-in world of one sim (`--single`).
@@ -272,6 +279,10 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         }
         if args.unsafe_no_sync {
             cmd.arg("--unsafe-no-sync");
+        }
+        if args.test_link_delay_ms > 0 {
+            cmd.arg("--test-link-delay-ms").arg(args.test_link_delay_ms.to_string());
+            cmd.arg("--test-link-jitter-percent").arg(args.test_link_jitter_percent.to_string());
         }
         let name = if nodes.len() == 1 { format!("node {}", nodes[0]) } else { format!("process {}", nodes[0]) };
         let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("starting {name}"))?;

@@ -200,6 +200,60 @@ struct Shared {
     book: Mutex<Book>,
     writers: Mutex<Writers>,
     streams: std::sync::atomic::AtomicU64,
+    delay: LinkDelay,
+}
+
+/// A delay added to every frame this node sends, for tests and measurements of the protocol at
+/// internet latencies on one machine (the kernel here has no netem): each frame leaves its
+/// queue `one_way` (± `jitter_percent` of it, drawn per frame from a seeded generator) after it
+/// was queued, and frames keep their order on each link, as on a real stream. Zero: no stage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkDelay {
+    pub one_way: Duration,
+    pub jitter_percent: u32,
+}
+
+impl LinkDelay {
+    /// No delay stage.
+    pub const NONE: LinkDelay = LinkDelay { one_way: Duration::ZERO, jitter_percent: 0 };
+}
+
+/// The delay stage of one link: frames stamped as they are queued, released in order at their
+/// time (never before the one before them).
+fn delayed(
+    mut queued: mpsc::UnboundedReceiver<Arc<Vec<u8>>>,
+    delay: LinkDelay,
+    seed: u64,
+) -> mpsc::UnboundedReceiver<Arc<Vec<u8>>> {
+    let (stamped_tx, mut stamped) = mpsc::unbounded_channel::<(tokio::time::Instant, Arc<Vec<u8>>)>();
+    let (out, released) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(f) = queued.recv().await {
+            if stamped_tx.send((tokio::time::Instant::now(), f)).is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut state = seed | 1;
+        let mut last = tokio::time::Instant::now();
+        let base = delay.one_way.as_micros() as i64;
+        let spread = base * i64::from(delay.jitter_percent.min(100)) / 100;
+        while let Some((at, f)) = stamped.recv().await {
+            // xorshift64: a jitter in [-spread, spread] microseconds.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let jitter = if spread > 0 { (state % (2 * spread as u64 + 1)) as i64 - spread } else { 0 };
+            let due = (at + Duration::from_micros((base + jitter).max(0) as u64)).max(last);
+            last = due;
+            tokio::time::sleep_until(due).await;
+            if out.send(f).is_err() {
+                return;
+            }
+        }
+    });
+    released
 }
 
 enum Command {
@@ -223,6 +277,17 @@ impl Mesh {
         tcp: SocketAddr,
         quic: Option<SocketAddr>,
         peers: Vec<PeerAddr>,
+    ) -> anyhow::Result<(Mesh, mpsc::UnboundedReceiver<MeshEvent>)> {
+        Mesh::start_delayed(key, tcp, quic, peers, LinkDelay::NONE).await
+    }
+
+    /// [`Mesh::start`], with a [`LinkDelay`] on every frame this node sends.
+    pub async fn start_delayed(
+        key: &SigningKey,
+        tcp: SocketAddr,
+        quic: Option<SocketAddr>,
+        peers: Vec<PeerAddr>,
+        delay: LinkDelay,
     ) -> anyhow::Result<(Mesh, mpsc::UnboundedReceiver<MeshEvent>)> {
         let keypair = identity::Keypair::ed25519_from_bytes(key.to_bytes())
             .map_err(|e| anyhow::anyhow!("the node key as a libp2p identity: {e}"))?;
@@ -279,6 +344,7 @@ impl Mesh {
             book: Mutex::new(book),
             writers: Mutex::default(),
             streams: std::sync::atomic::AtomicU64::new(0),
+            delay,
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let (commands, command_rx) = mpsc::unbounded_channel();
@@ -513,8 +579,11 @@ async fn write_stream(mut control: libp2p_stream::Control, shared: Arc<Shared>, 
             }
             Err(_) => continue,
         };
-        let (wtx, wrx) = mpsc::unbounded_channel::<Arc<Vec<u8>>>();
+        let (wtx, mut wrx) = mpsc::unbounded_channel::<Arc<Vec<u8>>>();
         let n = shared.streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if shared.delay != LinkDelay::NONE {
+            wrx = delayed(wrx, shared.delay, (u64::from(index) << 32) ^ n);
+        }
         lock(&shared.writers).insert(index, (n, wtx));
         write_frames(stream, wrx).await;
         {
@@ -599,9 +668,9 @@ mod tests {
     }
 
     fn addrs(n: usize) -> Vec<(SocketAddr, SocketAddr)> {
-        let tcp: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let tcp = free_ports(n).unwrap();
         let udp = free_udp_ports(n).unwrap();
-        tcp.iter().zip(udp).map(|(t, u)| (t.local_addr().unwrap(), loopback(u))).collect()
+        tcp.into_iter().zip(udp).map(|(t, u)| (loopback(t), loopback(u))).collect()
     }
 
     /// The next message from `rx` within 10 s (skipping announcements).
@@ -652,6 +721,33 @@ mod tests {
         let m = NodeMsg::Snapshot { tick: 9, bytes: vec![7; 300_000] };
         meshes[2].0.send(1, &m);
         assert_eq!(next(&mut meshes[1].1).await, (ValidatorIndex(2), m));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_delay_stage_holds_each_frame_and_keeps_their_order() {
+        let a = addrs(2);
+        let peers: Vec<PeerAddr> = (0..2)
+            .map(|i| PeerAddr { key: key(i as u8 + 1).verifying_key(), tcp: Some(a[i].0), quic: Some(a[i].1) })
+            .collect();
+        let delay = LinkDelay { one_way: Duration::from_millis(40), jitter_percent: 50 };
+        let (m0, _rx0) = Mesh::start_delayed(&key(1), a[0].0, Some(a[0].1), peers.clone(), delay).await.unwrap();
+        let (m1, mut rx1) = Mesh::start(&key(2), a[1].0, Some(a[1].1), peers).await.unwrap();
+        until_connected(&m0, 1).await;
+        until_connected(&m1, 1).await;
+        let frame = |tick| NodeMsg::Snapshot { tick, bytes: vec![tick as u8; 100] };
+        m0.send(1, &frame(0));
+        assert_eq!(next(&mut rx1).await.1, frame(0), "the stream is open");
+        let t0 = std::time::Instant::now();
+        for t in 1..=40 {
+            m0.send(1, &frame(t));
+        }
+        assert_eq!(next(&mut rx1).await.1, frame(1));
+        // At least the delay less its jitter (a loaded machine can only add to it).
+        assert!(t0.elapsed() >= Duration::from_millis(20), "{:?}", t0.elapsed());
+        // In order, whatever each frame's jitter.
+        for t in 2..=40 {
+            assert_eq!(next(&mut rx1).await.1, frame(t));
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

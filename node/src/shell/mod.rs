@@ -353,7 +353,17 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     }
     let sim_info = crate::shell::setup::sim_info(&cfg, &genesis)?;
     let contacts = peers.clone();
-    let (mesh, mut inbox) = Mesh::start(&key, cfg.listen, cfg.quic, peers)
+    let delay = crate::net::LinkDelay {
+        one_way: Duration::from_millis(args.test_link_delay_ms),
+        jitter_percent: args.test_link_jitter_percent,
+    };
+    if delay != crate::net::LinkDelay::NONE {
+        println!(
+            "{tag}test link delay: {} ms one way (± {} %) on every frame to peers",
+            args.test_link_delay_ms, delay.jitter_percent
+        );
+    }
+    let (mesh, mut inbox) = Mesh::start_delayed(&key, cfg.listen, cfg.quic, peers, delay)
         .await
         .with_context(|| format!("listening for peers on tcp {} and quic {:?}", cfg.listen, cfg.quic))?;
     println!(

@@ -87,6 +87,14 @@ pub struct RunArgs {
     /// restarted validator vote twice.
     #[arg(long, hide = true)]
     pub unsafe_no_sync: bool,
+    /// Tests and measurements only: every frame this node sends its peers waits this many
+    /// milliseconds first (one way), as across the internet (the delay stage of `net`); for
+    /// every directory of the process.
+    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub test_link_delay_ms: u64,
+    /// With `--test-link-delay-ms`: each frame's delay varies by up to this percent of it.
+    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub test_link_jitter_percent: u32,
 }
 
 /// `metatopia init`: a key and a commented config; with `--genesis`, the sim it belongs to.
