@@ -142,14 +142,16 @@ fn finish(w: Work<'_>, mut part: ObjectPart) -> ObjectPart {
         part.updated = Some(Box::new(o));
     }
     let Some(mut inst) = w.instance else { return part };
-    // One rule for the failure streak: a failing tick adds one, a clean run resets it, and a
-    // suspended script (which did not run) keeps its count. Written back only if it changed.
+    // One rule for the failure score: a failing tick adds FAILURE_WEIGHT, a clean run takes one
+    // off, and a suspended script (which did not run) keeps its score. So a script is suspended
+    // for failing often, not only in a row (DESIGN §6: failing every other tick reaches the
+    // limit too). Written back only if it changed.
     let failures = if w.failed_this_tick {
-        inst.failures.saturating_add(1)
+        inst.failures.saturating_add(FAILURE_WEIGHT)
     } else if inst.suspended {
         inst.failures
     } else {
-        0
+        inst.failures.saturating_sub(1)
     };
     if failures != inst.failures {
         inst.to_mut().failures = failures;
@@ -329,12 +331,17 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && (a.is_empty() || a == b)
 }
 
+/// What a failing tick adds to a script's failure score (a clean run takes one off); a score of
+/// `script_failure_limit` times this suspends it: that many failing ticks in a row, or failing
+/// ticks more often than one in this many over a longer stretch.
+pub const FAILURE_WEIGHT: u32 = 4;
+
 fn report_error(ctx: &TickCtx, w: &mut Work<'_>, part: &mut ObjectPart, e: ScriptError) {
     w.failed_this_tick = true;
     let limit = ctx.script_failure_limit;
     if let Some(inst) = w.instance.as_mut() {
-        // `failures` counts earlier ticks; this tick makes one more.
-        if inst.failures.saturating_add(1) >= limit {
+        // `failures` scores earlier ticks; this tick adds its weight (once, in `finish`).
+        if inst.failures.saturating_add(FAILURE_WEIGHT) >= limit.saturating_mul(FAILURE_WEIGHT) {
             inst.to_mut().suspended = true;
         }
     }

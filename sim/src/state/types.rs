@@ -130,7 +130,8 @@ pub struct ScriptInstance {
     pub wants_tick: bool,
     pub listen: BTreeSet<i32>,
     pub timer: Option<Timer>,
-    /// Consecutive ticks on which the script raised an error.
+    /// The script's failure score: a failing tick adds `FAILURE_WEIGHT` (4), a clean run takes
+    /// one off; at `script_failure_limit` × 4 it is suspended.
     pub failures: u32,
     pub suspended: bool,
 }
@@ -199,7 +200,8 @@ pub struct Limits {
     pub max_source_bytes: u32,
     pub max_script_state_bytes: u32,
     pub max_objects: u32,
-    /// A script failing this many ticks in a row is suspended until redeployed.
+    /// A script failing this many ticks in a row (or often enough over a longer stretch: its
+    /// failure score, `ScriptInstance::failures`) is suspended until redeployed.
     pub script_failure_limit: u32,
     /// Messages, chat and commands one script may emit per tick.
     pub max_script_outputs: u32,

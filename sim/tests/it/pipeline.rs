@@ -241,6 +241,35 @@ fn script_errors_go_to_the_owner_and_suspend_after_the_limit() {
 }
 
 #[test]
+fn a_script_failing_every_other_tick_is_suspended_too_and_a_rare_failure_is_forgiven() {
+    let (mut sim, mut ann, mut bob) = two_players();
+    let flaky = rez_centre(&mut sim, &mut ann);
+    let rare = rez_centre(&mut sim, &mut ann);
+    deploy(&mut sim, &mut ann, flaky, "on tick: count\non touch: fail");
+    deploy(&mut sim, &mut ann, rare, "on tick: count\non touch: fail");
+    let limit = u64::from(sim.world().settings().limits.script_failure_limit);
+    // `flaky` fails every other tick, `rare` one tick in eight: a clean tick between two failing
+    // ones never wipes the slate.
+    let mut suspended_at = None;
+    for i in 0..8 * limit {
+        let mut touches = Vec::new();
+        if i % 2 == 0 {
+            touches.push(bob.sign(&sim, Payload::Touch { object: flaky }));
+        }
+        if i % 8 == 0 {
+            touches.push(ann.sign(&sim, Payload::Touch { object: rare }));
+        }
+        step(&mut sim, touches);
+        if suspended_at.is_none() && sim.world().script(flaky).unwrap().suspended {
+            suspended_at = Some(i);
+        }
+    }
+    let at = suspended_at.expect("the flaky script is suspended");
+    assert!(at > 2 * limit && at < 8 * limit, "suspended at tick {at} (limit {limit})");
+    assert!(!sim.world().script(rare).unwrap().suspended, "a failure in eight ticks is forgiven");
+}
+
+#[test]
 fn messages_and_timers_arrive_on_the_next_ticks() {
     let (mut sim, mut ann, _bob) = two_players();
     let c = sim.world().region().centre();
