@@ -132,6 +132,19 @@ pub async fn run(bootstrap: NodeAddr, plan: BotPlan, report: Arc<BotReport>) {
     while tasks.join_next().await.is_some() {}
 }
 
+/// Why a bot stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum BotError {
+    #[error(transparent)]
+    Client(#[from] crate::conn::ClientError),
+    #[error(transparent)]
+    Act(#[from] crate::conn::ActError),
+    #[error("logged in without an avatar")]
+    NoAvatar,
+    #[error("no node of the sim answers any more")]
+    Gone,
+}
+
 async fn bot(
     n: usize,
     endpoint: quinn::Endpoint,
@@ -139,14 +152,14 @@ async fn bot(
     plan: &BotPlan,
     report: &BotReport,
     stop_at: Instant,
-) -> anyhow::Result<()> {
+) -> Result<(), BotError> {
     let mut rng =
         Rng(plan.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (n as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
     let mut c = Client::connect_on(endpoint, bootstrap, bot_key(plan.seed, n)).await?;
     report.connected.fetch_add(1, Ordering::Relaxed);
     c.login(&format!("bot{}", plan.first_number + n)).await?;
     report.logged_in.fetch_add(1, Ordering::Relaxed);
-    let mut avatar = c.avatar().await?.ok_or_else(|| anyhow::anyhow!("logged in without an avatar"))?;
+    let mut avatar = c.avatar().await?.ok_or(BotError::NoAvatar)?;
     let mut crossings = c.crossings;
     let jitter = |rng: &mut Rng, d: Duration| d / 2 + Duration::from_millis(rng.below(d.as_millis() as u64 + 1));
     let mut next_walk = Instant::now();
@@ -201,7 +214,7 @@ async fn bot(
         }
         let wait = next_walk.min(next_chat).min(stop_at).saturating_duration_since(Instant::now());
         let Ok(m) = tokio::time::timeout(wait, c.next()).await else { continue };
-        let Some(m) = m else { anyhow::bail!("no node of the sim answers any more") };
+        let Some(m) = m else { return Err(BotError::Gone) };
         if c.crossings != crossings {
             report.crossings.fetch_add(u64::from(c.crossings - crossings), Ordering::Relaxed);
             crossings = c.crossings;

@@ -18,7 +18,6 @@ use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Context;
 use ed25519_dalek::SigningKey;
 use metatopia_sim::event::{ChatRange, Payload, SignedEvent, account_of};
 use metatopia_sim::{Fx, ObjectId, SimId, Vec2};
@@ -189,28 +188,61 @@ pub enum ActError {
     Connection(String),
 }
 
+/// Why the client could not reach or hear a node.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("not connected")]
+    NotConnected,
+    #[error("{0}")]
+    Address(String),
+    #[error("the node's key: {0}")]
+    Key(String),
+    #[error("setting up QUIC: {0}")]
+    Quic(String),
+    #[error("opening a UDP socket for QUIC: {0}")]
+    Socket(#[source] std::io::Error),
+    #[error("{node}: no answer within {wait:?}")]
+    NoAnswer { node: String, wait: Duration },
+    #[error("connecting to {node}: {reason}")]
+    Connect { node: String, reason: String },
+    #[error("sending to {node}: {source}")]
+    Send { node: String, source: std::io::Error },
+    #[error("{node} closed the connection")]
+    Closed { node: String },
+    /// The node answered with an error message.
+    #[error("{node}: {message}")]
+    Node { node: String, message: String },
+    /// No node to go to.
+    #[error("{0}")]
+    NoNode(String),
+}
+
 impl Client {
     /// Ask `bootstrap` (pinned to its key) which nodes serve this account's sim, then connect to
     /// one of them (the bootstrap itself when it is one). A client's own QUIC endpoint is bound
     /// on an ephemeral loopback or unspecified port, as the bootstrap's address family asks.
-    pub async fn connect(bootstrap: &NodeAddr, key: SigningKey) -> anyhow::Result<Client> {
+    pub async fn connect(bootstrap: &NodeAddr, key: SigningKey) -> Result<Client, ClientError> {
         Client::connect_at(bootstrap, key, None).await
     }
 
     /// [`Client::connect`]; an account without an avatar anywhere goes to the sim whose square
     /// holds `at` (world metres), wherever the bootstrap is: its node finds that sim through
     /// Raynet.
-    pub async fn connect_at(bootstrap: &NodeAddr, key: SigningKey, at: Option<[i64; 2]>) -> anyhow::Result<Client> {
+    pub async fn connect_at(
+        bootstrap: &NodeAddr,
+        key: SigningKey,
+        at: Option<[i64; 2]>,
+    ) -> Result<Client, ClientError> {
         let endpoint = Client::endpoint_for(bootstrap)?;
         Client::connect_on_at(endpoint, bootstrap, key, at).await
     }
 
     /// A QUIC endpoint (one UDP socket) for reaching `node`; many clients may share one.
-    pub fn endpoint_for(node: &NodeAddr) -> anyhow::Result<quinn::Endpoint> {
+    pub fn endpoint_for(node: &NodeAddr) -> Result<quinn::Endpoint, ClientError> {
         let first: SocketAddr = resolve(&node.addr)?;
         let bind: SocketAddr =
             if first.ip().is_loopback() { (first.ip(), 0).into() } else { "0.0.0.0:0".parse().expect("an address") };
-        quinn::Endpoint::client(bind).context("opening a UDP socket for QUIC")
+        quinn::Endpoint::client(bind).map_err(ClientError::Socket)
     }
 
     /// [`Client::connect`] on a given endpoint (bots share a few).
@@ -218,7 +250,7 @@ impl Client {
         endpoint: quinn::Endpoint,
         bootstrap: &NodeAddr,
         key: SigningKey,
-    ) -> anyhow::Result<Client> {
+    ) -> Result<Client, ClientError> {
         Client::connect_on_at(endpoint, bootstrap, key, None).await
     }
 
@@ -228,7 +260,7 @@ impl Client {
         bootstrap: &NodeAddr,
         key: SigningKey,
         at: Option<[i64; 2]>,
-    ) -> anyhow::Result<Client> {
+    ) -> Result<Client, ClientError> {
         let account = account_of(&key).to_string();
         let mut c = Client {
             key,
@@ -259,7 +291,9 @@ impl Client {
             )
             .await?;
         let ServerMsg::Route { sim, nodes } = route else { unreachable!("matched above") };
-        anyhow::ensure!(!nodes.is_empty(), "{bootstrap} knows no node of this account's sim");
+        if nodes.is_empty() {
+            return Err(ClientError::NoNode(format!("{bootstrap} knows no node of this account's sim")));
+        }
         c.sim = sim;
         c.nodes = nodes;
         // Clients spread over the sim's nodes by account (all of a sim's nodes serve the same
@@ -286,8 +320,10 @@ impl Client {
 
     /// The avatar crossed into `sim`: leave this node for one of that sim's and follow the avatar
     /// there (the sim gives the arrived avatar to the same account).
-    async fn move_to(&mut self, sim: u32, nodes: Vec<NodeAddr>) -> anyhow::Result<()> {
-        anyhow::ensure!(!nodes.is_empty(), "told to move to sim {sim}, but given none of its nodes");
+    async fn move_to(&mut self, sim: u32, nodes: Vec<NodeAddr>) -> Result<(), ClientError> {
+        if nodes.is_empty() {
+            return Err(ClientError::NoNode(format!("told to move to sim {sim}, but given none of its nodes")));
+        }
         self.sim = sim;
         self.nodes = nodes;
         // The nonce is per sim: ask the new sim for the account's last one.
@@ -316,14 +352,17 @@ impl Client {
         Ok(())
     }
 
-    async fn dial(&self, node: &NodeAddr) -> anyhow::Result<Link> {
+    async fn dial(&self, node: &NodeAddr) -> Result<Link, ClientError> {
         let addr = resolve(&node.addr)?;
-        let cfg = client_config(parse_public(&node.key)?)?;
-        let conn = tokio::time::timeout(ANSWER_WAIT, self.endpoint.connect_with(cfg, addr, SERVER_NAME)?)
+        let pinned = parse_public(&node.key).map_err(|e| ClientError::Key(format!("{e:#}")))?;
+        let cfg = client_config(pinned)?;
+        let connect = |reason: String| ClientError::Connect { node: node.to_string(), reason };
+        let connecting = self.endpoint.connect_with(cfg, addr, SERVER_NAME).map_err(|e| connect(e.to_string()))?;
+        let conn = tokio::time::timeout(ANSWER_WAIT, connecting)
             .await
-            .with_context(|| format!("{node}: no answer"))?
-            .with_context(|| format!("connecting to {node}"))?;
-        let (send, mut recv) = conn.open_bi().await.with_context(|| format!("{node}: opening a stream"))?;
+            .map_err(|_| ClientError::NoAnswer { node: node.to_string(), wait: ANSWER_WAIT })?
+            .map_err(|e| connect(e.to_string()))?;
+        let (send, mut recv) = conn.open_bi().await.map_err(|e| connect(format!("opening a stream: {e}")))?;
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
         tokio::spawn(async move {
             while let Ok(m) = read_frame::<ServerMsg, _>(&mut recv, MAX_SERVER_FRAME).await {
@@ -336,7 +375,7 @@ impl Client {
     }
 
     /// Move to the next node of the sim that answers (after the one in use died).
-    async fn reconnect(&mut self) -> anyhow::Result<()> {
+    async fn reconnect(&mut self) -> Result<(), ClientError> {
         let start =
             self.link.as_ref().and_then(|l| self.nodes.iter().position(|n| n.key == l.0.node.key)).map_or(0, |i| i + 1);
         self.link = None;
@@ -355,36 +394,43 @@ impl Client {
             }
             tokio::time::sleep(Duration::from_millis(500 * (round + 1))).await;
         }
-        Err(last.unwrap_or_else(|| anyhow::anyhow!("no node of the sim to connect to")))
+        Err(last.unwrap_or_else(|| ClientError::NoNode("no node of the sim to connect to".into())))
     }
 
     /// Tell the node to show this client the area around its avatar.
-    async fn follow(&mut self) -> anyhow::Result<()> {
+    async fn follow(&mut self) -> Result<(), ClientError> {
         let max_hz = Some(crate::proto::CLIENT_MAX_HZ);
         self.send(ClientMsg::Interest { follow: Some(self.account.clone()), radius_m: None, max_hz }).await
     }
 
-    async fn send(&mut self, m: ClientMsg) -> anyhow::Result<()> {
-        let link = self.link.as_mut().context("not connected")?;
-        write_frame(&mut link.0.send, &m).await.with_context(|| format!("sending to {}", link.0.node))
+    async fn send(&mut self, m: ClientMsg) -> Result<(), ClientError> {
+        let link = self.link.as_mut().ok_or(ClientError::NotConnected)?;
+        write_frame(&mut link.0.send, &m)
+            .await
+            .map_err(|source| ClientError::Send { node: link.0.node.to_string(), source })
     }
 
     /// Send `m` and wait for the first message `is_answer` accepts; other messages are applied to
     /// the view and kept for [`Client::next`].
-    async fn request(&mut self, m: ClientMsg, is_answer: impl Fn(&ServerMsg) -> bool) -> anyhow::Result<ServerMsg> {
+    async fn request(
+        &mut self,
+        m: ClientMsg,
+        is_answer: impl Fn(&ServerMsg) -> bool,
+    ) -> Result<ServerMsg, ClientError> {
         self.send(m).await?;
         let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
         loop {
-            let link = self.link.as_mut().context("not connected")?;
+            let link = self.link.as_mut().ok_or(ClientError::NotConnected)?;
+            let node = || link.0.node.to_string();
             let m = tokio::time::timeout_at(deadline, link.0.rx.recv())
                 .await
-                .with_context(|| format!("{}: no answer within {ANSWER_WAIT:?}", link.0.node))?
-                .with_context(|| format!("{} closed the connection", link.0.node))?;
+                .map_err(|_| ClientError::NoAnswer { node: node(), wait: ANSWER_WAIT })?
+                .ok_or_else(|| ClientError::Closed { node: node() })?;
             if is_answer(&m) {
                 return Ok(m);
             }
             if let ServerMsg::Error { r#ref: None, message } = &m {
-                anyhow::bail!("{}: {message}", link.0.node);
+                return Err(ClientError::Node { node: link.0.node.to_string(), message: message.clone() });
             }
             self.view.apply(&m);
             self.pending.push_back(m);
@@ -501,7 +547,7 @@ impl Client {
     }
 
     /// The account as the sim has it.
-    pub async fn account_view(&mut self) -> anyhow::Result<Option<AccountView>> {
+    pub async fn account_view(&mut self) -> Result<Option<AccountView>, ClientError> {
         let id = self.account.clone();
         match self
             .request(
@@ -516,7 +562,7 @@ impl Client {
     }
 
     /// One object with its script's source, licence, author and provenance.
-    pub async fn object(&mut self, id: &str) -> anyhow::Result<Option<ObjectView>> {
+    pub async fn object(&mut self, id: &str) -> Result<Option<ObjectView>, ClientError> {
         match self.request(ClientMsg::Object { id: id.to_string() }, |m| matches!(m, ServerMsg::Object { .. })).await? {
             ServerMsg::Object { object } => Ok(object),
             _ => unreachable!("matched above"),
@@ -621,7 +667,7 @@ impl Client {
     }
 
     /// The avatar's object id (asked from the sim).
-    pub async fn avatar(&mut self) -> anyhow::Result<Option<ObjectId>> {
+    pub async fn avatar(&mut self) -> Result<Option<ObjectId>, ClientError> {
         Ok(self.account_view().await?.and_then(|a| a.avatar).and_then(|s| parse_object(&s)))
     }
 
@@ -677,10 +723,10 @@ pub fn parse_object(s: &str) -> Option<ObjectId> {
     Some(ObjectId::new(a.parse().ok()?, b.parse().ok()?))
 }
 
-fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
+fn resolve(addr: &str) -> Result<SocketAddr, ClientError> {
     use std::net::ToSocketAddrs;
     addr.to_socket_addrs()
-        .with_context(|| format!("resolving {addr}"))?
+        .map_err(|e| ClientError::Address(format!("resolving {addr}: {e}")))?
         .next()
-        .with_context(|| format!("{addr} resolves to no address"))
+        .ok_or_else(|| ClientError::Address(format!("{addr} resolves to no address")))
 }

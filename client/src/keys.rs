@@ -10,8 +10,26 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-use anyhow::Context;
 use ed25519_dalek::{SigningKey, VerifyingKey};
+
+/// What went wrong with a key or its file.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The text is not what it should be (says why, naming a bad character).
+    #[error("{0}")]
+    Text(String),
+    #[error("{what} {path}: {source}")]
+    File { what: &'static str, path: String, source: io::Error },
+    #[error("reading the key {path}: {source}")]
+    InFile { path: String, source: Box<KeyError> },
+    #[error("reading /dev/urandom for a new key: {0}")]
+    Random(#[source] io::Error),
+}
+
+fn file_error(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> KeyError {
+    let path = path.display().to_string();
+    move |source| KeyError::File { what, path, source }
+}
 
 /// Lower-case hex of some bytes.
 pub fn hex(bytes: &[u8]) -> String {
@@ -24,79 +42,81 @@ pub fn unhex(text: &str) -> Option<Vec<u8>> {
 }
 
 /// 32 bytes written as 64 hex digits (keys, hashes); any other text is an error saying why.
-pub fn parse_hex32(text: &str) -> anyhow::Result<[u8; 32]> {
+pub fn parse_hex32(text: &str) -> Result<[u8; 32], KeyError> {
     let chars = text.chars().count();
-    anyhow::ensure!(chars == 64, "64 hex digits are needed, this has {chars} characters");
+    if chars != 64 {
+        return Err(KeyError::Text(format!("64 hex digits are needed, this has {chars} characters")));
+    }
     if let Some((at, c)) = text.chars().enumerate().find(|(_, c)| !c.is_ascii_hexdigit()) {
-        anyhow::bail!("only hex digits (0-9, a-f) may appear, not {c:?} (character {})", at + 1);
+        return Err(KeyError::Text(format!("only hex digits (0-9, a-f) may appear, not {c:?} (character {})", at + 1)));
     }
     let mut out = [0u8; 32];
-    ::hex::decode_to_slice(text, &mut out).map_err(|e| anyhow::anyhow!("{e}"))?;
+    ::hex::decode_to_slice(text, &mut out).map_err(|e| KeyError::Text(e.to_string()))?;
     Ok(out)
 }
 
 /// A secret key from its 64 hex digits.
-pub fn parse(text: &str) -> anyhow::Result<SigningKey> {
-    Ok(SigningKey::from_bytes(&parse_hex32(text).context("a secret key")?))
+pub fn parse(text: &str) -> Result<SigningKey, KeyError> {
+    let bytes = parse_hex32(text).map_err(|e| KeyError::Text(format!("a secret key: {e}")))?;
+    Ok(SigningKey::from_bytes(&bytes))
 }
 
 /// A public key from its 64 hex digits.
-pub fn parse_public(text: &str) -> anyhow::Result<VerifyingKey> {
-    let bytes = parse_hex32(text).context("a public key")?;
-    VerifyingKey::from_bytes(&bytes).map_err(|e| anyhow::anyhow!("not an ed25519 public key: {e}"))
+pub fn parse_public(text: &str) -> Result<VerifyingKey, KeyError> {
+    let bytes = parse_hex32(text).map_err(|e| KeyError::Text(format!("a public key: {e}")))?;
+    VerifyingKey::from_bytes(&bytes).map_err(|e| KeyError::Text(format!("not an ed25519 public key: {e}")))
 }
 
 /// A new key from the OS's random source (the node and the clients are the only layers allowed
 /// one).
-pub fn generate() -> anyhow::Result<SigningKey> {
+pub fn generate() -> Result<SigningKey, KeyError> {
     let mut seed = [0u8; 32];
-    File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut seed))
-        .context("reading /dev/urandom for a new key")?;
+    File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut seed)).map_err(KeyError::Random)?;
     Ok(SigningKey::from_bytes(&seed))
 }
 
 /// The key in the file at `path`; `None` if there is no file.
-pub fn read(path: &Path) -> anyhow::Result<Option<SigningKey>> {
+pub fn read(path: &Path) -> Result<Option<SigningKey>, KeyError> {
     match fs::read_to_string(path) {
-        Ok(text) => parse(text.trim()).with_context(|| format!("reading the key {}", path.display())).map(Some),
+        Ok(text) => parse(text.trim())
+            .map_err(|e| KeyError::InFile { path: path.display().to_string(), source: Box::new(e) })
+            .map(Some),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading the key {}", path.display())),
+        Err(e) => Err(file_error("reading the key", path)(e)),
     }
 }
 
 /// Write a key file readable by its owner only, durably (see the module's notes).
-pub fn write(path: &Path, key: &SigningKey) -> anyhow::Result<()> {
+pub fn write(path: &Path, key: &SigningKey) -> Result<(), KeyError> {
     let tmp = path.with_extension("tmp");
     {
         let mut options = OpenOptions::new();
         options.write(true).create(true).truncate(true);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut f = options.open(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut f = options.open(&tmp).map_err(file_error("creating", &tmp))?;
         #[cfg(unix)]
         {
             // An existing temporary file keeps its old mode through open(): set it again.
             use std::os::unix::fs::PermissionsExt;
-            f.set_permissions(fs::Permissions::from_mode(0o600)).context("restricting the key file to its owner")?;
+            f.set_permissions(fs::Permissions::from_mode(0o600)).map_err(file_error("restricting", &tmp))?;
         }
-        f.write_all(format!("{}\n", hex(&key.to_bytes())).as_bytes())
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+        f.write_all(format!("{}\n", hex(&key.to_bytes())).as_bytes()).map_err(file_error("writing", &tmp))?;
+        f.sync_all().map_err(file_error("syncing", &tmp))?;
     }
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    fs::rename(&tmp, path).map_err(file_error("renaming the new key to", path))?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(file_error("syncing", dir))
 }
 
 /// Read the key at `path`, or make a new one there (with its directory) if there is none.
-pub fn load_or_create(path: &Path) -> anyhow::Result<SigningKey> {
+pub fn load_or_create(path: &Path) -> Result<SigningKey, KeyError> {
     if let Some(key) = read(path)? {
         return Ok(key);
     }
     let key = generate()?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        fs::create_dir_all(dir).map_err(file_error("creating", dir))?;
     }
     write(path, &key)?;
     Ok(key)

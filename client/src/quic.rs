@@ -8,6 +8,8 @@
 //! is what proves the node holds the key. No certificate authorities are involved.
 
 use std::sync::Arc;
+
+use crate::conn::ClientError;
 use std::time::Duration;
 
 use ed25519_dalek::{Signature, SigningKey, Verifier, VerifyingKey};
@@ -48,32 +50,40 @@ fn transport() -> Arc<quinn::TransportConfig> {
     Arc::new(t)
 }
 
+fn quic(e: impl std::fmt::Display) -> ClientError {
+    ClientError::Quic(e.to_string())
+}
+
 /// The node's QUIC server configuration: a self-signed certificate made from its key.
-pub fn server_config(key: &SigningKey) -> anyhow::Result<quinn::ServerConfig> {
+pub fn server_config(key: &SigningKey) -> Result<quinn::ServerConfig, ClientError> {
     let der = pkcs8_der(key);
     let pkcs8 = PrivatePkcs8KeyDer::from(der.clone());
-    let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&pkcs8, &rcgen::PKCS_ED25519)?;
-    let cert = rcgen::CertificateParams::new(vec![SERVER_NAME.to_string()])?.self_signed(&pair)?;
+    let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&pkcs8, &rcgen::PKCS_ED25519).map_err(quic)?;
+    let cert =
+        rcgen::CertificateParams::new(vec![SERVER_NAME.to_string()]).map_err(quic)?.self_signed(&pair).map_err(quic)?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(quic)?
         .with_no_client_auth()
-        .with_single_cert(vec![cert.der().clone()], PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(der)))?;
+        .with_single_cert(vec![cert.der().clone()], PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(der)))
+        .map_err(quic)?;
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(quic)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     config.transport_config(transport());
     Ok(config)
 }
 
 /// A client configuration that accepts only a node holding `pinned`.
-pub fn client_config(pinned: VerifyingKey) -> anyhow::Result<quinn::ClientConfig> {
+pub fn client_config(pinned: VerifyingKey) -> Result<quinn::ClientConfig, ClientError> {
     let mut tls = rustls::ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(quic)?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(Pinned(pinned)))
         .with_no_client_auth();
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(quic)?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(transport());
     Ok(config)

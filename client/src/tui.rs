@@ -356,8 +356,19 @@ pub async fn perform(client: &mut Client, app: &mut App, intent: Intent) -> bool
     true
 }
 
+/// Why the terminal client stopped on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum TuiError {
+    #[error("drawing: {0}")]
+    Terminal(#[from] std::io::Error),
+    #[error("the node closed the session: {0}")]
+    Closed(String),
+    #[error("no node of the sim answers any more")]
+    Gone,
+}
+
 /// Run the terminal client until `q` (restores the terminal on the way out, also on errors).
-pub async fn run(mut client: Client) -> anyhow::Result<()> {
+pub async fn run(mut client: Client) -> Result<(), TuiError> {
     let mut terminal = ratatui::init();
     let (keys_tx, mut keys) = tokio::sync::mpsc::channel::<KeyEvent>(64);
     std::thread::spawn(move || {
@@ -380,7 +391,7 @@ pub async fn run(mut client: Client) -> anyhow::Result<()> {
         }
     });
     let mut app = App::new(client.account());
-    let result: anyhow::Result<()> = async {
+    let result: Result<(), TuiError> = async {
         let mut redraw = tokio::time::interval(Duration::from_millis(100));
         loop {
             app.node = client.node().map(|n| n.addr.clone()).unwrap_or_default();
@@ -395,8 +406,8 @@ pub async fn run(mut client: Client) -> anyhow::Result<()> {
                 }
                 m = client.next() => match m {
                     None => match client.closed() {
-                        Some(why) => anyhow::bail!("the node closed the session: {why}"),
-                        None => anyhow::bail!("no node of the sim answers any more"),
+                        Some(why) => return Err(TuiError::Closed(why.to_owned())),
+                        None => return Err(TuiError::Gone),
                     },
                     Some(ServerMsg::Outcome { outcome: crate::proto::Outcome::Refused { reason, .. }, .. }) => {
                         app.notice = format!("refused: {reason}");

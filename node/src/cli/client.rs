@@ -86,7 +86,7 @@ pub fn client(args: ClientArgs) -> anyhow::Result<()> {
             args.name
         );
         c.login(&args.name).await.context("logging in")?;
-        metatopia_client::tui::run(c).await
+        Ok(metatopia_client::tui::run(c).await?)
     })
 }
 

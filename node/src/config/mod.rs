@@ -344,7 +344,7 @@ impl NodeConfig {
         s.validators
             .iter()
             .filter(|v| !v.observer)
-            .map(|v| parse_public(&v.key))
+            .map(|v| Ok(parse_public(&v.key)?))
             .collect::<anyhow::Result<_>>()
             .map(Some)
     }
@@ -366,12 +366,12 @@ impl NodeConfig {
 
     /// Every node of the sim's mesh, validators and observers, in index order.
     pub fn keys(&self) -> anyhow::Result<Vec<VerifyingKey>> {
-        self.validators.iter().map(|v| parse_public(&v.key)).collect()
+        self.validators.iter().map(|v| Ok(parse_public(&v.key)?)).collect()
     }
 
     /// The genesis validator set: the entries that are not observers.
     pub fn genesis_validators(&self) -> anyhow::Result<Vec<VerifyingKey>> {
-        self.validators.iter().filter(|v| !v.observer).map(|v| parse_public(&v.key)).collect()
+        self.validators.iter().filter(|v| !v.observer).map(|v| Ok(parse_public(&v.key)?)).collect()
     }
 
     /// A commented config for a new node (`metatopia init`).
