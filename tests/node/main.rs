@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod build;
 mod clients;
 mod config;
 mod devnet;

@@ -256,23 +256,39 @@ pub fn admin(args: AdminArgs) -> anyhow::Result<()> {
             Payload::Admin(AdminAct::SetSettings(s))
         }
     };
-    let path = args.key.context("--key (or METATOPIA_KEY): the file with the signing key is needed to act")?;
-    let key = crate::store::read_key(&path)?.with_context(|| format!("no key file at {}", path.display()))?;
-    let me = metatopia_sim::event::account_of(&key);
+    let key = signing_key(args.key)?;
+    act(&client, &key, payload, args.wait).map(|_| ())
+}
+
+/// The key in `--key`'s file, with an error that says what is missing.
+pub(crate) fn signing_key(path: Option<PathBuf>) -> anyhow::Result<metatopia_sim::SigningKey> {
+    let path = path.context("--key (or METATOPIA_KEY): the file with the signing key is needed to act")?;
+    crate::store::read_key(&path)?.with_context(|| format!("no key file at {}", path.display()))
+}
+
+/// Sign `payload` with the account's next nonce, submit it through the node and wait for its
+/// outcome: the tick it executed at, or an error "refused at tick T: why".
+pub(crate) fn act(
+    client: &Client,
+    key: &metatopia_sim::SigningKey,
+    payload: Payload,
+    wait: u64,
+) -> anyhow::Result<u64> {
+    let me = metatopia_sim::event::account_of(key);
     let status: Status = client.get("/v1/status")?.context("the node has no /v1/status")?;
     // The next nonce: above the last one the sim accepted from this account.
     let last = client.get::<AccountView>(&format!("/v1/accounts/{me}"))?.map_or(0, |a| a.last_nonce);
-    let event = SignedEvent::new(&key, SimId(status.sim), last + 1, payload);
+    let event = SignedEvent::new(key, SimId(status.sim), last + 1, payload);
     let what = describe(&event.body.payload);
     let id = client.submit(&metatopia_sim::codec::encode(&event))?;
     println!("submitted {what} as {} (event {})", me.short(), &id[..16]);
-    match client.wait_outcome(&id, Duration::from_secs(args.wait))? {
+    match client.wait_outcome(&id, Duration::from_secs(wait))? {
         Some(Outcome::Executed { tick }) => {
             println!("executed at tick {tick}");
-            Ok(())
+            Ok(tick)
         }
         Some(Outcome::Refused { tick, reason }) => anyhow::bail!("refused at tick {tick}: {reason}"),
-        None => anyhow::bail!("not executed within {} s (is the sim running? `metatopia stats`)", args.wait),
+        None => anyhow::bail!("not executed within {wait} s (is the sim running? `metatopia stats`)"),
     }
 }
 
@@ -280,6 +296,10 @@ fn describe(p: &Payload) -> String {
     match p {
         Payload::Admin(a) => a.name().to_owned(),
         Payload::Login { .. } => "login".to_owned(),
+        Payload::Rez { name, .. } => format!("rez {name:?}"),
+        Payload::Derez { object } => format!("derez {object}"),
+        Payload::Touch { object } => format!("touch {object}"),
+        Payload::DeployScript { object, licence, .. } => format!("deploy a script ({licence}) on {object}"),
         other => format!("{other:?}"),
     }
 }

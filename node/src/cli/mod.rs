@@ -7,6 +7,7 @@
 //! has every command here too.
 
 pub mod admin;
+pub mod build;
 pub mod client;
 pub mod devnet;
 pub mod local;
@@ -37,6 +38,12 @@ pub enum Command {
     Client(client::ClientArgs),
     /// Headless clients that log in, wander and chat, for load; prints what they receive.
     Bot(client::BotArgs),
+    /// Build: rez, touch, show and derez objects (signed events through any node).
+    #[command(subcommand)]
+    Object(build::ObjectCmd),
+    /// Scripts: deploy a file to your object, show any object's script, fork one to edit.
+    #[command(subcommand)]
+    Script(build::ScriptCmd),
     /// Sims: make a new one you own (`sim new`), read a genesis (`sim show`), or run a seeded
     /// demo sim in this process with no network (`sim local`).
     #[command(subcommand)]
@@ -76,6 +83,8 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         }
         Command::Client(args) => client::client(args),
         Command::Bot(args) => client::bot(args),
+        Command::Object(cmd) => build::object(cmd),
+        Command::Script(cmd) => build::script(cmd),
         Command::Sim(SimCmd::New(args)) => sim_new::new(args),
         Command::Sim(SimCmd::Show(args)) => sim_new::show(args),
         Command::Sim(SimCmd::Local(args)) => local::run(args),

@@ -1,0 +1,281 @@
+//! `metatopia object` and `metatopia script`: building the world from the command line, through
+//! any node's HTTP service, with the same signed events the clients send. Each act waits for its
+//! outcome and says "executed at tick T" or "refused at tick T: why" (a compile error with its
+//! line and column, a licence not on the copyleft list, an object that is not yours).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use metatopia_sim::state::Shape;
+use metatopia_sim::{Fx, ObjectId, Payload, ScriptId, Vec2};
+
+use crate::api::http::{AccountView, Client, ObjectView, parse_hash};
+use crate::cli::admin::{NodeArg, act, signing_key};
+
+/// The line a forked script starts with, naming the script it derives from; `script deploy`
+/// reads it back and records the provenance.
+const FORK_HEADER: &str = "// metatopia: derived from script ";
+
+#[derive(Debug, clap::Args)]
+pub struct ActArgs {
+    #[command(flatten)]
+    node: NodeArg,
+    /// Your account's signing key (64 hex digits of secret key in a file; `metatopia client`
+    /// makes one at $METATOPIA_HOME/client.key).
+    #[arg(long, env = "METATOPIA_KEY")]
+    key: Option<PathBuf>,
+    /// Seconds to wait for the act to execute.
+    #[arg(long, default_value_t = 15)]
+    wait: u64,
+    /// The name your account logs in with if it has never been in this sim.
+    #[arg(long, default_value = "builder")]
+    login_as: String,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ObjectCmd {
+    /// Rez a new object you own; prints its id.
+    Rez {
+        #[command(flatten)]
+        act: ActArgs,
+        #[arg(long)]
+        name: String,
+        /// Where, in world metres: X,Y (inside the sim the node serves).
+        #[arg(long, value_name = "X,Y", allow_hyphen_values = true)]
+        at: String,
+        /// `box` or `circle`.
+        #[arg(long, default_value = "box")]
+        shape: String,
+        /// Metres: a box's width,height or a circle's diameter.
+        #[arg(long, default_value = "1")]
+        size: String,
+        /// RRGGBBAA.
+        #[arg(long, default_value = "808080ff")]
+        color: String,
+        /// Its floating text.
+        #[arg(long, default_value = "")]
+        text: String,
+    },
+    /// Take one of your objects out of the world.
+    Derez {
+        #[command(flatten)]
+        act: ActArgs,
+        /// The object's id (`SLOTvGEN`, as `rez` and the viewer show it).
+        object: String,
+    },
+    /// Touch an object (its script's `on_touch` runs).
+    Touch {
+        #[command(flatten)]
+        act: ActArgs,
+        object: String,
+    },
+    /// An object as the sim has it: name, owner, place, text, and whether it has a script.
+    Show {
+        #[command(flatten)]
+        node: NodeArg,
+        object: String,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ScriptCmd {
+    /// Attach a script (rhai source in FILE) to one of your objects; a file `script fork` wrote
+    /// records the script it derives from.
+    Deploy {
+        #[command(flatten)]
+        act: ActArgs,
+        file: PathBuf,
+        #[arg(long)]
+        object: String,
+        /// A copyleft SPDX licence (AGPL-3.0-or-later, GPL-3.0-or-later, LGPL-3.0-or-later,
+        /// MPL-2.0, CC-BY-SA-4.0, …).
+        #[arg(long, default_value = "AGPL-3.0-or-later")]
+        licence: String,
+    },
+    /// The script of an object: its source, licence, author and provenance.
+    Show {
+        #[command(flatten)]
+        node: NodeArg,
+        object: String,
+    },
+    /// Write an object's script to FILE to edit and deploy as your own: a header names what it
+    /// derives from, which `script deploy` records.
+    Fork {
+        #[command(flatten)]
+        node: NodeArg,
+        object: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+fn object_id(s: &str) -> anyhow::Result<ObjectId> {
+    metatopia_client::conn::parse_object(s)
+        .with_context(|| format!("{s:?} is not an object id (SLOTvGEN, as `rez` prints)"))
+}
+
+fn metres(s: &str, what: &str) -> anyhow::Result<Fx> {
+    let x: f64 = s.trim().parse().with_context(|| format!("{what}: {s:?} is not a number of metres"))?;
+    anyhow::ensure!(x.is_finite() && x.abs() <= 1.0e9, "{what}: {s:?} is out of range");
+    Ok(crate::world::fx(x))
+}
+
+/// Log the account in once if the sim has never seen it (rezzing needs an account).
+fn ensure_account(client: &Client, key: &metatopia_sim::SigningKey, a: &ActArgs) -> anyhow::Result<()> {
+    let me = metatopia_sim::event::account_of(key);
+    if client.get::<AccountView>(&format!("/v1/accounts/{me}"))?.is_none() {
+        println!("your account is new to this sim: logging in as {:?}", a.login_as);
+        act(client, key, Payload::Login { name: a.login_as.clone() }, a.wait)?;
+    }
+    Ok(())
+}
+
+fn objects(client: &Client) -> anyhow::Result<Vec<ObjectView>> {
+    Ok(client.get("/v1/objects")?.unwrap_or_default())
+}
+
+pub fn object(cmd: ObjectCmd) -> anyhow::Result<()> {
+    match cmd {
+        ObjectCmd::Rez { act: a, name, at, shape, size, color, text } => {
+            let (x, y) = at.split_once(',').context("--at is X,Y in metres")?;
+            let position = Vec2::new(metres(x, "--at")?, metres(y, "--at")?);
+            let shape = match shape.as_str() {
+                "circle" => Shape::Circle { radius: metres(&size, "--size")? / Fx::from_int(2) },
+                "box" => {
+                    let (w, h) = size.split_once(',').unwrap_or((&size, &size));
+                    let half = |v: &str| -> anyhow::Result<Fx> { Ok(metres(v, "--size")? / Fx::from_int(2)) };
+                    Shape::Box { half_width: half(w)?, half_height: half(h)? }
+                }
+                other => anyhow::bail!("--shape is box or circle, not {other:?}"),
+            };
+            let color = u32::from_str_radix(color.trim_start_matches('#'), 16)
+                .ok()
+                .filter(|_| color.trim_start_matches('#').len() == 8)
+                .with_context(|| format!("--color is RRGGBBAA hex, not {color:?}"))?;
+            let client = Client::new(&a.node.node);
+            let key = signing_key(a.key.clone())?;
+            ensure_account(&client, &key, &a)?;
+            let before: std::collections::BTreeSet<String> = objects(&client)?.into_iter().map(|o| o.id).collect();
+            act(&client, &key, Payload::Rez { name: name.clone(), shape, position, color, text }, a.wait)?;
+            let me = metatopia_sim::event::account_of(&key).to_string();
+            let new =
+                objects(&client)?.into_iter().find(|o| o.owner == me && o.name == name && !before.contains(&o.id));
+            match new {
+                Some(o) => println!("object {} ({name:?}) at {}, {}", o.id, o.position[0], o.position[1]),
+                None => println!("(its id: `metatopia object show` once the node has it)"),
+            }
+            Ok(())
+        }
+        ObjectCmd::Derez { act: a, object } => {
+            let object = object_id(&object)?;
+            let client = Client::new(&a.node.node);
+            act(&client, &signing_key(a.key.clone())?, Payload::Derez { object }, a.wait).map(|_| ())
+        }
+        ObjectCmd::Touch { act: a, object } => {
+            let object = object_id(&object)?;
+            let client = Client::new(&a.node.node);
+            let key = signing_key(a.key.clone())?;
+            ensure_account(&client, &key, &a)?;
+            act(&client, &key, Payload::Touch { object }, a.wait).map(|_| ())
+        }
+        ObjectCmd::Show { node, object } => {
+            let o = fetch(&node, &object)?;
+            println!("object {} {:?}", o.id, o.name);
+            println!("owner  {}", o.owner);
+            println!("at     {}, {} m (moving {}, {} m/s)", o.position[0], o.position[1], o.velocity[0], o.velocity[1]);
+            println!("shape  {} · colour {}", o.shape, o.color);
+            println!("text   {:?}", o.text);
+            println!("script {}", if o.scripted { "yes (`metatopia script show`)" } else { "none" });
+            Ok(())
+        }
+    }
+}
+
+fn fetch(node: &NodeArg, object: &str) -> anyhow::Result<ObjectView> {
+    let id = object_id(object)?;
+    Client::new(&node.node)
+        .get(&format!("/v1/objects/{id}"))?
+        .with_context(|| format!("no object {object} in this sim"))
+}
+
+/// The script it derives from, if the source starts with a fork's header.
+fn derived_from(source: &str) -> anyhow::Result<Option<ScriptId>> {
+    match source.lines().next().and_then(|l| l.strip_prefix(FORK_HEADER)) {
+        None => Ok(None),
+        Some(rest) => {
+            let hex = rest.split_whitespace().next().unwrap_or("");
+            let id = parse_hash(hex).with_context(|| format!("the fork header names {hex:?}, not a script id"))?;
+            Ok(Some(ScriptId(id)))
+        }
+    }
+}
+
+pub fn script(cmd: ScriptCmd) -> anyhow::Result<()> {
+    match cmd {
+        ScriptCmd::Deploy { act: a, file, object, licence } => {
+            let object = object_id(&object)?;
+            let source = read_source(&file)?;
+            let derived_from = derived_from(&source)?;
+            if let Some(d) = derived_from {
+                println!("derived from script {d}");
+            }
+            let client = Client::new(&a.node.node);
+            let payload = Payload::DeployScript { object, source, licence, derived_from };
+            act(&client, &signing_key(a.key.clone())?, payload, a.wait).map(|_| ())
+        }
+        ScriptCmd::Show { node, object } => {
+            let o = fetch(&node, &object)?;
+            let s = o.script.with_context(|| format!("object {object} has no script"))?;
+            println!("script {} on object {} {:?}", s.id, o.id, o.name);
+            println!("licence {} · author {}", s.licence, s.author);
+            println!("derived from {}", s.derived_from.as_deref().unwrap_or("nothing (an original)"));
+            println!("---");
+            print!("{}", s.source);
+            if !s.source.ends_with('\n') {
+                println!();
+            }
+            Ok(())
+        }
+        ScriptCmd::Fork { node, object, out } => {
+            let o = fetch(&node, &object)?;
+            let s = o.script.with_context(|| format!("object {object} has no script"))?;
+            anyhow::ensure!(!out.exists(), "{} exists: not overwritten", out.display());
+            // The header replaces an older fork header, so a fork of a fork names its parent.
+            let body = match s.source.lines().next() {
+                Some(first) if first.starts_with(FORK_HEADER) => s.source.split_once('\n').map_or("", |(_, b)| b),
+                _ => s.source.as_str(),
+            };
+            let text =
+                format!("{FORK_HEADER}{} (object {} {:?}, by {}, {})\n{body}", s.id, o.id, o.name, s.author, s.licence);
+            std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+            println!(
+                "wrote {}: script {} under {}; deploy it with `metatopia script deploy`",
+                out.display(),
+                s.id,
+                s.licence
+            );
+            Ok(())
+        }
+    }
+}
+
+fn read_source(file: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fork_header_names_its_parent_and_nothing_else_does() {
+        let id = "ab".repeat(32);
+        let forked =
+            format!("{FORK_HEADER}{id} (object 3v0 \"door\", by cd, AGPL-3.0-or-later)\nfn on_touch(who) {{}}\n");
+        assert_eq!(derived_from(&forked).unwrap(), Some(ScriptId(parse_hash(&id).unwrap())));
+        assert_eq!(derived_from("fn on_touch(who) {}\n").unwrap(), None);
+        assert!(derived_from(&format!("{FORK_HEADER}nothex")).is_err());
+        assert!(object_id("3v0").is_ok() && object_id("door").is_err());
+        assert!(metres("1.5", "x").is_ok() && metres("inf", "x").is_err() && metres("x", "x").is_err());
+    }
+}

@@ -1,0 +1,102 @@
+//! A creator's path on four real nodes, through the command line only: rez an object, deploy a
+//! script from a file, touch it and read the text it sets, fork the script, edit and redeploy
+//! it, and read its provenance back; and the refusals a creator meets, each with its reason.
+
+use std::time::{Duration, Instant};
+
+use metatopia_node::api::http::{Client, ObjectView};
+
+use crate::support::{self, cli};
+
+fn ok(args: &[&str]) -> String {
+    let (success, out, err) = cli(args);
+    assert!(success, "`metatopia {}` failed:\n{out}\n{err}", args.join(" "));
+    out
+}
+
+fn refused(args: &[&str]) -> String {
+    let (success, out, err) = cli(args);
+    assert!(!success, "`metatopia {}` should have been refused:\n{out}\n{err}", args.join(" "));
+    err
+}
+
+fn text_of(http: &str, id: &str) -> Option<String> {
+    Client::new(http).get::<ObjectView>(&format!("/v1/objects/{id}")).ok().flatten().map(|o| o.text)
+}
+
+fn wait_text(http: &str, id: &str, want: &str) {
+    let t0 = Instant::now();
+    while text_of(http, id).as_deref() != Some(want) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{id} shows {:?}, not {want:?}", text_of(http, id));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_creator_rezzes_scripts_forks_and_redeploys_from_the_command_line() {
+    let cluster = support::Cluster::start("build", "plaza.toml");
+    let dir = cluster.root.join("creator");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Keys as players make them: from the OS's random source.
+    let (me, stranger) = (dir.join("me.key"), dir.join("stranger.key"));
+    for k in [&me, &stranger] {
+        metatopia_client::keys::write(k, &metatopia_client::keys::generate().unwrap()).unwrap();
+    }
+    let (me, stranger) = (me.to_str().unwrap(), stranger.to_str().unwrap());
+    let (h0, h1) = (cluster.http[0].as_str(), cluster.http[1].as_str());
+    let s = cluster.status(0).unwrap();
+    let at = format!("{},{}", s.region_origin[0] + s.region_size / 2 + 3, s.region_origin[1] + s.region_size / 2 + 3);
+
+    // Rez: a new account logs in first, then the object is made and its id printed.
+    let out = ok(&["object", "rez", "--node", h0, "--key", me, "--name", "lamp", "--at", &at, "--text", "off"]);
+    assert!(out.contains("logging in") && out.contains("executed at tick"), "{out}");
+    let lamp = out.split("object ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_owned();
+    assert_eq!(text_of(h1, &lamp).as_deref(), Some("off"), "every node has it");
+
+    // Deploy a script from a file; touch; the text it sets shows on every node.
+    let file = dir.join("lamp.rhai");
+    std::fs::write(&file, "fn on_touch(who) { set_text(\"on\"); }\n").unwrap();
+    let f = file.to_str().unwrap();
+    let out = ok(&["script", "deploy", f, "--object", &lamp, "--node", h1, "--key", me]);
+    assert!(out.contains("executed at tick"), "{out}");
+    ok(&["object", "touch", &lamp, "--node", h0, "--key", me]);
+    wait_text(h1, &lamp, "on");
+    let shown = ok(&["script", "show", &lamp, "--node", h0]);
+    assert!(
+        shown.contains("AGPL-3.0-or-later") && shown.contains("an original") && shown.contains("set_text"),
+        "{shown}"
+    );
+    let original = shown.split("script ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_owned();
+
+    // Fork, edit, redeploy: the provenance names the original.
+    let forked = dir.join("fork.rhai");
+    ok(&["script", "fork", &lamp, "--node", h1, "--out", forked.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&forked).unwrap();
+    assert!(text.starts_with("// metatopia: derived from script ") && text.contains(&original), "{text}");
+    std::fs::write(&forked, text.replace("\"on\"", "\"lit\"")).unwrap();
+    let out = ok(&["script", "deploy", forked.to_str().unwrap(), "--object", &lamp, "--node", h0, "--key", me]);
+    assert!(out.contains(&format!("derived from script {original}")), "{out}");
+    ok(&["object", "touch", &lamp, "--node", h1, "--key", stranger]);
+    wait_text(h0, &lamp, "lit");
+    let shown = ok(&["script", "show", &lamp, "--node", h1]);
+    assert!(shown.contains(&format!("derived from {original}")), "{shown}");
+
+    // Refusals, each with its reason: not the owner, not copyleft, not rhai.
+    let err = refused(&["script", "deploy", f, "--object", &lamp, "--node", h0, "--key", stranger]);
+    assert!(err.contains("refused at tick") && err.contains("not owned by the author"), "{err}");
+    let err = refused(&["script", "deploy", f, "--object", &lamp, "--node", h0, "--key", me, "--licence", "MIT"]);
+    assert!(err.contains("\"MIT\" is not on the copyleft list"), "{err}");
+    std::fs::write(&file, "fn on_touch(who) { set_text(\"on\") ; ; }}\n").unwrap();
+    let err = refused(&["script", "deploy", f, "--object", &lamp, "--node", h0, "--key", me]);
+    assert!(err.contains("script does not compile") && err.contains("line 1"), "{err}");
+    let err = refused(&["object", "derez", &lamp, "--node", h0, "--key", stranger]);
+    assert!(err.contains("not owned by the author"), "{err}");
+
+    // Derez by its owner: gone from every node.
+    ok(&["object", "derez", &lamp, "--node", h0, "--key", me]);
+    let t0 = Instant::now();
+    while text_of(h1, &lamp).is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{lamp} still there");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
