@@ -8,9 +8,11 @@
 
 pub mod bots;
 pub mod conn;
+pub mod error;
 pub mod keys;
 pub mod proto;
 pub mod quic;
 pub mod tui;
 
 pub use conn::{ActError, Client, View};
+pub use error::ClientError;

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::conn::ClientError;
+use crate::error::ClientError;
 use std::time::Duration;
 
 use ed25519_dalek::{Signature, SigningKey, Verifier, VerifyingKey};
