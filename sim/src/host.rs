@@ -123,8 +123,11 @@ pub struct ScriptOutput {
     pub state: Vec<u8>,
     /// Actions in the order the script made them.
     pub actions: Vec<ScriptAction>,
-    /// Set when a handler failed; actions before the failure still apply.
+    /// Set when a handler failed (its tick's actions and state are then dropped).
     pub error: Option<ScriptError>,
+    /// Inputs not run this tick because the object had spent its operation budget for the tick
+    /// (the host's, the same on every node); the others' effects stand.
+    pub dropped: u32,
 }
 
 /// What compiling a script tells the pipeline.

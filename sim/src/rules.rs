@@ -174,6 +174,7 @@ impl ScriptHost for RuleHost {
                     state: ctx.instance.state.clone(),
                     actions: Vec::new(),
                     error: Some(ScriptError { kind: ScriptErrorKind::Runtime, message }),
+                    dropped: 0,
                 };
             }
         };

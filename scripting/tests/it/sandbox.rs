@@ -218,3 +218,33 @@ fn on_tick() { this.n += 1; set_color(255); say(0, "half done"); throw "then it 
     assert_ne!(sim.world().object(id).unwrap().color, 255, "no colour from a failed handler");
     assert_eq!(sim.world().scripts()[&id].state, state_before, "the state is as before the failed tick");
 }
+
+/// One object's handlers share one operation budget per tick: touched twenty times in one tick
+/// by a handler of ~15,000 operations, it runs about ten of them, its owner is told how many
+/// were not run, nothing counts as a failure, and a script beside it carries on.
+#[test]
+fn a_busy_object_spends_its_tick_budget_and_the_rest_of_its_inputs_wait_for_nothing() {
+    let (mut sim, mut ps) = world_with_players(20);
+    let heavy_src = "fn on_touch(who) { let n = 0; for i in 0..3000 { n += i; } this.runs = (this.runs ?? 0) + 1; set_text(`${this.runs}`); }";
+    let (heavy, r) = scripted_prim(&mut sim, &mut ps[0], Vec2::from_ints(4, 0), heavy_src);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    let (counter, _) = scripted_prim(&mut sim, &mut ps[0], Vec2::from_ints(-4, 0), &script("counter"));
+    let mut touches: Vec<_> = (0..20).map(|i| ps[i].sign(&sim, Payload::Touch { object: heavy })).collect();
+    touches.push(ps[1].sign(&sim, Payload::Touch { object: counter }));
+    let r = step(&mut sim, touches);
+    let runs: u32 = sim.world().object(heavy).unwrap().text.parse().unwrap();
+    assert!((5..20).contains(&runs), "{runs} of 20 touches ran within the budget");
+    let told = r
+        .chat
+        .iter()
+        .find(|l| l.to == Some(ps[0].id()) && l.speaker == metatopia_sim::pipeline::Speaker::Object(heavy))
+        .expect("the owner is told");
+    assert!(told.text.starts_with(&format!("{} of this tick's inputs were not run", 20 - runs)), "{}", told.text);
+    assert!(r.script_errors.is_empty(), "not a failure: {:?}", r.script_errors);
+    assert_eq!(sim.world().script(heavy).unwrap().failures, 0);
+    assert_eq!(sim.world().object(counter).unwrap().text, "1", "the script beside it ran");
+    // The next tick, a touch runs again.
+    let t = ps[3].sign(&sim, Payload::Touch { object: heavy });
+    step(&mut sim, vec![t]);
+    assert_eq!(sim.world().object(heavy).unwrap().text, (runs + 1).to_string());
+}

@@ -321,6 +321,21 @@ fn apply_output(world: &World, ctx: &TickCtx, w: &mut Work<'_>, part: &mut Objec
     if let Some(e) = error {
         report_error(ctx, w, part, e);
     }
+    if out.dropped > 0 {
+        // Not a failure: the object did too much this tick, and its owner should know.
+        part.chat.push(ChatLine {
+            speaker: Speaker::Object(w.object.id),
+            name: w.object.name.clone(),
+            channel: DEBUG_CHANNEL,
+            range: crate::event::ChatRange::Say,
+            position: w.object.position,
+            text: format!(
+                "{} of this tick's inputs were not run: the object spent its operation budget for the tick",
+                out.dropped
+            ),
+            to: Some(w.object.owner),
+        });
+    }
 }
 
 /// `a == b` for byte strings, without calling `memcmp` on two empty ones: most scripts keep no
