@@ -32,6 +32,11 @@ const HOSTILE_AT_RUNTIME: &[(&str, &str, ScriptErrorKind)] = &[
         ScriptErrorKind::TooLarge,
     ),
     ("runtime error", r#"fn on_tick() { throw "boom"; }"#, ScriptErrorKind::Runtime),
+    (
+        "chat flood",
+        r#"fn on_tick() { let s = "x"; s.pad(900, "x"); for i in 0..64 { say(0, s); } }"#,
+        ScriptErrorKind::TooManyOutputs,
+    ),
 ];
 
 #[test]
@@ -247,4 +252,31 @@ fn a_busy_object_spends_its_tick_budget_and_the_rest_of_its_inputs_wait_for_noth
     let t = ps[3].sign(&sim, Payload::Touch { object: heavy });
     step(&mut sim, vec![t]);
     assert_eq!(sim.world().object(heavy).unwrap().text, (runs + 1).to_string());
+}
+
+/// Chat amplification is bounded by its cause: twenty prims that listen on channel 0 and say 64
+/// lines a tick would make 24,320 copies a tick for their listeners; each listener hears at most
+/// 64 lines a tick and each speaker's lines make at most 1,024 copies, so the queue holds at
+/// most 20 × 64.
+#[test]
+fn chatty_prims_make_a_bounded_number_of_copies() {
+    use metatopia_sim::pipeline::{MAX_COPIES_PER_SPEAKER, MAX_HEARD_PER_TICK};
+    use metatopia_sim::state::Queued;
+    let (mut sim, mut ps) = world_with_players(1);
+    let chatter = r#"fn on_init() { listen(0); } fn on_tick() { let s = "x"; s.pad(200, "x"); for i in 0..64 { say(0, `line ${i} ${s}`); } } fn on_chat(ch, who, text) { }"#;
+    let mut chatters = Vec::new();
+    for i in 0..20 {
+        let (id, r) = scripted_prim(&mut sim, &mut ps[0], Vec2::from_ints(i % 5, i / 5), chatter);
+        assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+        chatters.push(id);
+    }
+    idle(&mut sim, 2);
+    let heard = |sim: &crate::common::RhaiSim, id: ObjectId| {
+        sim.world().queue().iter().filter(|q| matches!(q, Queued::Heard { listener, .. } if *listener == id)).count()
+    };
+    let total: usize = chatters.iter().map(|c| heard(&sim, *c)).sum();
+    assert!(total > 0 && total <= 20 * MAX_HEARD_PER_TICK as usize, "{total} lines queued for the chatters");
+    assert!(chatters.iter().all(|c| heard(&sim, *c) <= MAX_HEARD_PER_TICK as usize));
+    assert!(total <= 20 * MAX_COPIES_PER_SPEAKER as usize);
+    assert!(sim.world().queue().len() <= 20 * MAX_HEARD_PER_TICK as usize + 64, "{}", sim.world().queue().len());
 }

@@ -38,6 +38,7 @@ use crate::vec2::Vec2;
 pub use crate::host::script_seed;
 use types::TickCtx;
 pub use types::{ChatLine, DEBUG_CHANNEL, ScriptErrorReport, Speaker, StepError, TickReport};
+pub use unit::{FAILURE_WEIGHT, MAX_CHAT_BYTES_PER_TICK};
 use unit::{InstanceChange, ObjectPart, Unit, UnitInput};
 pub use verify::{MAX_NONCE_STEP, check_at_door};
 
@@ -218,6 +219,9 @@ fn step_here(
         let PhysicsEvent::Collision { object, other } = e;
         queue.push(Queued::Collision { object: local(object), other: local(other) });
     }
+    // The queue's bound holds at execution, not only when a snapshot is checked: what a tick
+    // would queue beyond it is dropped, the same on every node (in the queue's order).
+    queue.truncate(crate::state::MAX_QUEUE);
     world.queue = queue;
     world.pending_init.clear();
     world.receipts = rejected.clone();
@@ -569,6 +573,13 @@ fn merge(world: &mut World, parts: Vec<ObjectPart>) -> Merged {
 }
 
 /// Queue chat for the scripts that listen on its channel within range (not the speaker).
+/// Lines a listening script hears in one tick, at most (the rest are not delivered to it).
+pub const MAX_HEARD_PER_TICK: u32 = 64;
+/// Copies of its lines one speaker's chat may make in one tick, at most (each listener in range
+/// of each line is a copy): the work chat causes is charged to who speaks, so a few chatty prims
+/// cannot make every listener's work grow with their number.
+pub const MAX_COPIES_PER_SPEAKER: u32 = 1_024;
+
 fn deliver_chat(world: &World, chat: &[ChatLine], queue: &mut Vec<Queued>) {
     let public: Vec<&ChatLine> = chat.iter().filter(|l| l.to.is_none()).collect();
     if public.is_empty() {
@@ -586,6 +597,9 @@ fn deliver_chat(world: &World, chat: &[ChatLine], queue: &mut Vec<Queued>) {
             }
         }
     }
+    // Lines heard per listener and copies made per speaker this tick, in the chat's order.
+    let mut heard: BTreeMap<ObjectId, u32> = BTreeMap::new();
+    let mut copies: BTreeMap<&Speaker, u32> = BTreeMap::new();
     for line in public {
         let Some(ls) = listeners.get(&line.channel) else {
             continue;
@@ -594,6 +608,16 @@ fn deliver_chat(world: &World, chat: &[ChatLine], queue: &mut Vec<Queued>) {
             if line.speaker == Speaker::Object(*id) || !pos.within(line.position, line.range.metres()) {
                 continue;
             }
+            let made = copies.entry(&line.speaker).or_default();
+            if *made >= MAX_COPIES_PER_SPEAKER {
+                break;
+            }
+            let n = heard.entry(*id).or_default();
+            if *n >= MAX_HEARD_PER_TICK {
+                continue;
+            }
+            *n += 1;
+            *made += 1;
             queue.push(Queued::Heard {
                 listener: *id,
                 channel: line.channel,

@@ -13,7 +13,7 @@ use crate::vec2::Vec2;
 pub const DEBUG_CHANNEL: i32 = i32::MAX;
 
 /// Who said something.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Serialize, Deserialize)]
 pub enum Speaker {
     Account(AccountId),
     Object(ObjectId),

@@ -287,7 +287,18 @@ fn apply_output(world: &World, ctx: &TickCtx, w: &mut Work<'_>, part: &mut Objec
     let mut error = out.error;
     let max_outputs = limits.max_script_outputs as usize;
     let mut emitted = 0usize;
+    let mut said = 0usize;
     for action in out.actions {
+        if let ScriptAction::Say { text, .. } = &action {
+            said += text.len();
+            if said > MAX_CHAT_BYTES_PER_TICK {
+                error.get_or_insert(ScriptError {
+                    kind: ScriptErrorKind::TooManyOutputs,
+                    message: format!("more than {MAX_CHAT_BYTES_PER_TICK} bytes of chat in one tick"),
+                });
+                break;
+            }
+        }
         let emits = matches!(
             action,
             ScriptAction::Say { .. }
@@ -345,6 +356,10 @@ fn apply_output(world: &World, ctx: &TickCtx, w: &mut Work<'_>, part: &mut Objec
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && (a.is_empty() || a == b)
 }
+
+/// Bytes of chat one script may say in one tick (its lines together): what its chat costs every
+/// listener, client and node is charged to it; more is a failure (too many outputs).
+pub const MAX_CHAT_BYTES_PER_TICK: usize = 16 * 1024;
 
 /// What a failing tick adds to a script's failure score (a clean run takes one off); a score of
 /// `script_failure_limit` times this suspends it: that many failing ticks in a row, or failing
