@@ -6,19 +6,7 @@ use std::time::{Duration, Instant};
 
 use metatopia_node::api::http::{Client, ObjectView};
 
-use crate::support::{self, cli};
-
-fn ok(args: &[&str]) -> String {
-    let (success, out, err) = cli(args);
-    assert!(success, "`metatopia {}` failed:\n{out}\n{err}", args.join(" "));
-    out
-}
-
-fn refused(args: &[&str]) -> String {
-    let (success, out, err) = cli(args);
-    assert!(!success, "`metatopia {}` should have been refused:\n{out}\n{err}", args.join(" "));
-    err
-}
+use crate::support::{self, ok, refused};
 
 fn text_of(http: &str, id: &str) -> Option<String> {
     Client::new(http).get::<ObjectView>(&format!("/v1/objects/{id}")).ok().flatten().map(|o| o.text)

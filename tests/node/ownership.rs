@@ -4,7 +4,7 @@
 //! longest-standing recent player once the admin is away; a node joins with `init` + `run --join`
 //! and refuses a sim whose genesis is not the one its join address names.
 
-use crate::support::{Kill, cli};
+use crate::support::{Kill, cli, ok, refused};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -14,18 +14,6 @@ use metatopia_node::api::http::{Client, GovernanceView, Status};
 
 fn free_ports(n: usize) -> Vec<u16> {
     metatopia_node::net::free_ports(n).unwrap()
-}
-
-fn ok(args: &[&str]) -> String {
-    let (success, out, err) = cli(args);
-    assert!(success, "`metatopia {}` failed:\n{out}\n{err}", args.join(" "));
-    out
-}
-
-fn refused(args: &[&str]) -> String {
-    let (success, out, err) = cli(args);
-    assert!(!success, "`metatopia {}` should have failed:\n{out}\n{err}", args.join(" "));
-    err
 }
 
 fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {

@@ -49,6 +49,20 @@ pub fn cli(args: &[&str]) -> (bool, String, String) {
     (status.success(), out.join().unwrap(), err.join().unwrap())
 }
 
+/// Run the binary under test and expect success: its stdout.
+pub fn ok(args: &[&str]) -> String {
+    let (success, out, err) = cli(args);
+    assert!(success, "`metatopia {}` failed:\n{out}\n{err}", args.join(" "));
+    out
+}
+
+/// Run the binary under test and expect it to refuse: its stderr (the reason).
+pub fn refused(args: &[&str]) -> String {
+    let (success, out, err) = cli(args);
+    assert!(!success, "`metatopia {}` should have been refused:\n{out}\n{err}", args.join(" "));
+    err
+}
+
 /// A node process, killed when dropped.
 pub struct Kill(pub std::process::Child);
 
