@@ -334,18 +334,11 @@ fn apply_output(world: &World, ctx: &TickCtx, w: &mut Work<'_>, part: &mut Objec
     }
     if out.dropped > 0 {
         // Not a failure: the object did too much this tick, and its owner should know.
-        part.chat.push(ChatLine {
-            speaker: Speaker::Object(w.object.id),
-            name: w.object.name.clone(),
-            channel: DEBUG_CHANNEL,
-            range: crate::event::ChatRange::Say,
-            position: w.object.position,
-            text: format!(
-                "{} of this tick's inputs were not run: the object spent its operation budget for the tick",
-                out.dropped
-            ),
-            to: Some(w.object.owner),
-        });
+        let text = format!(
+            "{} of this tick's inputs were not run: the object spent its operation budget for the tick",
+            out.dropped
+        );
+        part.chat.push(to_owner(&w.object, text));
     }
 }
 
@@ -377,15 +370,21 @@ fn report_error(ctx: &TickCtx, w: &mut Work<'_>, part: &mut ObjectPart, e: Scrip
     }
     let suspended = w.instance.as_ref().is_some_and(|i| i.suspended);
     part.errors.push(ScriptErrorReport { object: w.object.id, owner: w.object.owner, error: e.clone(), suspended });
-    part.chat.push(ChatLine {
-        speaker: Speaker::Object(w.object.id),
-        name: w.object.name.clone(),
+    let text = truncate(format!("script error: {e}{}", if suspended { " (suspended)" } else { "" }), 1024);
+    part.chat.push(to_owner(&w.object, text));
+}
+
+/// A private line from an object to its owner, on the debug channel.
+fn to_owner(object: &crate::state::Object, text: String) -> ChatLine {
+    ChatLine {
+        speaker: Speaker::Object(object.id),
+        name: object.name.clone(),
         channel: DEBUG_CHANNEL,
         range: crate::event::ChatRange::Say,
-        position: w.object.position,
-        text: truncate(format!("script error: {e}{}", if suspended { " (suspended)" } else { "" }), 1024),
-        to: Some(w.object.owner),
-    });
+        position: object.position,
+        text,
+        to: Some(object.owner),
+    }
 }
 
 fn apply_action(world: &World, w: &mut Work<'_>, part: &mut ObjectPart, action: ScriptAction) {
