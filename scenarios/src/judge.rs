@@ -97,6 +97,19 @@ pub trait Observed {
     fn crossings(&self) -> Result<Crossings, String> {
         Err(self.cannot("crossings"))
     }
+    /// The most costly tick each judged node executed: (script operations, inputs queued).
+    fn tick_costs(&self) -> Result<Vec<(u64, u64)>, String> {
+        Err(self.cannot("tick costs"))
+    }
+    /// Whether the named object's script is suspended on each judged node (`None`: no such
+    /// object or script there).
+    fn suspended(&self, _object: &str) -> Result<Vec<Option<bool>>, String> {
+        Err(self.cannot("scripts"))
+    }
+    /// Each judged node's world's structural check at the end.
+    fn state_checks(&self) -> Result<Vec<Result<(), String>>, String> {
+        Err(self.cannot("world state"))
+    }
     /// "this runner cannot observe WHAT".
     fn cannot(&self, what: &str) -> String {
         format!("this runner cannot observe {what}")
@@ -213,6 +226,34 @@ pub fn judge(spec: &Scenario, text: &str, seen: &dyn Observed) -> Vec<Verdict> {
             Expect::InSim { object, sim } => verdict(
                 format!("{object} ends in sim {sim}"),
                 seen.sims_of(object).map(|got| (got == [*sim], format!("in sims {got:?}"))),
+            ),
+            Expect::TickCost { max_operations, max_queued } => verdict(
+                match max_queued {
+                    Some(q) => format!("no tick ran over {max_operations} script operations or queued over {q} inputs"),
+                    None => format!("no tick ran over {max_operations} script operations"),
+                },
+                seen.tick_costs().map(|costs| {
+                    let ok = !costs.is_empty()
+                        && costs
+                            .iter()
+                            .all(|(ops, queued)| ops <= max_operations && max_queued.is_none_or(|q| *queued <= q));
+                    (ok, format!("most per node (operations, queued): {costs:?}"))
+                }),
+            ),
+            Expect::Suspended { object } => verdict(
+                format!("{object}'s script is suspended"),
+                seen.suspended(object)
+                    .map(|s| (!s.is_empty() && s.iter().all(|x| *x == Some(true)), format!("on nodes: {s:?}"))),
+            ),
+            Expect::StateValid => verdict(
+                "every collection of the world within its bound".into(),
+                seen.state_checks().map(|c| {
+                    let bad: Vec<&String> = c.iter().filter_map(|r| r.as_ref().err()).collect();
+                    (
+                        !c.is_empty() && bad.is_empty(),
+                        if bad.is_empty() { format!("{} nodes checked", c.len()) } else { format!("{bad:?}") },
+                    )
+                }),
             ),
             Expect::Handoffs { count } => verdict(
                 format!("at least {count} bodies crossed between sims, each exactly once"),

@@ -309,6 +309,19 @@ pub enum Expect {
     Handoffs { count: u64 },
     /// With several sims: the object named `object` ends in sim `sim`.
     InSim { object: String, sim: u32 },
+    /// No tick cost more than `max_operations` script operations (all objects together, the
+    /// host's count: the same on every node, unlike a stopwatch) nor queued more than
+    /// `max_queued` inputs for the next tick (messages, chat heard, collisions).
+    TickCost {
+        max_operations: u64,
+        #[serde(default)]
+        max_queued: Option<u64>,
+    },
+    /// The named object's script is suspended at the end (it failed too often).
+    Suspended { object: String },
+    /// Every honest node's world passes its structural check at the end: each collection
+    /// within its bound (the one a snapshot must pass).
+    StateValid,
 }
 
 /// A role an `role` expectation names.
@@ -347,6 +360,9 @@ impl Expect {
             Expect::ObjectText { .. } => "object_text",
             Expect::Handoffs { .. } => "handoffs",
             Expect::InSim { .. } => "in_sim",
+            Expect::TickCost { .. } => "tick_cost",
+            Expect::Suspended { .. } => "suspended",
+            Expect::StateValid => "state_valid",
         }
     }
 

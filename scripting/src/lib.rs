@@ -78,11 +78,6 @@ pub fn init_hashing() -> Result<(), String> {
 pub struct SandboxLimits {
     /// rhai operations per event handler call.
     pub operations_per_event: u64,
-    /// rhai operations one object's handlers may use in one tick, all inputs together (its
-    /// ticks, timers, touches, chat heard and messages): the inputs that come after it is
-    /// spent are not run, and its owner is told. Five prims each sending 64 messages a tick to
-    /// one busy object no longer cost every node 180 ms a tick.
-    pub operations_per_object_tick: u64,
     pub call_depth: usize,
     pub expr_depth: usize,
     pub fn_expr_depth: usize,
@@ -97,7 +92,6 @@ impl Default for SandboxLimits {
     fn default() -> SandboxLimits {
         SandboxLimits {
             operations_per_event: 20_000,
-            operations_per_object_tick: 160_000,
             call_depth: 24,
             expr_depth: 64,
             fn_expr_depth: 32,
@@ -205,7 +199,7 @@ impl RhaiHost {
         // the same on every machine; the count restarts with each call).
         engine.on_progress(|ops| {
             OPS.set(ops);
-            None
+            if ops > CAP.get() { Some(Dynamic::from(BUDGET_SPENT)) } else { None }
         });
         engine.disable_symbol("eval");
         engine.on_print(|_| {});
@@ -278,7 +272,13 @@ thread_local! {
     static LOCAL: RefCell<Local> = RefCell::new(Local::default());
     /// The operations of the handler call in progress on this thread (see `on_progress`).
     static OPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The operations the call in progress may reach before it is cut short: what is left of
+    /// its object's budget for the tick, when that is less than a handler's own limit.
+    static CAP: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
 }
+
+/// The token a handler cut short by its object's budget ends with.
+const BUDGET_SPENT: &str = "the object's operation budget for the tick is spent";
 
 /// Whether `this` is a map of its own (not replaced by another value, not shared).
 fn plain_map(this: &Dynamic) -> bool {
@@ -292,6 +292,7 @@ fn failed(ctx: &ScriptCtx<'_>, kind: ScriptErrorKind, message: String) -> Script
         actions: Vec::new(),
         error: Some(ScriptError { kind, message }),
         dropped: 0,
+        operations: 0,
     }
 }
 
@@ -321,6 +322,17 @@ fn handler_args(input: &ScriptInput) -> Vec<Dynamic> {
 }
 
 /// Map a rhai error to the kind the owner sees.
+/// Whether a call ended because its object's budget for the tick was spent (not a failure).
+fn cut_by_budget(e: &EvalAltResult) -> bool {
+    match e {
+        EvalAltResult::ErrorInFunctionCall(_, _, inner, _) | EvalAltResult::ErrorInModule(_, inner, _) => {
+            cut_by_budget(inner)
+        }
+        EvalAltResult::ErrorTerminated(token, _) => token.clone().into_string().is_ok_and(|t| t == BUDGET_SPENT),
+        _ => false,
+    }
+}
+
 fn script_error(e: &EvalAltResult) -> ScriptError {
     use EvalAltResult as E;
     let kind = match e {
@@ -394,7 +406,10 @@ impl RhaiHost {
         });
         let mut error = None;
         let (mut spent, mut dropped) = (0u64, 0u32);
-        let budget = self.limits.operations_per_object_tick;
+        // The object's budget for the tick (`Limits::operations_per_object_tick`, shared with
+        // its owner's other busy objects): five prims each sending 64 messages a tick to one
+        // busy object no longer cost every node 180 ms a tick.
+        let budget = ctx.operations;
         api::WORLD.set(ctx.world, || {
             api::OBJECT.set(ctx.object, || {
                 api::CALL.set(&call, || {
@@ -407,6 +422,18 @@ impl RhaiHost {
                             dropped += 1;
                             continue;
                         }
+                        // A handler that could go past what is left of the budget runs with a
+                        // cap there; if it reaches it, it is undone (its actions, the state and
+                        // the random stream as they were) and counts as not run, so the object
+                        // never uses more than its budget, and its owner's objects together
+                        // never more than the owner's.
+                        let left = budget - spent;
+                        let capped = left < self.limits.operations_per_event;
+                        let saved = capped.then(|| {
+                            let c = call.borrow();
+                            (this.clone(), c.actions.len(), c.rng.clone())
+                        });
+                        CAP.set(if capped { left } else { u64::MAX });
                         let opts = CallFnOptions::new().eval_ast(false).rewind_scope(true).bind_this_ptr(&mut *this);
                         let name = HANDLERS[h].0;
                         OPS.set(0);
@@ -417,10 +444,22 @@ impl RhaiHost {
                             name,
                             handler_args(input),
                         );
-                        spent = spent.saturating_add(OPS.get());
-                        if let Err(e) = result {
-                            error = Some(script_error(&e));
-                            break;
+                        CAP.set(u64::MAX);
+                        spent = spent.saturating_add(OPS.get().min(left));
+                        match (result, saved) {
+                            (Ok(_), _) => {}
+                            (Err(e), Some((before, len, rng))) if cut_by_budget(&e) => {
+                                *this = before;
+                                let mut c = call.borrow_mut();
+                                c.actions.truncate(len);
+                                c.rng = rng;
+                                dropped += 1;
+                                spent = budget;
+                            }
+                            (Err(e), _) => {
+                                error = Some(script_error(&e));
+                                break;
+                            }
                         }
                     }
                 })
@@ -453,6 +492,6 @@ impl RhaiHost {
                 ctx.instance.state.clone()
             }
         };
-        ScriptOutput { state, actions, error, dropped }
+        ScriptOutput { state, actions, error, dropped, operations: spent }
     }
 }

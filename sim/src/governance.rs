@@ -8,6 +8,8 @@
 //! state at every tick; every admin act of tick t is checked against the roles of `World_t` at
 //! the batch's BFT time, so acts within one tick never depend on each other's order.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::event::{AdminAct, Checked, Payload};
@@ -106,8 +108,16 @@ pub(crate) struct GovernanceOut {
 pub(crate) fn apply(world: &mut World, events: &[&Checked], temp: Option<AccountId>, now_ms: u64) -> GovernanceOut {
     let admin = world.governance.admin;
     let mut out = GovernanceOut::default();
+    // Prims per owner, counted once the tick's first rez needs it and kept up to date after.
+    let mut prims: Option<BTreeMap<AccountId, u64>> = None;
     for c in events {
         let author = c.event.body.author;
+        if matches!(c.event.body.payload, Payload::Rez { .. } | Payload::RezReturned { .. })
+            && let Err(reason) = prim_quota(world, &mut prims, author)
+        {
+            out.rejected.push(Rejection { event: c.id, author, reason });
+            continue;
+        }
         let result = match &c.event.body.payload {
             Payload::Login { name } => login(world, author, name, now_ms, &mut out),
             Payload::Logout => {
@@ -121,7 +131,8 @@ pub(crate) fn apply(world: &mut World, events: &[&Checked], temp: Option<Account
                 if !world.region.contains(*position) {
                     Err(RejectReason::InvalidValue { field: "position".into() })
                 } else {
-                    spawn(world, author, ObjectKind::Prim, name, *shape, *position, *color, text, &mut out).map(|_| ())
+                    spawn(world, author, ObjectKind::Prim, name, *shape, *position, *color, text, &mut out)
+                        .map(|_| count_prim(&mut prims, author, true))
                 }
             }
             Payload::RezReturned { index, position } => {
@@ -134,6 +145,7 @@ pub(crate) fn apply(world: &mut World, events: &[&Checked], temp: Option<Account
                     Some(r) => {
                         spawn(world, author, ObjectKind::Prim, &r.name, r.shape, *position, r.color, &r.text, &mut out)
                             .map(|_| {
+                                count_prim(&mut prims, author, true);
                                 if let Some(a) = world.account_mut(&author) {
                                     a.returned.remove(*index as usize);
                                 }
@@ -144,12 +156,17 @@ pub(crate) fn apply(world: &mut World, events: &[&Checked], temp: Option<Account
             Payload::Derez { object } => match world.objects.get(object) {
                 None => Err(RejectReason::NoSuchObject { object: *object }),
                 Some(o) if o.owner != author => Err(RejectReason::NotOwner { object: *object }),
-                Some(_) => {
+                Some(o) => {
+                    if o.kind == ObjectKind::Prim {
+                        count_prim(&mut prims, author, false);
+                    }
                     despawn(world, *object, &mut out);
                     Ok(())
                 }
             },
             Payload::Admin(act) => {
+                // Admin acts may remove or return anyone's objects: count again if needed.
+                prims = None;
                 if author == admin || Some(author) == temp {
                     admin_act(world, act, now_ms, &mut out)
                 } else {
@@ -163,6 +180,30 @@ pub(crate) fn apply(world: &mut World, events: &[&Checked], temp: Option<Account
         }
     }
     out
+}
+
+/// Refuse a rez that would take `author` past `max_objects_per_account` prims.
+fn prim_quota(
+    world: &World,
+    prims: &mut Option<BTreeMap<AccountId, u64>>,
+    author: AccountId,
+) -> Result<(), RejectReason> {
+    let counts = prims.get_or_insert_with(|| {
+        let mut m = BTreeMap::new();
+        for o in world.objects.values().filter(|o| o.kind == ObjectKind::Prim) {
+            *m.entry(o.owner).or_default() += 1;
+        }
+        m
+    });
+    let used = counts.get(&author).copied().unwrap_or(0);
+    let max = u64::from(world.settings.limits.max_objects_per_account);
+    if used >= max { Err(RejectReason::AccountQuota { what: "objects".into(), used, max }) } else { Ok(()) }
+}
+
+fn count_prim(prims: &mut Option<BTreeMap<AccountId, u64>>, owner: AccountId, added: bool) {
+    if let Some(n) = prims.as_mut().map(|m| m.entry(owner).or_default()) {
+        *n = if added { n.saturating_add(1) } else { n.saturating_sub(1) };
+    }
 }
 
 /// How long an avatar stays in the world after its account last logged in (BFT time). A client

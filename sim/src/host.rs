@@ -51,6 +51,10 @@ pub struct ScriptCtx<'a> {
     /// The tick's order seed (from the commit certificate); see [`ScriptCtx::rng_seed`].
     pub tick_seed: Hash32,
     pub limits: &'a Limits,
+    /// Script operations this object may still use this tick: its share of its owner's
+    /// budget, at most `limits.operations_per_object_tick` (decided by the pipeline, the same
+    /// on every node). The inputs that come after it is spent are not run.
+    pub operations: u64,
 }
 
 impl ScriptCtx<'_> {
@@ -126,8 +130,10 @@ pub struct ScriptOutput {
     /// Set when a handler failed (its tick's actions and state are then dropped).
     pub error: Option<ScriptError>,
     /// Inputs not run this tick because the object had spent its operation budget for the tick
-    /// (the host's, the same on every node); the others' effects stand.
+    /// (`ScriptCtx::operations`, the same on every node); the others' effects stand.
     pub dropped: u32,
+    /// Operations the handlers used (the host's count; 0 for hosts that do not count).
+    pub operations: u64,
 }
 
 /// What compiling a script tells the pipeline.

@@ -175,6 +175,7 @@ impl ScriptHost for RuleHost {
                     actions: Vec::new(),
                     error: Some(ScriptError { kind: ScriptErrorKind::Runtime, message }),
                     dropped: 0,
+                    operations: 0,
                 };
             }
         };
@@ -198,7 +199,14 @@ impl ScriptHost for RuleHost {
                 ScriptInput::Message { .. } => On::Message,
                 ScriptInput::Collision { .. } => On::Collision,
             };
-            for action in rules.handlers.get(&on).map(Vec::as_slice).unwrap_or(&[]) {
+            let actions = rules.handlers.get(&on).map(Vec::as_slice).unwrap_or(&[]);
+            // Rules count one operation per rule run: the budget applies to them too.
+            if out.operations >= ctx.operations && !actions.is_empty() {
+                out.dropped += 1;
+                continue;
+            }
+            out.operations += actions.len() as u64;
+            for action in actions {
                 if let Err(e) = perform(action, input, &mut counter, &mut out.actions) {
                     out.error = Some(e);
                     out.state = counter.to_le_bytes().to_vec();

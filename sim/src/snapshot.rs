@@ -12,7 +12,7 @@ use crate::ids::Hash32;
 use crate::state::World;
 
 /// The encoding version this build writes and reads.
-pub const SNAPSHOT_VERSION: u16 = 3;
+pub const SNAPSHOT_VERSION: u16 = 4;
 /// Default cap on an encoded snapshot.
 pub const MAX_SNAPSHOT_BYTES: u32 = 1 << 30;
 

@@ -87,4 +87,33 @@ fn a_creator_rezzes_scripts_forks_and_redeploys_from_the_command_line() {
         assert!(t0.elapsed() < Duration::from_secs(60), "{lamp} still there");
         std::thread::sleep(Duration::from_millis(200));
     }
+
+    // Quotas: the admin sets them (governance settings); a creator meets them with the reason.
+    // (The plaza world's admin is the seeded demo admin.)
+    let ada = dir.join("admin.key");
+    metatopia_node::store::write_key(&ada, &metatopia_sim::genesis::demo_key(1, 0)).unwrap();
+    let ada = ada.to_str().unwrap();
+    ok(&["admin", "--node", h0, "--key", ada, "login", "ada"]);
+    let quotas = [
+        "settings",
+        "--max-objects-per-account",
+        "2",
+        "--max-source-bytes",
+        "1000",
+        "--max-script-bytes-per-account",
+        "1000",
+    ];
+    let out = ok(&[&["admin", "--node", h1, "--key", ada][..], &quotas[..]].concat());
+    assert!(out.contains("executed at tick"), "{out}");
+    let status = ok(&["admin", "--node", h0, "status"]);
+    assert!(status.contains("2 objects and 1000 bytes of script an account"), "{status}");
+    let rez = |name: &str| ok(&["object", "rez", "--node", h0, "--key", me, "--name", name, "--at", &at]);
+    let id_of = |out: &str| out.split("object ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_owned();
+    let (a, b) = (id_of(&rez("a")), id_of(&rez("b")));
+    let err = refused(&["object", "rez", "--node", h0, "--key", me, "--name", "c", "--at", &at]);
+    assert!(err.contains("refused at tick") && err.contains("quota of 2 objects"), "{err}");
+    std::fs::write(&file, format!("fn on_touch(who) {{ set_text(\"on\"); }}\n//{}\n", "x".repeat(560))).unwrap();
+    ok(&["script", "deploy", f, "--object", &a, "--node", h1, "--key", me]);
+    let err = refused(&["script", "deploy", f, "--object", &b, "--node", h1, "--key", me]);
+    assert!(err.contains("quota of 1000 bytes of script would be exceeded"), "{err}");
 }

@@ -363,6 +363,30 @@ impl Observed for Seen<'_> {
             .collect())
     }
 
+    fn tick_costs(&self) -> Result<Vec<(u64, u64)>, String> {
+        Ok(self
+            .up
+            .iter()
+            .map(|p| {
+                p.log.iter().fold((0, 0), |(ops, q), o| match o {
+                    CoreOutput::Executed { script_operations, queued, .. } => {
+                        (ops.max(*script_operations), q.max(u64::from(*queued)))
+                    }
+                    _ => (ops, q),
+                })
+            })
+            .collect())
+    }
+
+    fn suspended(&self, object: &str) -> Result<Vec<Option<bool>>, String> {
+        let id = self.g.objects.get(object).ok_or_else(|| format!("no object named {object:?}"))?;
+        Ok(self.up.iter().map(|p| p.core.sim().world().script(*id).map(|s| s.suspended)).collect())
+    }
+
+    fn state_checks(&self) -> Result<Vec<Result<(), String>>, String> {
+        Ok(self.up.iter().map(|p| p.core.sim().world().validate()).collect())
+    }
+
     fn outcomes(&self, step: &str) -> Result<Option<Vec<Option<StepOutcome>>>, String> {
         if let Some(why) = self.at_door.get(step) {
             return Ok(Some(self.up.iter().map(|_| Some(StepOutcome::Refused(why.clone()))).collect()));

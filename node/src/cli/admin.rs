@@ -196,6 +196,16 @@ enum AdminCmd {
         max_script_outputs: Option<u32>,
         #[arg(long)]
         script_failure_limit: Option<u32>,
+        /// Creators' budgets and quotas: script operations one object, and one account's
+        /// objects together, may use per tick; objects and bytes of script one account may have.
+        #[arg(long)]
+        operations_per_object_tick: Option<u64>,
+        #[arg(long)]
+        operations_per_account_tick: Option<u64>,
+        #[arg(long)]
+        max_objects_per_account: Option<u32>,
+        #[arg(long)]
+        max_script_bytes_per_account: Option<u32>,
     },
 }
 
@@ -238,6 +248,10 @@ pub fn admin(args: AdminArgs) -> anyhow::Result<()> {
             max_source_bytes,
             max_script_outputs,
             script_failure_limit,
+            operations_per_object_tick,
+            operations_per_account_tick,
+            max_objects_per_account,
+            max_script_bytes_per_account,
         } => {
             let mut s = gov.settings.clone();
             s.admin_absent_days = admin_absent_days.unwrap_or(s.admin_absent_days);
@@ -251,6 +265,11 @@ pub fn admin(args: AdminArgs) -> anyhow::Result<()> {
             s.limits.max_source_bytes = max_source_bytes.unwrap_or(s.limits.max_source_bytes);
             s.limits.max_script_outputs = max_script_outputs.unwrap_or(s.limits.max_script_outputs);
             s.limits.script_failure_limit = script_failure_limit.unwrap_or(s.limits.script_failure_limit);
+            let l = &mut s.limits;
+            l.operations_per_object_tick = operations_per_object_tick.unwrap_or(l.operations_per_object_tick);
+            l.operations_per_account_tick = operations_per_account_tick.unwrap_or(l.operations_per_account_tick);
+            l.max_objects_per_account = max_objects_per_account.unwrap_or(l.max_objects_per_account);
+            l.max_script_bytes_per_account = max_script_bytes_per_account.unwrap_or(l.max_script_bytes_per_account);
             // The sim refuses the same way; saying so here names the setting before anything is signed.
             s.check().map_err(|e| anyhow::anyhow!("settings: {e}; nothing was submitted"))?;
             Payload::Admin(AdminAct::SetSettings(s))
@@ -315,8 +334,7 @@ pub fn render_governance(g: &GovernanceView) -> String {
          admin last seen    {} days ago ({})\n\
          temp admin         {}\n\
          why                {}\n\
-         rules              X = {} days (admin absent), Y = {} days (temp admin active)\n\
-         validators         {}\n",
+         rules              X = {} days (admin absent), Y = {} days (temp admin active)\n",
         g.tick,
         crate::when::date(g.time_ms),
         named(&g.admin, &g.admin_name),
@@ -326,8 +344,16 @@ pub fn render_governance(g: &GovernanceView) -> String {
         g.reason,
         g.admin_absent_days,
         g.temp_admin_active_days,
-        g.validators.len(),
     );
+    let l = &g.settings.limits;
+    out += &format!(
+        "creators           {} script operations an object, {} an account, a tick; {} objects and {} bytes of script an account\n",
+        l.operations_per_object_tick,
+        l.operations_per_account_tick,
+        l.max_objects_per_account,
+        l.max_script_bytes_per_account
+    );
+    out += &format!("validators         {}\n", g.validators.len());
     for v in &g.validators {
         out += &format!("  {v}\n");
     }

@@ -54,6 +54,10 @@ pub enum CoreOutput {
         /// Avatars that crossed into a neighbour sim this tick: their accounts and that sim
         /// (clients following them move to a node of it).
         avatars_left: Vec<(metatopia_sim::AccountId, metatopia_sim::SimId)>,
+        /// Script operations the tick ran and inputs it queued for the next (its cost, the
+        /// same on every node).
+        script_operations: u64,
+        queued: u32,
     },
     /// A peer reported a different root for a tick, but fewer than f+1 did: the peer is faulty.
     PeerDiverged {
@@ -836,6 +840,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     rejected: report.rejected.len() as u32,
                     chat: report.chat,
                     avatars_left,
+                    script_operations: report.script_operations,
+                    queued: report.queued,
                 });
             }
             Err(e) => {

@@ -45,7 +45,7 @@ pub struct DataDir {
 /// another format is refused with a clear error instead of being misread. 2: votes signed under
 /// their epoch's chain digest, node messages with epochs; 3: the `aoi_radius_m` setting and
 /// returned objects in accounts; 4: block digests over the header and the events' ids.
-pub const DATA_FORMAT: u32 = 4;
+pub const DATA_FORMAT: u32 = 5;
 
 impl DataDir {
     /// Open (creating what is missing) the data directory at `root`. A directory holding

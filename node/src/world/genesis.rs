@@ -27,7 +27,7 @@ use crate::world::AnyPhysics;
 /// The genesis file's name in a data directory.
 pub const FILE: &str = "genesis.bin";
 /// The format this build writes and reads.
-pub const FORMAT: u16 = 1;
+pub const FORMAT: u16 = 2;
 /// A genesis file larger than this is refused (it is read whole, and sent to joining nodes).
 pub const MAX_BYTES: usize = 64 << 20;
 /// Contacts a genesis may list (validators are at most 100).

@@ -20,8 +20,8 @@ fn on_touch(who) { this.seen += 1; say(0, `touched ${this.seen}`); }
 fn on_message(from, data) { this.last = data; }
 "#;
 
-const GOLDEN_ROOT_100: &str = "cf7f6365cf108ba39396d401bcd2ac0100d70099a25fad95f3f358338922cdd0";
-const GOLDEN_ROOT_300: &str = "63b33de228d9bfe34e39953f2701da326debe2e2460eb4689913301a751add25";
+const GOLDEN_ROOT_100: &str = "30f090251c0a7c84f6418b53f46d07d16c54d330ea5c1b55a3902a4e9e91aafe";
+const GOLDEN_ROOT_300: &str = "ff9373f06afa17296e99d830a03b8c51378de72846eadbd5414c707f4090d0e0";
 
 /// The roots after 100 ticks and, if `ticks` is 300, after 300.
 fn run(workers: u32, ticks: u64) -> (String, Option<String>) {

@@ -254,6 +254,55 @@ fn a_busy_object_spends_its_tick_budget_and_the_rest_of_its_inputs_wait_for_noth
     assert_eq!(sim.world().object(heavy).unwrap().text, (runs + 1).to_string());
 }
 
+/// One account's objects share one budget per tick: eight heavy objects of one owner, each
+/// touched twenty times in a tick, run no more operations together than the account's budget
+/// (each gets an eighth); a handler cut short by it is undone (its chat line is not said), and
+/// another account's object beside them runs as usual.
+#[test]
+fn an_accounts_objects_share_its_budget_and_a_cut_handler_leaves_no_trace() {
+    let (mut sim, mut ps) = world_with_players(20);
+    let limits = sim.world().settings().limits.clone();
+    let heavy_src = r#"fn on_touch(who) { say(0, "start"); let n = 0; for i in 0..3000 { n += i; } this.runs = (this.runs ?? 0) + 1; set_text(`${this.runs}`); }"#;
+    let mut heavy = Vec::new();
+    for i in 0..8 {
+        let (id, r) = scripted_prim(&mut sim, &mut ps[0], Vec2::from_ints(4 + i, 0), heavy_src);
+        assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+        heavy.push(id);
+    }
+    let (counter, _) = scripted_prim(&mut sim, &mut ps[1], Vec2::from_ints(-4, 0), &script("counter"));
+    let mut touches = Vec::new();
+    for p in ps.iter_mut() {
+        for id in &heavy {
+            touches.push(p.sign(&sim, Payload::Touch { object: *id }));
+        }
+    }
+    touches.push(ps[2].sign(&sim, Payload::Touch { object: counter }));
+    let r = step(&mut sim, touches);
+    assert!(r.script_errors.is_empty(), "not a failure: {:?}", r.script_errors);
+    assert!(
+        r.script_operations <= limits.operations_per_account_tick + 1_000,
+        "{} operations in the tick; the account may use {} (the counter a few)",
+        r.script_operations,
+        limits.operations_per_account_tick
+    );
+    let mut total = 0;
+    for id in &heavy {
+        let runs: u32 = sim.world().object(*id).map_or(0, |o| o.text.parse().unwrap_or(0));
+        assert!((1..20).contains(&runs), "each heavy object ran some of its touches: {runs}");
+        let said = r
+            .chat
+            .iter()
+            .filter(|l| l.speaker == metatopia_sim::pipeline::Speaker::Object(*id) && l.text == "start")
+            .count();
+        assert_eq!(said as u32, runs, "a handler cut short says nothing");
+        total += runs;
+    }
+    // Each handler is ~10,000 operations: an eighth of the account's budget runs four, where
+    // each object's own budget alone would run sixteen (128 in all).
+    assert!(total <= 8 * 4, "{total} touches ran across the account's objects");
+    assert_eq!(sim.world().object(counter).unwrap().text, "1", "another account's script ran");
+}
+
 /// Chat amplification is bounded by its cause: twenty prims that listen on channel 0 and say 64
 /// lines a tick would make 24,320 copies a tick for their listeners; each listener hears at most
 /// 64 lines a tick and each speaker's lines make at most 1,024 copies, so the queue holds at

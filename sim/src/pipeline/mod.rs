@@ -36,9 +36,10 @@ use crate::state::{ObjectKind, Queued, RejectReason, Rejection, SubsystemRoots, 
 use crate::vec2::Vec2;
 
 pub use crate::host::script_seed;
+pub use crate::state::MAX_INBOX_PER_TICK;
 use types::TickCtx;
 pub use types::{ChatLine, DEBUG_CHANNEL, ScriptErrorReport, Speaker, StepError, TickReport};
-pub use unit::{FAILURE_WEIGHT, MAX_CHAT_BYTES_PER_TICK};
+pub use unit::{FAILURE_WEIGHT, LISTEN_ENTRY_BYTES, MAX_CHAT_BYTES_PER_TICK};
 use unit::{InstanceChange, ObjectPart, Unit, UnitInput};
 pub use verify::{MAX_NONCE_STEP, check_at_door};
 
@@ -187,6 +188,7 @@ fn step_here(
 
     // 5. merge: objects in id order, then chat, then governance
     let mut rejected = verdicts.rejected;
+    rejected.extend(routes.refused.iter().cloned());
     rejected.extend(client_chat.1);
     let mut merged = merge(world, parts);
     rejected.append(&mut merged.rejected);
@@ -219,9 +221,11 @@ fn step_here(
         let PhysicsEvent::Collision { object, other } = e;
         queue.push(Queued::Collision { object: local(object), other: local(other) });
     }
-    // The queue's bound holds at execution, not only when a snapshot is checked: what a tick
-    // would queue beyond it is dropped, the same on every node (in the queue's order).
+    // The queue's bounds hold at execution, not only when a snapshot is checked: what a tick
+    // would queue beyond them is dropped, the same on every node (in the queue's order).
+    bound_inboxes(&mut queue);
     queue.truncate(crate::state::MAX_QUEUE);
+    let queued = queue.len() as u32;
     world.queue = queue;
     world.pending_init.clear();
     world.receipts = rejected.clone();
@@ -252,6 +256,8 @@ fn step_here(
         chat,
         script_errors: merged.errors,
         units: unit_count,
+        script_operations: merged.operations,
+        queued,
         bodies_moved,
         mail,
         left: crossed.left,
@@ -381,6 +387,8 @@ fn arrive(world: &mut World, record: ObjectRecord, now_ms: u64) -> ObjectId {
 struct Routes<'a> {
     governance: Vec<&'a Checked>,
     chat: Vec<&'a Checked>,
+    /// Deployments refused before any unit ran (an account's script bytes).
+    refused: Vec<Rejection>,
 }
 
 /// The order key of an event at a target: blake3(seed ‖ target ‖ event id), keyed.
@@ -417,8 +425,15 @@ fn route<'a, 'w>(
     let mut gov: Vec<([u8; 32], &Checked)> = Vec::new();
     let mut chat: Vec<([u8; 32], &Checked)> = Vec::new();
     let mut objects: BTreeMap<ObjectId, Vec<([u8; 32], UnitInput<'a>)>> = BTreeMap::new();
+    let mut quota = ScriptQuota::default();
+    let mut refused = Vec::new();
     for &c in accepted {
         match &c.event.body.payload {
+            Payload::DeployScript { object, source, .. }
+                if let Err(reason) = quota.check(world, c.event.body.author, *object, source.len()) =>
+            {
+                refused.push(Rejection { event: c.id, author: c.event.body.author, reason });
+            }
             Payload::Move { object, .. } | Payload::Touch { object } | Payload::DeployScript { object, .. } => {
                 let key = order_key(&ctx.seed, &object_target(*object), &c.id);
                 objects.entry(*object).or_default().push((key, UnitInput::Event(c)));
@@ -466,11 +481,13 @@ fn route<'a, 'w>(
         units.push(make_unit(oid, inputs, Synthetic::default()));
     }
     resolve(world, &mut units);
+    share_budgets(world, &mut units);
     gov.sort_by_key(|a| a.0);
     chat.sort_by_key(|a| a.0);
     let routes = Routes {
         governance: gov.into_iter().map(|(_, c)| c).collect(),
         chat: chat.into_iter().map(|(_, c)| c).collect(),
+        refused,
     };
     (routes, units)
 }
@@ -486,6 +503,74 @@ fn resolve<'a, 'w>(world: &'w World, units: &mut [Unit<'a, 'w>]) {
         let script = scripts.peek().filter(|(id, _)| **id == u.object).map(|(_, s)| *s);
         u.resolved = object.map(|o| (o, script));
     }
+}
+
+/// Script bytes per account (`max_script_bytes_per_account`), counted from `World_t` once the
+/// tick's first deployment needs it and kept up to date over the tick's deployments in batch
+/// order: each object's script counts once, and a deployment replaces what its object had.
+#[derive(Default)]
+struct ScriptQuota {
+    counted: Option<(BTreeMap<AccountId, u64>, BTreeMap<ObjectId, u64>)>,
+}
+
+impl ScriptQuota {
+    fn check(&mut self, world: &World, author: AccountId, object: ObjectId, bytes: usize) -> Result<(), RejectReason> {
+        // Another's object: the unit refuses it (not the owner), and it changes no one's bytes.
+        if world.objects.get(&object).is_none_or(|o| o.owner != author) {
+            return Ok(());
+        }
+        let (used, on_object) = self.counted.get_or_insert_with(|| {
+            let (mut used, mut on_object) = (BTreeMap::new(), BTreeMap::new());
+            for (id, inst) in &world.scripts {
+                if let (Some(o), Some(src)) = (world.objects.get(id), world.sources.get(&inst.script)) {
+                    *used.entry(o.owner).or_default() += src.source.len() as u64;
+                    on_object.insert(*id, src.source.len() as u64);
+                }
+            }
+            (used, on_object)
+        });
+        let replaced = on_object.get(&object).copied().unwrap_or(0);
+        let now = used.get(&author).copied().unwrap_or(0);
+        let after = now.saturating_sub(replaced).saturating_add(bytes as u64);
+        let max = u64::from(world.settings.limits.max_script_bytes_per_account);
+        if after > max {
+            return Err(RejectReason::AccountQuota { what: "bytes of script".into(), used: now, max });
+        }
+        used.insert(author, after);
+        on_object.insert(object, bytes as u64);
+        Ok(())
+    }
+}
+
+/// Each unit's operation budget: its owner's per-tick budget (`operations_per_account_tick`)
+/// shared equally among the owner's objects with script work this tick, at most
+/// `operations_per_object_tick` each. Decided from `World_t` and the routed inputs alone, so it
+/// is the same on every node and with any number of workers, and one account's objects
+/// together never run more than its budget, however many it owns.
+fn share_budgets(world: &World, units: &mut [Unit<'_, '_>]) {
+    let limits = &world.settings.limits;
+    let owners: Vec<Option<AccountId>> = units.iter().map(busy_owner).collect();
+    let mut busy: BTreeMap<AccountId, u64> = BTreeMap::new();
+    for owner in owners.iter().flatten() {
+        *busy.entry(*owner).or_default() += 1;
+    }
+    for (u, owner) in units.iter_mut().zip(owners) {
+        u.operations = owner.map_or(0, |o| {
+            let n = busy.get(&o).copied().unwrap_or(1).max(1);
+            (limits.operations_per_account_tick / n).min(limits.operations_per_object_tick)
+        });
+    }
+}
+
+/// The owner of a unit's object if its script may run this tick: a script that is not
+/// suspended, or a deployment among its inputs.
+fn busy_owner(u: &Unit<'_, '_>) -> Option<AccountId> {
+    let (object, script) = u.resolved?;
+    let runs = script.is_some_and(|s| !s.suspended)
+        || u.inputs
+            .iter()
+            .any(|i| matches!(i, UnitInput::Event(c) if matches!(c.event.body.payload, Payload::DeployScript { .. })));
+    runs.then_some(object.owner)
 }
 
 /// Inputs a unit gets from the script's own state rather than from events.
@@ -509,7 +594,7 @@ fn make_unit<'a, 'w>(object: ObjectId, mut keyed: Vec<([u8; 32], UnitInput<'a>)>
         inputs.push(UnitInput::Timer);
     }
     inputs.extend(keyed.into_iter().map(|(_, i)| i));
-    Unit { object, inputs, resolved: None }
+    Unit { object, inputs, resolved: None, operations: 0 }
 }
 
 /// The chat unit: client chat, spoken by the author's avatar.
@@ -546,6 +631,7 @@ struct Merged {
     queued: Vec<Queued>,
     rejected: Vec<Rejection>,
     errors: Vec<ScriptErrorReport>,
+    operations: u64,
 }
 
 /// Apply the parts in object order. Ownership makes them disjoint: each part writes only its
@@ -568,8 +654,23 @@ fn merge(world: &mut World, parts: Vec<ObjectPart>) -> Merged {
         m.queued.extend(p.queued);
         m.rejected.extend(p.rejected);
         m.errors.extend(p.errors);
+        m.operations = m.operations.saturating_add(p.operations);
     }
     m
+}
+
+/// Drop what a tick would queue for one object beyond [`MAX_INBOX_PER_TICK`], in the queue's
+/// order.
+fn bound_inboxes(queue: &mut Vec<Queued>) {
+    if queue.len() <= MAX_INBOX_PER_TICK as usize {
+        return;
+    }
+    let mut inbox: BTreeMap<ObjectId, u32> = BTreeMap::new();
+    queue.retain(|q| {
+        let n = inbox.entry(q.target()).or_default();
+        *n += 1;
+        *n <= MAX_INBOX_PER_TICK
+    });
 }
 
 /// Queue chat for the scripts that listen on its channel within range (not the speaker).

@@ -56,6 +56,11 @@ pub struct TickReport {
     pub script_errors: Vec<ScriptErrorReport>,
     /// Object units run in parallel.
     pub units: u32,
+    /// Script operations all units used (the host's count): the tick's script cost, the same
+    /// on every node.
+    pub script_operations: u64,
+    /// Inputs queued for the next tick (messages, chat heard, collisions).
+    pub queued: u32,
     pub bodies_moved: u32,
     /// Mail for neighbour sims: every validator of this sim signs and sends it.
     pub mail: Vec<OutMail>,

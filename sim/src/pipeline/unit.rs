@@ -37,6 +37,8 @@ pub(crate) struct Unit<'a, 'w> {
     /// The object and its script in `World_t`, resolved by the router in one ordered pass
     /// (cheaper than a map lookup per unit).
     pub resolved: Option<(&'w Object, Option<&'w ScriptInstance>)>,
+    /// Script operations the unit may use: its share of its owner's budget for the tick.
+    pub operations: u64,
 }
 
 /// A change to an object's script instance.
@@ -60,12 +62,25 @@ pub(crate) struct ObjectPart {
     pub queued: Vec<Queued>,
     pub rejected: Vec<Rejection>,
     pub errors: Vec<ScriptErrorReport>,
+    /// Script operations the unit used.
+    pub operations: u64,
 }
 
 impl ObjectPart {
     /// Whether the part changes nothing and sends nothing on (the merge would skip it).
     pub(crate) fn is_empty(&self) -> bool {
-        let ObjectPart { object: _, updated, instance, new_source, physics, chat, queued, rejected, errors } = self;
+        let ObjectPart {
+            object: _,
+            updated,
+            instance,
+            new_source,
+            physics,
+            chat,
+            queued,
+            rejected,
+            errors,
+            operations,
+        } = self;
         updated.is_none()
             && matches!(instance, InstanceChange::Keep)
             && new_source.is_none()
@@ -74,6 +89,7 @@ impl ObjectPart {
             && queued.is_empty()
             && rejected.is_empty()
             && errors.is_empty()
+            && *operations == 0
     }
 }
 
@@ -84,6 +100,9 @@ struct Work<'w> {
     source: Option<Cow<'w, ScriptSource>>,
     pending: Vec<ScriptInput>,
     failed_this_tick: bool,
+    /// The unit's operation budget, and what is left of it.
+    operations_share: u64,
+    operations_left: u64,
 }
 
 pub(crate) fn run(world: &World, host: &dyn ScriptHost, unit: &Unit<'_, '_>, ctx: &TickCtx) -> ObjectPart {
@@ -97,6 +116,7 @@ pub(crate) fn run(world: &World, host: &dyn ScriptHost, unit: &Unit<'_, '_>, ctx
         queued: Vec::new(),
         rejected: Vec::new(),
         errors: Vec::new(),
+        operations: 0,
     };
     let Some((object, instance)) = unit.resolved else {
         for input in &unit.inputs {
@@ -112,6 +132,8 @@ pub(crate) fn run(world: &World, host: &dyn ScriptHost, unit: &Unit<'_, '_>, ctx
         source: instance.and_then(|i| world.sources.get(&i.script)).map(Cow::Borrowed),
         pending: Vec::new(),
         failed_this_tick: false,
+        operations_share: unit.operations,
+        operations_left: unit.operations,
     };
     for input in &unit.inputs {
         match input {
@@ -276,9 +298,12 @@ fn flush(world: &World, host: &dyn ScriptHost, ctx: &TickCtx, w: &mut Work<'_>, 
             time_ms: ctx.time_ms,
             tick_seed: ctx.seed,
             limits,
+            operations: w.operations_left,
         },
         &inputs,
     );
+    w.operations_left = w.operations_left.saturating_sub(out.operations);
+    part.operations = part.operations.saturating_add(out.operations);
     apply_output(world, ctx, w, part, out);
 }
 
@@ -319,10 +344,17 @@ fn apply_output(world: &World, ctx: &TickCtx, w: &mut Work<'_>, part: &mut Objec
         }
         apply_action(world, w, part, action);
     }
-    if out.state.len() > limits.max_script_state_bytes as usize {
+    // The listen set counts against the state's bytes: every per-script collection is bounded
+    // and part of what the script may keep (its timer is one value).
+    let listening = w.instance.as_ref().map_or(0, |i| i.listen.len() * LISTEN_ENTRY_BYTES);
+    if out.state.len() + listening > limits.max_script_state_bytes as usize {
         error.get_or_insert(ScriptError {
             kind: ScriptErrorKind::TooLarge,
-            message: format!("state is {} bytes, the limit is {}", out.state.len(), limits.max_script_state_bytes),
+            message: format!(
+                "state is {} bytes with its listen set ({listening}), the limit is {}",
+                out.state.len() + listening,
+                limits.max_script_state_bytes
+            ),
         });
     } else if let Some(inst) = w.instance.as_mut()
         && !same_bytes(&inst.state, &out.state)
@@ -335,8 +367,8 @@ fn apply_output(world: &World, ctx: &TickCtx, w: &mut Work<'_>, part: &mut Objec
     if out.dropped > 0 {
         // Not a failure: the object did too much this tick, and its owner should know.
         let text = format!(
-            "{} of this tick's inputs were not run: the object spent its operation budget for the tick",
-            out.dropped
+            "{} of this tick's inputs were not run: the object spent its operation budget for the tick ({} operations, its share of its owner's {})",
+            out.dropped, w.operations_share, limits.operations_per_account_tick
         );
         part.chat.push(to_owner(&w.object, text));
     }
@@ -349,6 +381,9 @@ fn apply_output(world: &World, ctx: &TickCtx, w: &mut Work<'_>, part: &mut Objec
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && (a.is_empty() || a == b)
 }
+
+/// What a listened channel counts against `max_script_state_bytes`.
+pub const LISTEN_ENTRY_BYTES: usize = 4;
 
 /// Bytes of chat one script may say in one tick (its lines together): what its chat costs every
 /// listener, client and node is charged to it; more is a failure (too many outputs).

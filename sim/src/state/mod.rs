@@ -488,6 +488,14 @@ impl World {
                 return Err(format!("script on {id} listens on more than {MAX_LISTEN_CHANNELS} channels"));
             }
         }
+        let mut inbox: BTreeMap<ObjectId, u32> = BTreeMap::new();
+        for q in &self.queue {
+            let n = inbox.entry(q.target()).or_default();
+            *n += 1;
+            if *n > MAX_INBOX_PER_TICK {
+                return Err(format!("more than {MAX_INBOX_PER_TICK} inputs queued for {}", q.target()));
+            }
+        }
         for (id, a) in &self.accounts {
             if a.returned.len() > MAX_RETURNED || a.returned.iter().any(|r| !r.shape.is_valid()) {
                 return Err(format!("account {id} holds too many or malformed returned objects"));

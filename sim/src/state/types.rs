@@ -14,6 +14,10 @@ use crate::vec2::Vec2;
 pub const MAX_SLOTS: u32 = 1 << 22;
 /// Most queued events a world may carry between ticks.
 pub const MAX_QUEUE: usize = 1 << 20;
+/// Inputs one object may be sent for one tick (messages, chat heard, collisions), at most: the
+/// rest are dropped in the queue's order. Scripts emit at most `max_script_outputs` each, but
+/// many senders could otherwise bury one object.
+pub const MAX_INBOX_PER_TICK: u32 = 128;
 
 /// Milliseconds in a day of BFT time.
 pub const DAY_MS: u64 = 86_400_000;
@@ -206,6 +210,18 @@ pub struct Limits {
     /// Messages, chat and commands one script may emit per tick.
     pub max_script_outputs: u32,
     pub max_speed: Fx,
+    /// Script operations (the host's count, rhai's operations for rhai scripts) one object may
+    /// use in a tick, all its inputs together; the inputs after it is spent are not run and the
+    /// owner is told.
+    pub operations_per_object_tick: u64,
+    /// Script operations all of one account's objects may use in a tick together: each of its
+    /// objects with work this tick gets an equal share (at most `operations_per_object_tick`).
+    pub operations_per_account_tick: u64,
+    /// Objects one account may have in the sim (avatar not counted); a rez past it is refused.
+    pub max_objects_per_account: u32,
+    /// Bytes of script source on one account's objects together (each object's script counted
+    /// once per object); a deployment past it is refused.
+    pub max_script_bytes_per_account: u32,
 }
 
 impl Default for Settings {
@@ -255,6 +271,22 @@ impl Settings {
         within("max_objects", l.max_objects.into(), 1, MAX_SLOTS.into(), "1..=4194304")?;
         within("script_failure_limit", l.script_failure_limit.into(), 1, 1_000, "1..=1000 ticks")?;
         within("max_script_outputs", l.max_script_outputs.into(), 0, 1_024, "0..=1024 a tick")?;
+        within("operations_per_object_tick", l.operations_per_object_tick, 1_000, 10_000_000, "1000..=10000000")?;
+        within(
+            "operations_per_account_tick",
+            l.operations_per_account_tick,
+            l.operations_per_object_tick,
+            100_000_000,
+            "at least operations_per_object_tick and at most 100000000",
+        )?;
+        within("max_objects_per_account", l.max_objects_per_account.into(), 1, MAX_SLOTS.into(), "1..=4194304")?;
+        within(
+            "max_script_bytes_per_account",
+            l.max_script_bytes_per_account.into(),
+            l.max_source_bytes.into(),
+            1 << 30,
+            "at least max_source_bytes and at most 1073741824 bytes",
+        )?;
         if l.max_speed <= Fx::ZERO || l.max_speed > Fx::from_int(1_000) {
             return Err(SettingError {
                 field: "max_speed",
@@ -279,6 +311,10 @@ impl Default for Limits {
             script_failure_limit: 10,
             max_script_outputs: 64,
             max_speed: Fx::from_int(50),
+            operations_per_object_tick: 160_000,
+            operations_per_account_tick: 320_000,
+            max_objects_per_account: 1_000,
+            max_script_bytes_per_account: 1 << 20,
         }
     }
 }
@@ -354,6 +390,8 @@ pub enum RejectReason {
     CompileError { message: String },
     #[error("the sim holds its maximum of {max} objects")]
     ObjectLimit { max: u32 },
+    #[error("the account's quota of {max} {what} would be exceeded ({used} in use)")]
+    AccountQuota { what: String, used: u64, max: u64 },
     #[error("the object was removed in the same tick")]
     Conflict,
     #[error("mail from {sim}, which is not a neighbour of this sim")]

@@ -8,7 +8,7 @@ use crate::common;
 
 use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world};
 
-const GOLDEN_ROOT_1000: &str = "bb8d8f05fa4eb8c35335f2bcfcd570a0b53ac27d6c16c5cb6e06e2ec4c2a710f";
+const GOLDEN_ROOT_1000: &str = "3f7f9a79141516d5b5d22f098fd89cdcaf0c20f09eef8ffa6682629a0dae974b";
 
 fn run(workers: u32) -> String {
     let demo = demo_world(DemoSpec { seed: 2026, objects: 1_200, players: 40, ..DemoSpec::default() });

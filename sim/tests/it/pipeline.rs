@@ -11,7 +11,16 @@ use metatopia_sim::{ChatRange, Fx, ObjectId, Payload, SignedEvent, SimId, Vec2};
 
 /// An empty region with two players logged in; returns the sim and their signers.
 fn two_players() -> (TestSim, Signer, Signer) {
-    let demo = demo_world(DemoSpec { seed: 7, objects: 0, players: 0, ..DemoSpec::default() });
+    two_players_with(|_| {})
+}
+
+/// The same, with limits of the test's choosing.
+fn two_players_with(limits: impl FnOnce(&mut metatopia_sim::state::Limits)) -> (TestSim, Signer, Signer) {
+    let mut demo = demo_world(DemoSpec { seed: 7, objects: 0, players: 0, ..DemoSpec::default() });
+    let mut settings = demo.world.settings().clone();
+    limits(&mut settings.limits);
+    settings.check().expect("the test's limits are within bounds");
+    demo.world.set_genesis_settings(settings);
     let mut sim = common::sim_of(&demo, 2);
     let mut ann = Signer::new(demo_key(99, 1), &sim);
     let mut bob = Signer::new(demo_key(99, 2), &sim);
@@ -28,16 +37,7 @@ fn avatar(sim: &TestSim, s: &Signer) -> ObjectId {
 
 fn rez(sim: &mut TestSim, s: &mut Signer, at: Vec2) -> ObjectId {
     let before: Vec<ObjectId> = sim.world().objects().keys().copied().collect();
-    let e = s.sign(
-        sim,
-        Payload::Rez {
-            name: "box".into(),
-            shape: Shape::Circle { radius: Fx::ONE },
-            position: at,
-            color: 0xff,
-            text: String::new(),
-        },
-    );
+    let e = rez_at(sim, s, at);
     let r = step(sim, vec![e]);
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
     *sim.world().objects().keys().find(|id| !before.contains(id)).expect("a new object")
@@ -338,4 +338,114 @@ fn touching_a_suspended_script_leaves_it_untouched() {
     assert!(r.script_errors.is_empty());
     assert_eq!(sim.world().script(o).unwrap(), &before, "the failure streak is kept while suspended");
     assert_eq!(sim.roots().scripts, root, "no script state changed");
+}
+
+fn rez_event(sim: &TestSim, s: &mut Signer, x: i64) -> SignedEvent {
+    let at = sim.world().region().centre() + Vec2::from_ints(x, 0);
+    rez_at(sim, s, at)
+}
+
+/// A signed rez of a 1 m circle named "box".
+fn rez_at(sim: &TestSim, s: &mut Signer, at: Vec2) -> SignedEvent {
+    s.sign(
+        sim,
+        Payload::Rez {
+            name: "box".into(),
+            shape: Shape::Circle { radius: Fx::ONE },
+            position: at,
+            color: 0xff,
+            text: String::new(),
+        },
+    )
+}
+
+/// An account has at most `max_objects_per_account` prims (its avatar not counted): a rez past
+/// it is refused with the quota named, in the same tick as the others or later; derezzing one
+/// makes room; another account is not affected.
+#[test]
+fn an_account_rezzes_up_to_its_object_quota() {
+    let (mut sim, mut ann, mut bob) = two_players_with(|l| l.max_objects_per_account = 3);
+    let events: Vec<_> = (0..4).map(|i| rez_event(&sim, &mut ann, i)).collect();
+    let r = step(&mut sim, events);
+    assert_eq!(r.rejected.len(), 1, "{:?}", r.rejected);
+    assert_eq!(r.rejected[0].reason, RejectReason::AccountQuota { what: "objects".into(), used: 3, max: 3 });
+    assert!(r.rejected[0].reason.to_string().contains("quota of 3 objects"), "{}", r.rejected[0].reason);
+    let mine: Vec<ObjectId> =
+        sim.world().objects().values().filter(|o| o.owner == ann.id() && o.name == "box").map(|o| o.id).collect();
+    assert_eq!(mine.len(), 3);
+    let again = rez_event(&sim, &mut ann, 5);
+    let theirs = rez_event(&sim, &mut bob, 6);
+    let r = step(&mut sim, vec![again, theirs]);
+    assert_eq!(r.rejected.len(), 1, "ann's fourth is refused, bob's first is not: {:?}", r.rejected);
+    assert_eq!(r.rejected[0].author, ann.id());
+    // Derez one and rez again, in one tick.
+    let derez = ann.sign(&sim, Payload::Derez { object: mine[0] });
+    let rez = rez_event(&sim, &mut ann, 7);
+    let r = step(&mut sim, vec![derez, rez]);
+    let derez_first = r.rejected.is_empty();
+    // The tick's order decides whether the derez came first; either way the count holds.
+    let now = sim.world().objects().values().filter(|o| o.owner == ann.id() && o.name == "box").count();
+    assert_eq!(now, if derez_first { 3 } else { 2 }, "{:?}", r.rejected);
+    let rez = rez_event(&sim, &mut ann, 8);
+    let r = step(&mut sim, vec![rez]);
+    assert_eq!(r.rejected.is_empty(), !derez_first, "{:?}", r.rejected);
+    let now = sim.world().objects().values().filter(|o| o.owner == ann.id() && o.name == "box").count();
+    assert_eq!(now, 3);
+}
+
+/// An account's objects hold at most `max_script_bytes_per_account` bytes of script: a
+/// deployment past it is refused before it runs; redeploying on the same object replaces its
+/// bytes; two deployments in one tick count together.
+#[test]
+fn an_accounts_script_bytes_are_bounded() {
+    let (mut sim, mut ann, mut bob) = two_players_with(|l| {
+        l.max_source_bytes = 1_000;
+        l.max_script_bytes_per_account = 1_000;
+    });
+    let sized = |n: usize| {
+        let mut s = String::from("on touch: say 0 hi\n#");
+        while s.len() < n {
+            s.push('x');
+        }
+        s
+    };
+    let (a, b, c) = (rez_centre(&mut sim, &mut ann), rez_centre(&mut sim, &mut ann), rez_centre(&mut sim, &mut bob));
+    let r = deploy(&mut sim, &mut ann, a, &sized(600));
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    let r = deploy(&mut sim, &mut ann, b, &sized(600));
+    assert_eq!(
+        r.rejected.iter().map(|x| x.reason.clone()).collect::<Vec<_>>(),
+        vec![RejectReason::AccountQuota { what: "bytes of script".into(), used: 600, max: 1_000 }]
+    );
+    assert!(sim.world().script(b).is_none());
+    // Replacing a's script frees its bytes.
+    let r = deploy(&mut sim, &mut ann, a, &sized(900));
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    // Another account has its own quota.
+    let r = deploy(&mut sim, &mut bob, c, &sized(900));
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    // Two in one tick: 300 + 300 over a's 900 (now 200 + 300 after replacing a) ...
+    let on_a = ann.sign(
+        &sim,
+        Payload::DeployScript {
+            object: a,
+            source: sized(200),
+            licence: "AGPL-3.0-or-later".into(),
+            derived_from: None,
+        },
+    );
+    let on_b = ann.sign(
+        &sim,
+        Payload::DeployScript {
+            object: b,
+            source: sized(900),
+            licence: "AGPL-3.0-or-later".into(),
+            derived_from: None,
+        },
+    );
+    let r = step(&mut sim, vec![on_a, on_b]);
+    // ... whichever comes first in the batch, the two together (1,100 bytes) do not both fit.
+    assert_eq!(r.rejected.len(), 1, "{:?}", r.rejected);
+    let used: usize = [a, b].iter().filter_map(|o| sim.world().script_source(*o)).map(|s| s.source.len()).sum();
+    assert!(used <= 1_000, "{used} bytes of script");
 }
