@@ -57,6 +57,10 @@ pub struct Status {
     pub physics_ms: f64,
     pub objects: u64,
     pub scripts: u64,
+    /// Script operations the last executed tick ran, all objects together (the host's count:
+    /// the same on every node).
+    #[serde(default)]
+    pub script_operations: u64,
     pub accounts: u64,
     pub pool_events: u64,
     pub accepted: u64,

@@ -70,7 +70,7 @@ pub fn render_stats(s: &Status) -> String {
          commit latency     p50 {:.1} ms, p99 {:.1} ms\n\
          tick time          {:.2} ms (scripts {:.2} ms, physics {:.2} ms)\n\
          objects            {}\n\
-         scripts            {}\n\
+         scripts            {} ({} operations in the last tick)\n\
          accounts           {}\n\
          events             {} accepted, {} refused by the sim, {} refused at the door, {} waiting\n\
          validators         {} of {} connected{}\n\
@@ -91,6 +91,7 @@ pub fn render_stats(s: &Status) -> String {
         s.physics_ms,
         s.objects,
         s.scripts,
+        s.script_operations,
         s.accounts,
         s.accepted,
         s.rejected,

@@ -598,7 +598,17 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     meter.latency(crate::unix_ms().saturating_sub(rec.time_ms) as f64);
                     committed = true;
                 }
-                CoreOutput::Executed { tick, root, accepted, rejected, chat: lines, avatars_left, .. } => {
+                CoreOutput::Executed {
+                    tick,
+                    root,
+                    accepted,
+                    rejected,
+                    chat: lines,
+                    avatars_left,
+                    script_operations,
+                    ..
+                } => {
+                    meter.status.script_operations = script_operations;
                     for (account, sim) in avatars_left {
                         hub.avatar_moved(account.to_string(), sim.0);
                     }
