@@ -16,7 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The QUIC application protocol name (ALPN).
-pub const ALPN: &[u8] = b"metatopia/1";
+pub const ALPN: &[u8] = b"metatopia/2";
 /// The largest frame a node accepts from a client (a signed event is at most 96 KiB; hex doubles it).
 pub const MAX_CLIENT_FRAME: usize = 256 * 1024;
 /// The largest frame a client accepts from a node (a whole area of interest at once).
@@ -184,6 +184,9 @@ pub struct ObjectView {
     /// Its script, readable by anyone (only when asked for one object; deltas say `scripted`).
     pub script: Option<ScriptView>,
     pub scripted: bool,
+    /// How it moves: `static`, `kinematic` or `dynamic`.
+    #[serde(default)]
+    pub body: String,
 }
 
 impl ObjectView {
@@ -216,6 +219,8 @@ pub struct ObjectUpdate {
     pub name: Option<String>,
     pub owner: Option<String>,
     pub scripted: Option<bool>,
+    #[serde(default)]
+    pub body: Option<String>,
 }
 
 impl ObjectUpdate {
@@ -229,6 +234,7 @@ impl ObjectUpdate {
             && self.name.is_none()
             && self.owner.is_none()
             && self.scripted.is_none()
+            && self.body.is_none()
     }
 
     /// Where dead reckoning puts an object `ticks` after it was at `at` with velocity `vel` (mm,
@@ -255,6 +261,7 @@ impl ObjectUpdate {
             name: diff(&old.name, &new.name),
             owner: diff(&old.owner, &new.owner),
             scripted: diff(&old.scripted, &new.scripted),
+            body: diff(&old.body, &new.body),
         }
     }
 
@@ -273,6 +280,7 @@ impl ObjectUpdate {
         take(&mut self.name, &later.name);
         take(&mut self.owner, &later.owner);
         take(&mut self.scripted, &later.scripted);
+        take(&mut self.body, &later.body);
     }
 
     pub fn apply(&self, o: &mut ObjectView) {
@@ -293,6 +301,7 @@ impl ObjectUpdate {
         set(&mut o.name, &self.name);
         set(&mut o.owner, &self.owner);
         set(&mut o.scripted, &self.scripted);
+        set(&mut o.body, &self.body);
     }
 }
 
@@ -558,6 +567,7 @@ mod tests {
             text: "closed".into(),
             script: None,
             scripted: true,
+            body: "static".into(),
         }
     }
 

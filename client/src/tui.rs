@@ -444,6 +444,7 @@ mod tests {
             text: String::new(),
             script: None,
             scripted: name == "door",
+            body: "static".into(),
         }
     }
 

@@ -2,7 +2,7 @@
 //! overlay (and accept them only with proof that the sending sim committed them, DESIGN §7).
 
 use metatopia_sim::ObjectId;
-use metatopia_sim::state::Shape;
+use metatopia_sim::state::{BodyKind, Shape};
 use serde::{Deserialize, Serialize};
 
 /// A region (a physics sim) in the world's layout.
@@ -26,6 +26,8 @@ pub struct BodyMsg {
     pub rotation: [f32; 2],
     pub linvel: [f32; 2],
     pub angvel: f32,
+    /// How it moves: a kinematic body crossing stays kinematic (a static one never crosses).
+    pub kind: BodyKind,
 }
 
 impl BodyMsg {

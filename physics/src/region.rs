@@ -29,7 +29,7 @@ use std::sync::Mutex;
 
 use metatopia_sim::host::{BodyState, PhysicsCommand, PhysicsEvent};
 use metatopia_sim::merkle::keys;
-use metatopia_sim::state::{Region as Square, Shape};
+use metatopia_sim::state::{BodyKind, Region as Square, Shape};
 use metatopia_sim::{Fx, Hash32, ObjectId, Vec2};
 use rapier2d::prelude::{
     ActiveEvents, ColliderBuilder, ColliderHandle, ColliderSet, CollisionEvent, ContactPair, EventHandler,
@@ -400,8 +400,12 @@ impl Region {
             if rb.user_data != u128::from(id.0) {
                 return bad(format!("body {id}'s rapier body belongs to another object"));
             }
-            if !rb.is_dynamic() {
-                return bad(format!("body {id}'s rapier body is not dynamic"));
+            let made_here = matches!(
+                rb.body_type(),
+                RigidBodyType::Dynamic | RigidBodyType::Fixed | RigidBodyType::KinematicVelocityBased
+            );
+            if !made_here {
+                return bad(format!("body {id}'s rapier body is of a kind this region does not make"));
             }
             if rb.colliders().len() != 1 {
                 return bad(format!("body {id} has {} colliders", rb.colliders().len()));
@@ -515,8 +519,16 @@ impl Region {
         self.stopping.remove(&object);
     }
 
-    /// Put an owned body into the world (genesis, or a rez).
-    pub fn spawn(&mut self, object: ObjectId, shape: Shape, position: Vec2, rotation: Fx, velocity: Vec2) {
+    /// Put an owned body into the world (genesis, or a rez), or place it afresh (an edit).
+    pub fn spawn(
+        &mut self,
+        object: ObjectId,
+        shape: Shape,
+        position: Vec2,
+        rotation: Fx,
+        velocity: Vec2,
+        kind: BodyKind,
+    ) {
         if !shape.is_valid() {
             return;
         }
@@ -538,16 +550,19 @@ impl Region {
             },
             linvel: to_vector(velocity).to_array(),
             angvel: 0.0,
+            kind,
         };
-        let handle = self.insert_rapier(&msg, RigidBodyType::Dynamic);
+        let handle = self.insert_rapier(&msg, rapier_type(kind));
         self.bodies.insert(object, Body { handle, shape, epoch: 0, role: Role::Owned });
     }
 
     fn insert_rapier(&mut self, m: &BodyMsg, kind: RigidBodyType) -> RigidBodyHandle {
+        // A fixed body keeps no velocity (rapier would carry it in its state).
+        let linvel = if kind == RigidBodyType::Fixed { [0.0; 2] } else { m.linvel };
         let mat = self.config.material;
         let rb = RigidBodyBuilder::new(kind)
             .translation(Vector::from_array(m.position))
-            .linvel(Vector::from_array(m.linvel))
+            .linvel(Vector::from_array(linvel))
             .angvel(m.angvel)
             .linear_damping(to_f32(mat.linear_damping))
             .angular_damping(to_f32(mat.angular_damping))
@@ -600,6 +615,12 @@ impl Region {
             rotation: [r.cos(), r.sin()],
             linvel: rb.linvel().to_array(),
             angvel: rb.angvel(),
+            kind: match rb.body_type() {
+                RigidBodyType::Fixed => BodyKind::Static,
+                RigidBodyType::KinematicVelocityBased | RigidBodyType::KinematicPositionBased => BodyKind::Kinematic,
+                // Soft frames are never made here.
+                RigidBodyType::Dynamic | RigidBodyType::SoftFrame => BodyKind::Dynamic,
+            },
         })
     }
 
@@ -797,13 +818,13 @@ impl Region {
                 self.released.remove(&object); // an older handoff of ours is moot now
                 match self.bodies.get(&object).map(|b| (b.handle, b.shape)) {
                     Some((handle, shape)) if shape == body.shape => {
-                        self.set_state(handle, body, RigidBodyType::Dynamic);
+                        self.set_state(handle, body, rapier_type(body.kind));
                     }
                     other => {
                         if let Some((handle, _)) = other {
                             self.remove_rapier(handle);
                         }
-                        let handle = self.insert_rapier(body, RigidBodyType::Dynamic);
+                        let handle = self.insert_rapier(body, rapier_type(body.kind));
                         self.bodies.insert(object, Body { handle, shape: body.shape, epoch, role: Role::Owned });
                     }
                 }
@@ -844,8 +865,8 @@ impl Region {
     fn command(&mut self, c: &PhysicsCommand) {
         let owned = |r: &Region, id: ObjectId| r.bodies.get(&id).filter(|b| b.role.is_owner()).map(|b| b.handle);
         match *c {
-            PhysicsCommand::Spawn { object, position, velocity, shape } => {
-                self.spawn(object, shape, position, Fx::ZERO, velocity);
+            PhysicsCommand::Spawn { object, position, velocity, shape, body } => {
+                self.spawn(object, shape, position, Fx::ZERO, velocity, body);
             }
             PhysicsCommand::Despawn { object } => {
                 if let Some(h) = owned(self, object) {
@@ -1177,4 +1198,13 @@ impl EventHandler for Collector {
     }
 
     fn handle_soft_body_tear_event(&self, _soft_bodies: &SoftBodySet, _event: &SoftBodyTearEvent) {}
+}
+
+/// The rapier body type of a body kind.
+fn rapier_type(kind: BodyKind) -> RigidBodyType {
+    match kind {
+        BodyKind::Static => RigidBodyType::Fixed,
+        BodyKind::Kinematic => RigidBodyType::KinematicVelocityBased,
+        BodyKind::Dynamic => RigidBodyType::Dynamic,
+    }
 }

@@ -182,6 +182,10 @@ pub struct ObjectSpec {
     pub licence: String,
     #[serde(default)]
     pub velocity: Option<[f64; 2]>,
+    /// `static` (anchored), `kinematic` (moved by its script) or `dynamic` (physics). Default:
+    /// `dynamic` if it has a `velocity`, else `static`.
+    #[serde(default)]
+    pub body: Option<String>,
 }
 
 fn box_shape() -> String {

@@ -58,6 +58,12 @@ fn object_map(o: &Object) -> Map {
     m
 }
 
+/// An account id: 64 hex digits.
+fn account_id(s: &str) -> Option<metatopia_sim::AccountId> {
+    let mut id = [0u8; 32];
+    hex::decode_to_slice(s, &mut id).ok().map(|()| metatopia_sim::AccountId(id))
+}
+
 fn parse_id(s: &str) -> RhaiResult<ObjectId> {
     let (slot, generation) =
         s.split_once('v').ok_or_else(|| format!("not an object id: {s:?} (ids look like 12v0)"))?;
@@ -96,11 +102,19 @@ pub(crate) fn register(engine: &mut Engine) {
                 .collect()
         }))
     });
+    // An object by id, or an account's avatar by account id (what `on_touch` gives as `who`).
     engine.register_fn("get_object", |id: ImmutableString| -> RhaiResult<Dynamic> {
-        let id = parse_id(&id)?;
         if !WORLD.is_set() {
             return Err("no world".into());
         }
+        let id = match account_id(&id) {
+            Some(account) => match WORLD.with(|w| w.account(&account).and_then(|a| a.avatar)) {
+                Some(avatar) => avatar,
+                None => return Ok(Dynamic::UNIT),
+            },
+            None => parse_id(&id)
+                .map_err(|_| format!("get_object({id:?}): not an object id (12v0) or an account id (64 hex digits)"))?,
+        };
         Ok(WORLD.with(|w| w.object(id).map_or(Dynamic::UNIT, |o| Dynamic::from_map(object_map(o)))))
     });
     engine.register_fn("script_source", |id: ImmutableString| -> RhaiResult<Dynamic> {

@@ -15,7 +15,7 @@ use crate::codec::{self, DecodeError};
 use crate::fx::Fx;
 use crate::ids::{AccountId, EventId, Hash32, ObjectId, ScriptId, SimId, Tick};
 use crate::merkle::keys;
-use crate::state::{Settings, Shape};
+use crate::state::{BodyKind, Settings, Shape};
 use crate::vec2::Vec2;
 
 /// Signature domain: no other Metatopia message signs these bytes.
@@ -71,6 +71,7 @@ pub enum Payload {
         position: Vec2,
         color: u32,
         text: String,
+        body: BodyKind,
     },
     /// Remove an object the author owns.
     Derez {
@@ -98,6 +99,23 @@ pub enum Payload {
         tick: Tick,
         body: Vec<u8>,
     },
+    /// Change an object the author owns: each field given replaces the object's. A new
+    /// position (inside the sim) or body places it there at rest.
+    Edit {
+        object: ObjectId,
+        edit: ObjectEdit,
+    },
+}
+
+/// The properties an owner's edit changes (`None`: unchanged).
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct ObjectEdit {
+    pub name: Option<String>,
+    pub text: Option<String>,
+    pub color: Option<u32>,
+    pub shape: Option<Shape>,
+    pub position: Option<Vec2>,
+    pub body: Option<BodyKind>,
 }
 
 /// Governance acts (DESIGN §10); checked against the roles at the tick they execute.

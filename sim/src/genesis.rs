@@ -9,7 +9,9 @@ use crate::host::ScriptHost;
 use crate::ids::{AccountId, Hash32, ObjectId, SimId, Tick};
 use crate::rng::DetRng;
 use crate::rules::RuleHost;
-use crate::state::{DAY_MS, Genesis, Object, ObjectKind, Region, ScriptInstance, ScriptSource, Settings, Shape, World};
+use crate::state::{
+    BodyKind, DAY_MS, Genesis, Object, ObjectKind, Region, ScriptInstance, ScriptSource, Settings, Shape, World,
+};
 use crate::vec2::Vec2;
 
 /// Sample rules scripts used by demo worlds.
@@ -138,6 +140,8 @@ fn put(world: &mut World, owner: AccountId, kind: ObjectKind, name: String, posi
         velocity: Vec2::ZERO,
         color: 0xffff_ffff,
         text: String::new(),
+        // The demo world's prims and players are physics bodies (its moving prims bounce).
+        body: BodyKind::Dynamic,
     });
     id
 }
@@ -280,6 +284,7 @@ impl EventGen {
                 position: random_point(&mut self.rng, world.region().size.floor_int().max(1)),
                 color: 0x00ff00ff,
                 text: String::new(),
+                body: BodyKind::Static,
             },
             (94..=96, _) => match world.objects().values().find(|o| o.owner == author && o.kind == ObjectKind::Prim) {
                 Some(o) => Payload::DeployScript {

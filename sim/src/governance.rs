@@ -16,7 +16,9 @@ use crate::event::{AdminAct, Checked, Payload};
 use crate::fx::Fx;
 use crate::host::PhysicsCommand;
 use crate::ids::{AccountId, ObjectId};
-use crate::state::{DAY_MS, MAX_RETURNED, Object, ObjectKind, RejectReason, Rejection, Returned, Shape, World};
+use crate::state::{
+    BodyKind, DAY_MS, MAX_RETURNED, Object, ObjectKind, RejectReason, Rejection, Returned, Shape, World,
+};
 
 /// An account's standing in a sim.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -127,12 +129,13 @@ pub(crate) fn apply(world: &mut World, events: &[&Checked], temp: Option<Account
                 }
                 Ok(())
             }
-            Payload::Rez { name, shape, position, color, text } => {
+            Payload::Rez { name, shape, position, color, text, body } => {
                 if !world.region.contains(*position) {
                     Err(RejectReason::InvalidValue { field: "position".into() })
                 } else {
-                    spawn(world, author, ObjectKind::Prim, name, *shape, *position, *color, text, &mut out)
-                        .map(|_| count_prim(&mut prims, author, true))
+                    let (shape, position, color, body) = (*shape, *position, *color, *body);
+                    let new = NewObject { kind: ObjectKind::Prim, name, shape, position, color, text, body };
+                    spawn(world, author, new, &mut out).map(|_| count_prim(&mut prims, author, true))
                 }
             }
             Payload::RezReturned { index, position } => {
@@ -143,13 +146,22 @@ pub(crate) fn apply(world: &mut World, events: &[&Checked], temp: Option<Account
                         Err(RejectReason::InvalidValue { field: "position".into() })
                     }
                     Some(r) => {
-                        spawn(world, author, ObjectKind::Prim, &r.name, r.shape, *position, r.color, &r.text, &mut out)
-                            .map(|_| {
-                                count_prim(&mut prims, author, true);
-                                if let Some(a) = world.account_mut(&author) {
-                                    a.returned.remove(*index as usize);
-                                }
-                            })
+                        // A returned object comes back anchored (as a rezzed prim does).
+                        let new = NewObject {
+                            kind: ObjectKind::Prim,
+                            name: &r.name,
+                            shape: r.shape,
+                            position: *position,
+                            color: r.color,
+                            text: &r.text,
+                            body: BodyKind::Static,
+                        };
+                        spawn(world, author, new, &mut out).map(|_| {
+                            count_prim(&mut prims, author, true);
+                            if let Some(a) = world.account_mut(&author) {
+                                a.returned.remove(*index as usize);
+                            }
+                        })
                     }
                 }
             }
@@ -252,29 +264,44 @@ fn login(
     }
     let at = world.region.centre();
     let shape = Shape::Circle { radius: Fx::HALF };
-    let id = spawn(world, author, ObjectKind::Avatar, name, shape, at, 0xffff_ffff, "", out)?;
+    let avatar = NewObject {
+        kind: ObjectKind::Avatar,
+        name,
+        shape,
+        position: at,
+        color: 0xffff_ffff,
+        text: "",
+        body: BodyKind::Dynamic,
+    };
+    let id = spawn(world, author, avatar, out)?;
     if let Some(a) = world.account_mut(&author) {
         a.avatar = Some(id);
     }
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn spawn(
-    world: &mut World,
-    owner: AccountId,
+/// An object to put into the world.
+struct NewObject<'a> {
     kind: ObjectKind,
-    name: &str,
+    name: &'a str,
     shape: Shape,
     position: crate::vec2::Vec2,
     color: u32,
-    text: &str,
+    text: &'a str,
+    body: BodyKind,
+}
+
+fn spawn(
+    world: &mut World,
+    owner: AccountId,
+    new: NewObject<'_>,
     out: &mut GovernanceOut,
 ) -> Result<ObjectId, RejectReason> {
     let max = world.settings.limits.max_objects;
     if world.object_count() >= max {
         return Err(RejectReason::ObjectLimit { max });
     }
+    let NewObject { kind, name, shape, position, color, text, body } = new;
     let id = world.allocate_object_id();
     world.put_object(Object {
         id,
@@ -287,8 +314,10 @@ fn spawn(
         velocity: crate::vec2::Vec2::ZERO,
         color,
         text: text.to_string(),
+        body,
     });
-    out.physics.push(PhysicsCommand::Spawn { object: id, position, velocity: crate::vec2::Vec2::ZERO, shape });
+    let velocity = crate::vec2::Vec2::ZERO;
+    out.physics.push(PhysicsCommand::Spawn { object: id, position, velocity, shape, body });
     Ok(id)
 }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::event::ChatRange;
 use crate::fx::Fx;
 use crate::ids::{AccountId, Hash32, ObjectId, SimId, Tick};
-use crate::state::{Limits, Object, ScriptInstance, ScriptSource, Shape, World};
+use crate::state::{BodyKind, Limits, Object, ScriptInstance, ScriptSource, Shape, World};
 use crate::vec2::Vec2;
 
 /// One thing a script reacts to, in the order it must see them.
@@ -155,11 +155,13 @@ pub trait ScriptHost: Sync {
 /// A command from the tick to the physics stage.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum PhysicsCommand {
+    /// Put a body into the world, or place an existing one afresh (replacing its body).
     Spawn {
         object: ObjectId,
         position: Vec2,
         velocity: Vec2,
         shape: Shape,
+        body: BodyKind,
     },
     Despawn {
         object: ObjectId,

@@ -55,7 +55,12 @@ impl PhysicsStage for KinematicPhysics {
         for c in commands {
             match *c {
                 PhysicsCommand::Spawn { object, velocity, .. } => {
-                    if !velocity.is_zero() {
+                    // A spawn also places an existing body afresh (an owner's edit).
+                    self.targets.remove(&object);
+                    if velocity.is_zero() {
+                        vel.remove(&object);
+                        self.moving.remove(&object);
+                    } else {
                         vel.insert(object, velocity);
                         self.moving.insert(object);
                     }

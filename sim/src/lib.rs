@@ -38,7 +38,7 @@ pub mod state;
 pub mod vec2;
 pub mod wide;
 
-pub use event::{AdminAct, Batch, ChatRange, EventBody, Payload, SignedEvent, VerifiedBatch};
+pub use event::{AdminAct, Batch, ChatRange, EventBody, ObjectEdit, Payload, SignedEvent, VerifiedBatch};
 pub use fx::Fx;
 pub use ids::{AccountId, EventId, Hash32, ObjectId, ScriptId, SimId, Tick};
 pub use pipeline::{ChatLine, Sim, StepError, TickReport};

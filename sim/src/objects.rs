@@ -213,6 +213,7 @@ mod tests {
             velocity: Vec2::new(Fx::ZERO, Fx::ZERO),
             color: slot,
             text: String::new(),
+            body: crate::state::BodyKind::Dynamic,
         }
     }
 

@@ -40,6 +40,19 @@ fn a_creator_rezzes_scripts_forks_and_redeploys_from_the_command_line() {
     assert!(out.contains("logging in") && out.contains("executed at tick"), "{out}");
     let lamp = out.split("object ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_owned();
     assert_eq!(text_of(h1, &lamp).as_deref(), Some("off"), "every node has it");
+    let shown = ok(&["object", "show", &lamp, "--node", h1]);
+    assert!(shown.contains("static"), "a new object is anchored: {shown}");
+
+    // Edit: a new text and place; it is there on every node, and stays there.
+    let s2 = format!("{},{}", s.region_origin[0] + s.region_size / 2 - 4, s.region_origin[1] + s.region_size / 2 + 2);
+    let out = ok(&["object", "edit", &lamp, "--node", h0, "--key", me, "--text", "off.", "--at", &s2]);
+    assert!(out.contains("executed at tick"), "{out}");
+    wait_text(h1, &lamp, "off.");
+    let at_of = |h: &str| Client::new(h).get::<ObjectView>(&format!("/v1/objects/{lamp}")).unwrap().unwrap().metres();
+    let want = [s.region_origin[0] + s.region_size / 2 - 4, s.region_origin[1] + s.region_size / 2 + 2];
+    assert_eq!(at_of(h1), want, "placed where the edit said");
+    let err = refused(&["object", "edit", &lamp, "--node", h0, "--key", me]);
+    assert!(err.contains("nothing to change"), "{err}");
 
     // Deploy a script from a file; touch; the text it sets shows on every node.
     let file = dir.join("lamp.rhai");
@@ -69,6 +82,8 @@ fn a_creator_rezzes_scripts_forks_and_redeploys_from_the_command_line() {
     let shown = ok(&["script", "show", &lamp, "--node", h1]);
     assert!(shown.contains(&format!("derived from {original}")), "{shown}");
 
+    assert_eq!(at_of(h0), want, "a static object stays where it was put");
+
     // Refusals, each with its reason: not the owner, not copyleft, not rhai.
     let err = refused(&["script", "deploy", f, "--object", &lamp, "--node", h0, "--key", stranger]);
     assert!(err.contains("refused at tick") && err.contains("not owned by the author"), "{err}");
@@ -78,6 +93,8 @@ fn a_creator_rezzes_scripts_forks_and_redeploys_from_the_command_line() {
     let err = refused(&["script", "deploy", f, "--object", &lamp, "--node", h0, "--key", me]);
     assert!(err.contains("script does not compile") && err.contains("line 1"), "{err}");
     let err = refused(&["object", "derez", &lamp, "--node", h0, "--key", stranger]);
+    assert!(err.contains("not owned by the author"), "{err}");
+    let err = refused(&["object", "edit", &lamp, "--node", h0, "--key", stranger, "--text", "mine"]);
     assert!(err.contains("not owned by the author"), "{err}");
 
     // Derez by its owner: gone from every node.

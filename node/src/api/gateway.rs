@@ -519,6 +519,7 @@ mod tests {
             text: String::new(),
             script: None,
             scripted: false,
+            body: "static".into(),
         }
     }
 

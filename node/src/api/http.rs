@@ -60,6 +60,7 @@ pub fn object_view(w: &metatopia_sim::World, o: &metatopia_sim::Object, with_sou
             id: s.id().to_string(),
         }),
         scripted: source.is_some(),
+        body: o.body.name().to_owned(),
     }
 }
 

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use metatopia_sim::state::Shape;
-use metatopia_sim::{Fx, ObjectId, Payload, ScriptId, Vec2};
+use metatopia_sim::state::{BodyKind, Shape};
+use metatopia_sim::{Fx, ObjectEdit, ObjectId, Payload, ScriptId, Vec2};
 
 use crate::api::http::{AccountView, Client, ObjectView, parse_hash};
 use crate::cli::admin::{NodeArg, act, signing_key};
@@ -34,7 +34,8 @@ pub struct ActArgs {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ObjectCmd {
-    /// Rez a new object you own; prints its id.
+    /// Rez a new object you own; prints its id. It stays where it is put (`--static`, the
+    /// default) unless made `--kinematic` (its script moves it) or `--dynamic` (physics).
     Rez {
         #[command(flatten)]
         act: ActArgs,
@@ -55,6 +56,33 @@ pub enum ObjectCmd {
         /// Its floating text.
         #[arg(long, default_value = "")]
         text: String,
+        #[command(flatten)]
+        body: BodyArg,
+    },
+    /// Change one of your objects: each option given replaces what it had. A new place, shape
+    /// or body kind puts it there at rest.
+    Edit {
+        #[command(flatten)]
+        act: ActArgs,
+        object: String,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        text: Option<String>,
+        /// RRGGBBAA.
+        #[arg(long)]
+        color: Option<String>,
+        /// `box` or `circle` (with `--size`).
+        #[arg(long, requires = "size")]
+        shape: Option<String>,
+        /// Metres: a box's width,height or a circle's diameter (with `--shape`).
+        #[arg(long, requires = "shape")]
+        size: Option<String>,
+        /// Where to put it, in world metres: X,Y (inside the same sim).
+        #[arg(long, value_name = "X,Y", allow_hyphen_values = true)]
+        at: Option<String>,
+        #[command(flatten)]
+        body: BodyArg,
     },
     /// Take one of your objects out of the world.
     Derez {
@@ -109,6 +137,57 @@ pub enum ScriptCmd {
     },
 }
 
+/// How an object moves (at most one).
+#[derive(Debug, clap::Args)]
+#[group(multiple = false)]
+pub struct BodyArg {
+    /// Anchored: only its owner's edit moves it (the default for a new object).
+    #[arg(long = "static")]
+    anchored: bool,
+    /// Moved by its script or owner (velocity, targets); collisions do not push it.
+    #[arg(long)]
+    kinematic: bool,
+    /// Physics: pushed by collisions, bounces, rolls.
+    #[arg(long)]
+    dynamic: bool,
+}
+
+impl BodyArg {
+    fn kind(&self) -> Option<BodyKind> {
+        match (self.anchored, self.kinematic, self.dynamic) {
+            (true, _, _) => Some(BodyKind::Static),
+            (_, true, _) => Some(BodyKind::Kinematic),
+            (_, _, true) => Some(BodyKind::Dynamic),
+            _ => None,
+        }
+    }
+}
+
+fn place(at: &str) -> anyhow::Result<Vec2> {
+    let (x, y) = at.split_once(',').context("--at is X,Y in metres")?;
+    Ok(Vec2::new(metres(x, "--at")?, metres(y, "--at")?))
+}
+
+fn shape_of(shape: &str, size: &str) -> anyhow::Result<Shape> {
+    Ok(match shape {
+        "circle" => Shape::Circle { radius: metres(size, "--size")? / Fx::from_int(2) },
+        "box" => {
+            let (w, h) = size.split_once(',').unwrap_or((size, size));
+            let half = |v: &str| -> anyhow::Result<Fx> { Ok(metres(v, "--size")? / Fx::from_int(2)) };
+            Shape::Box { half_width: half(w)?, half_height: half(h)? }
+        }
+        other => anyhow::bail!("--shape is box or circle, not {other:?}"),
+    })
+}
+
+fn colour(color: &str) -> anyhow::Result<u32> {
+    let hex = color.trim_start_matches('#');
+    u32::from_str_radix(hex, 16)
+        .ok()
+        .filter(|_| hex.len() == 8)
+        .with_context(|| format!("--color is RRGGBBAA hex, not {color:?}"))
+}
+
 fn object_id(s: &str) -> anyhow::Result<ObjectId> {
     metatopia_client::conn::parse_object(s)
         .with_context(|| format!("{s:?} is not an object id (SLOTvGEN, as `rez` prints)"))
@@ -136,27 +215,16 @@ fn objects(client: &Client) -> anyhow::Result<Vec<ObjectView>> {
 
 pub fn object(cmd: ObjectCmd) -> anyhow::Result<()> {
     match cmd {
-        ObjectCmd::Rez { act: a, name, at, shape, size, color, text } => {
-            let (x, y) = at.split_once(',').context("--at is X,Y in metres")?;
-            let position = Vec2::new(metres(x, "--at")?, metres(y, "--at")?);
-            let shape = match shape.as_str() {
-                "circle" => Shape::Circle { radius: metres(&size, "--size")? / Fx::from_int(2) },
-                "box" => {
-                    let (w, h) = size.split_once(',').unwrap_or((&size, &size));
-                    let half = |v: &str| -> anyhow::Result<Fx> { Ok(metres(v, "--size")? / Fx::from_int(2)) };
-                    Shape::Box { half_width: half(w)?, half_height: half(h)? }
-                }
-                other => anyhow::bail!("--shape is box or circle, not {other:?}"),
-            };
-            let color = u32::from_str_radix(color.trim_start_matches('#'), 16)
-                .ok()
-                .filter(|_| color.trim_start_matches('#').len() == 8)
-                .with_context(|| format!("--color is RRGGBBAA hex, not {color:?}"))?;
+        ObjectCmd::Rez { act: a, name, at, shape, size, color, text, body } => {
+            let position = place(&at)?;
+            let shape = shape_of(&shape, &size)?;
+            let color = colour(&color)?;
+            let body = body.kind().unwrap_or(BodyKind::Static);
             let client = Client::new(&a.node.node);
             let key = signing_key(a.key.clone())?;
             ensure_account(&client, &key, &a)?;
             let before: std::collections::BTreeSet<String> = objects(&client)?.into_iter().map(|o| o.id).collect();
-            act(&client, &key, Payload::Rez { name: name.clone(), shape, position, color, text }, a.wait)?;
+            act(&client, &key, Payload::Rez { name: name.clone(), shape, position, color, text, body }, a.wait)?;
             let me = metatopia_sim::event::account_of(&key).to_string();
             let new =
                 objects(&client)?.into_iter().find(|o| o.owner == me && o.name == name && !before.contains(&o.id));
@@ -165,6 +233,26 @@ pub fn object(cmd: ObjectCmd) -> anyhow::Result<()> {
                 None => println!("(its id: `metatopia object show` once the node has it)"),
             }
             Ok(())
+        }
+        ObjectCmd::Edit { act: a, object, name, text, color, shape, size, at, body } => {
+            let object = object_id(&object)?;
+            let edit = ObjectEdit {
+                name,
+                text,
+                color: color.as_deref().map(colour).transpose()?,
+                shape: match (shape, size) {
+                    (Some(shape), Some(size)) => Some(shape_of(&shape, &size)?),
+                    _ => None,
+                },
+                position: at.as_deref().map(place).transpose()?,
+                body: body.kind(),
+            };
+            anyhow::ensure!(
+                edit != ObjectEdit::default(),
+                "nothing to change: give --name, --text, --color, --shape and --size, --at, or a body kind"
+            );
+            let client = Client::new(&a.node.node);
+            act(&client, &signing_key(a.key.clone())?, Payload::Edit { object, edit }, a.wait).map(|_| ())
         }
         ObjectCmd::Derez { act: a, object } => {
             let object = object_id(&object)?;
@@ -183,7 +271,7 @@ pub fn object(cmd: ObjectCmd) -> anyhow::Result<()> {
             println!("object {} {:?}", o.id, o.name);
             println!("owner  {}", o.owner);
             println!("at     {}, {} m (moving {}, {} m/s)", o.position[0], o.position[1], o.velocity[0], o.velocity[1]);
-            println!("shape  {} · colour {}", o.shape, o.color);
+            println!("shape  {} · colour {} · {}", o.shape, o.color, o.body);
             println!("text   {:?}", o.text);
             println!("script {}", if o.scripted { "yes (`metatopia script show`)" } else { "none" });
             Ok(())

@@ -36,7 +36,7 @@ use crate::net::wire::NodeMsg;
 
 /// The sim's messages between nodes. The version changes with the messages' meaning (2: block
 /// digests over event ids, compact proposals), so nodes of different versions do not talk.
-pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/metatopia/sim/4");
+pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/metatopia/sim/5");
 /// What identify announces.
 const AGENT: &str = concat!("metatopia/", env!("CARGO_PKG_VERSION"));
 /// Nodes outside the config's list this node serves at the same time (followers that joined).

@@ -18,7 +18,7 @@ use metatopia_sim::event::account_of;
 use metatopia_sim::genesis::{DemoSpec, DemoWorld, attach_script, demo_world};
 use metatopia_sim::host::{PhysicsCommand, PhysicsError, PhysicsOutput, PhysicsStage};
 use metatopia_sim::kinematic::KinematicPhysics;
-use metatopia_sim::state::{ObjectKind, Shape};
+use metatopia_sim::state::{BodyKind, ObjectKind, Shape};
 use metatopia_sim::{AccountId, Fx, Hash32, ObjectId, SimId, Vec2, World};
 
 /// Either physics stage behind one type (scenarios and `metatopia sim` choose at run time).
@@ -213,7 +213,8 @@ pub fn genesis_in(
             for o in prims.world.objects().values().filter(|o| o.kind == ObjectKind::Prim) {
                 let at = p.region.origin + o.position;
                 let name = format!("sim{}-{}", p.sim.0, o.name);
-                world.add_genesis_object(o.kind, o.owner, name, o.shape, at, o.velocity, o.color, o.text.clone());
+                let text = o.text.clone();
+                world.add_genesis_object(o.kind, o.owner, name, o.shape, at, o.velocity, o.color, text, o.body);
             }
             world
         }
@@ -264,6 +265,12 @@ pub fn add_object(
     };
     let color = u32::from_str_radix(&v.color, 16).unwrap_or(0x808080ff);
     let velocity = v.velocity.map_or(Vec2::ZERO, v2);
+    let body = match v.body.as_deref() {
+        None if v.velocity.is_some() => BodyKind::Dynamic,
+        None => BodyKind::Static,
+        Some(b) => BodyKind::parse(b)
+            .with_context(|| format!("object {:?}: body is static, kinematic or dynamic, not {b:?}", v.name))?,
+    };
     let id = world.add_genesis_object(
         ObjectKind::Prim,
         owner,
@@ -273,6 +280,7 @@ pub fn add_object(
         velocity,
         color,
         v.text.clone(),
+        body,
     );
     if let Some(file) = &v.script {
         let path = scripts_dir.join(file);

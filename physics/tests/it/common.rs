@@ -3,6 +3,7 @@
 
 use metatopia_physics::{Region, RegionConfig, RegionId};
 use metatopia_sim::rng::DetRng;
+use metatopia_sim::state::BodyKind;
 use metatopia_sim::state::{Region as Square, Shape};
 use metatopia_sim::{Fx, ObjectId, Vec2};
 
@@ -55,7 +56,7 @@ pub fn lattice_scene(n: u32, seed: u64) -> Region {
         };
         let p = Vec2::new(Fx::from_int(3 + 2 * x), Fx::from_int(3 + 2 * y));
         let v = Vec2::new(Fx::from_ratio(rng.range_i64(-300, 300), 100), Fx::from_ratio(rng.range_i64(-300, 300), 100));
-        region.spawn(ObjectId(i as u64 + 1), shape, p, Fx::ZERO, v);
+        region.spawn(ObjectId(i as u64 + 1), shape, p, Fx::ZERO, v, BodyKind::Dynamic);
     }
     region
 }

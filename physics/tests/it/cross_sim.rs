@@ -5,6 +5,7 @@
 //! exactly once with their object and script, and the whole run is deterministic, restarts
 //! from snapshots included.
 
+use metatopia_sim::state::BodyKind;
 use std::collections::BTreeMap;
 
 use metatopia_physics::RegionStage;
@@ -83,6 +84,7 @@ fn worlds(cols: u32, rows: u32, bodies: &[(String, Vec2, Vec2)]) -> Vec<Node> {
                         *v,
                         0xff0000ff,
                         String::new(),
+                        BodyKind::Dynamic,
                     );
                     attach_script(&mut world, &RuleHost::default(), id, owner, "timer 6\non timer: count", "MPL-2.0")
                         .unwrap();

@@ -3,6 +3,7 @@
 use crate::common::{dt, hex, lattice_scene};
 use metatopia_physics::{Msg, Region, RegionConfig, RegionError, RegionId};
 use metatopia_sim::host::{PhysicsCommand, PhysicsEvent};
+use metatopia_sim::state::BodyKind;
 use metatopia_sim::state::{Region as Square, Shape};
 use metatopia_sim::{Fx, ObjectId, Vec2};
 
@@ -66,8 +67,20 @@ fn commands_spawn_steer_push_and_despawn() {
     let (a, b) = (ObjectId(1), ObjectId(2));
     let circle = Shape::Circle { radius: Fx::HALF };
     let spawn = [
-        PhysicsCommand::Spawn { object: a, position: Vec2::from_ints(10, 10), velocity: Vec2::ZERO, shape: circle },
-        PhysicsCommand::Spawn { object: b, position: Vec2::from_ints(40, 40), velocity: Vec2::ZERO, shape: circle },
+        PhysicsCommand::Spawn {
+            object: a,
+            position: Vec2::from_ints(10, 10),
+            velocity: Vec2::ZERO,
+            shape: circle,
+            body: BodyKind::Dynamic,
+        },
+        PhysicsCommand::Spawn {
+            object: b,
+            position: Vec2::from_ints(40, 40),
+            velocity: Vec2::ZERO,
+            shape: circle,
+            body: BodyKind::Dynamic,
+        },
     ];
     r.step(&spawn, dt());
     assert_eq!(r.owned().collect::<Vec<_>>(), vec![a, b]);
@@ -97,7 +110,7 @@ fn walls_keep_bodies_inside_a_lone_region() {
     let area = Square { origin: Vec2::ZERO, size: Fx::from_int(16) };
     let mut r = Region::new(RegionConfig::single(RegionId(0), area)).unwrap();
     let circle = Shape::Circle { radius: Fx::HALF };
-    r.spawn(ObjectId(1), circle, Vec2::from_ints(8, 8), Fx::ZERO, Vec2::from_ints(25, 17));
+    r.spawn(ObjectId(1), circle, Vec2::from_ints(8, 8), Fx::ZERO, Vec2::from_ints(25, 17), BodyKind::Dynamic);
     for _ in 0..600 {
         let out = r.step(&[], dt());
         for b in out.bodies {
@@ -112,8 +125,8 @@ fn two_bodies_colliding_give_one_event_each() {
     let mut r = Region::new(RegionConfig::single(RegionId(0), area)).unwrap();
     let circle = Shape::Circle { radius: Fx::HALF };
     let (a, b) = (ObjectId(1), ObjectId(2));
-    r.spawn(a, circle, Vec2::from_ints(10, 16), Fx::ZERO, Vec2::from_ints(2, 0));
-    r.spawn(b, circle, Vec2::from_ints(20, 16), Fx::ZERO, Vec2::from_ints(-2, 0));
+    r.spawn(a, circle, Vec2::from_ints(10, 16), Fx::ZERO, Vec2::from_ints(2, 0), BodyKind::Dynamic);
+    r.spawn(b, circle, Vec2::from_ints(20, 16), Fx::ZERO, Vec2::from_ints(-2, 0), BodyKind::Dynamic);
     let mut events = Vec::new();
     for _ in 0..240 {
         events.extend(r.step(&[], dt()).events);
@@ -162,6 +175,7 @@ fn mail_from_a_stranger_or_with_nonsense_numbers_is_refused() {
         rotation: [1.0, 0.0],
         linvel: [0.0, 0.0],
         angvel: 0.0,
+        kind: BodyKind::Dynamic,
     };
     let good_body = metatopia_physics::BodyMsg { position: [33.0, 16.0], ..bad_body };
     r.deliver([

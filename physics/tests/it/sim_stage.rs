@@ -57,3 +57,55 @@ fn a_snapshot_whose_physics_does_not_match_its_world_is_refused() {
     };
     assert!(e.to_string().contains("configured as"), "{e}");
 }
+
+/// A ball rolling into a static wall and a kinematic post bounces off both; neither moves
+/// (rapier's fixed and kinematic bodies), and the collisions reach the scripts' queue.
+#[test]
+fn a_ball_bounces_off_static_and_kinematic_bodies_that_stay_put() {
+    use metatopia_sim::state::{BodyKind, ObjectKind, Shape};
+    use metatopia_sim::{Fx, Vec2};
+    let mut demo = demo_world(DemoSpec { seed: 8, objects: 0, players: 0, ..DemoSpec::default() });
+    let c = demo.world.region().centre();
+    let owner = metatopia_sim::event::account_of(&demo.admin);
+    let mut add = |name: &str, at: Vec2, velocity: Vec2, body: BodyKind| {
+        let shape = Shape::Box { half_width: Fx::ONE, half_height: Fx::from_int(3) };
+        demo.world.add_genesis_object(
+            ObjectKind::Prim,
+            owner,
+            name.into(),
+            shape,
+            c + at,
+            velocity,
+            0xff,
+            String::new(),
+            body,
+        )
+    };
+    let wall = add("wall", Vec2::from_ints(8, 0), Vec2::ZERO, BodyKind::Static);
+    let post = add("post", Vec2::from_ints(-8, 0), Vec2::ZERO, BodyKind::Kinematic);
+    let ball = add("ball", Vec2::ZERO, Vec2::from_ints(6, 0), BodyKind::Dynamic);
+    let mut sim = Sim::new(demo.world.clone(), RuleHost::default(), RegionStage::single(), 1).unwrap();
+    let (w0, p0) = (sim.world().object(wall).unwrap().position, sim.world().object(post).unwrap().position);
+    let mut hits = std::collections::BTreeSet::new();
+    let mut turned = 0;
+    let mut last_vx = Fx::from_int(6);
+    for _ in 0..150 {
+        let tick = sim.world().tick();
+        let batch = EventGen::new(&demo, 1).batch(sim.world(), tick, 0);
+        sim.step(&VerifiedBatch::new(batch, 1)).unwrap();
+        for q in sim.world().queue() {
+            if let Queued::Collision { object, other } = q {
+                hits.insert((*object, *other));
+            }
+        }
+        let vx = sim.world().object(ball).unwrap().velocity.x;
+        if (vx > Fx::ZERO) != (last_vx > Fx::ZERO) && vx != Fx::ZERO {
+            turned += 1;
+        }
+        last_vx = vx;
+    }
+    assert_eq!(sim.world().object(wall).unwrap().position, w0, "the static wall did not move");
+    assert_eq!(sim.world().object(post).unwrap().position, p0, "the kinematic post was not pushed");
+    assert!(turned >= 2, "the ball bounced off both: it turned {turned} times");
+    assert!(hits.iter().any(|(a, b)| (*a, *b) == (ball, wall) || (*a, *b) == (wall, ball)), "{hits:?}");
+}

@@ -75,6 +75,7 @@ pub fn scripted_prim(sim: &mut RhaiSim, owner: &mut Player, offset: Vec2, source
             position: at,
             color: 0xffffffff,
             text: String::new(),
+            body: metatopia_sim::state::BodyKind::Dynamic,
         },
     );
     let r = step(sim, vec![rez]);

@@ -20,8 +20,8 @@ fn on_touch(who) { this.seen += 1; say(0, `touched ${this.seen}`); }
 fn on_message(from, data) { this.last = data; }
 "#;
 
-const GOLDEN_ROOT_100: &str = "30f090251c0a7c84f6418b53f46d07d16c54d330ea5c1b55a3902a4e9e91aafe";
-const GOLDEN_ROOT_300: &str = "ff9373f06afa17296e99d830a03b8c51378de72846eadbd5414c707f4090d0e0";
+const GOLDEN_ROOT_100: &str = "b808edfc2b8f35b7e260d35ab747fbacc70e5381788c53fbe775f82cdfde22e7";
+const GOLDEN_ROOT_300: &str = "c9f57d74390153dafe9defa446a4b06fd6062f574a49a197a701e3defed8bb9f";
 
 /// The roots after 100 ticks and, if `ticks` is 300, after 300.
 fn run(workers: u32, ticks: u64) -> (String, Option<String>) {

@@ -4,4 +4,5 @@ mod common;
 mod determinism;
 mod examples;
 mod properties;
+mod reference;
 mod sandbox;

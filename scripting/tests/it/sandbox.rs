@@ -192,7 +192,14 @@ fn nearby_returns_its_documented_maximum_in_a_crowd() {
             let text = "floating text ".repeat(16);
             players[0].sign(
                 &sim,
-                Payload::Rez { name, shape: Shape::Circle { radius: Fx::HALF }, position: at, color: 1, text },
+                Payload::Rez {
+                    name,
+                    shape: Shape::Circle { radius: Fx::HALF },
+                    position: at,
+                    color: 1,
+                    text,
+                    body: metatopia_sim::state::BodyKind::Static,
+                },
             )
         })
         .collect();
@@ -328,4 +335,34 @@ fn chatty_prims_make_a_bounded_number_of_copies() {
     assert!(chatters.iter().all(|c| heard(&sim, *c) <= MAX_HEARD_PER_TICK as usize));
     assert!(total <= 20 * MAX_COPIES_PER_SPEAKER as usize);
     assert!(sim.world().queue().len() <= 20 * MAX_HEARD_PER_TICK as usize + 64, "{}", sim.world().queue().len());
+}
+
+/// `on_touch(who)` gives the toucher's account id; `get_object(who)` is its avatar, and a bad id
+/// fails the handler with an error its owner reads.
+#[test]
+fn a_touch_names_the_account_and_get_object_finds_its_avatar() {
+    let (mut sim, mut ps) = world_with_players(2);
+    let src = r#"fn on_touch(who) { let a = get_object(who); set_text(`${a.name} at ${a.avatar}`); if who.len() != 64 { throw "not an account"; } }
+fn on_message(from, data) { get_object("nonsense"); }"#;
+    let (id, r) = scripted_prim(&mut sim, &mut ps[0], Vec2::from_ints(2, 0), src);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    let t = ps[1].sign(&sim, Payload::Touch { object: id });
+    let r = step(&mut sim, vec![t]);
+    assert!(r.script_errors.is_empty(), "{:?}", r.script_errors);
+    assert_eq!(sim.world().object(id).unwrap().text, "player1 at true");
+    // A bad id: the owner is told, with the function and what it wanted.
+    let (sender, _) = scripted_prim(
+        &mut sim,
+        &mut ps[0],
+        Vec2::from_ints(-2, 0),
+        &format!("fn on_tick() {{ send(\"{id}\", \"x\"); }}"),
+    );
+    let mut errors = Vec::new();
+    for _ in 0..3 {
+        errors.extend(step(&mut sim, vec![]).script_errors);
+    }
+    assert!(sim.world().object(sender).is_some());
+    let e = errors.iter().find(|e| e.object == id).expect("the error reached the owner");
+    assert_eq!(e.owner, ps[0].id());
+    assert!(e.error.message.contains("not an object id (12v0) or an account id"), "{}", e.error.message);
 }

@@ -434,7 +434,10 @@ fn route<'a, 'w>(
             {
                 refused.push(Rejection { event: c.id, author: c.event.body.author, reason });
             }
-            Payload::Move { object, .. } | Payload::Touch { object } | Payload::DeployScript { object, .. } => {
+            Payload::Move { object, .. }
+            | Payload::Touch { object }
+            | Payload::DeployScript { object, .. }
+            | Payload::Edit { object, .. } => {
                 let key = order_key(&ctx.seed, &object_target(*object), &c.id);
                 objects.entry(*object).or_default().push((key, UnitInput::Event(c)));
             }

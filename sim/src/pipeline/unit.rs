@@ -4,14 +4,14 @@
 
 use std::borrow::Cow;
 
-use crate::event::{Checked, Payload};
+use crate::event::{Checked, ObjectEdit, Payload};
 use crate::fx::Fx;
 use crate::host::{
     PhysicsCommand, ScriptAction, ScriptCtx, ScriptError, ScriptErrorKind, ScriptHost, ScriptInput, ScriptOutput,
 };
 use crate::ids::{ObjectId, ScriptId};
 use crate::state::{
-    COPYLEFT_LICENCES, Object, Queued, RejectReason, Rejection, ScriptInstance, ScriptSource, Timer, World,
+    COPYLEFT_LICENCES, Object, ObjectKind, Queued, RejectReason, Rejection, ScriptInstance, ScriptSource, Timer, World,
 };
 
 use super::types::{ChatLine, DEBUG_CHANNEL, ScriptErrorReport, Speaker, TickCtx};
@@ -211,10 +211,15 @@ fn client_event(
         if w.object.owner == author { Ok(()) } else { Err(RejectReason::NotOwner { object: w.object.id }) }
     };
     let result = match &c.event.body.payload {
-        Payload::Move { velocity, .. } => owner_only(w).map(|()| {
+        Payload::Move { velocity, .. } => owner_only(w).and_then(|()| {
+            if !w.object.body.moves() {
+                return Err(RejectReason::InvalidValue { field: "object (static: edit its position instead)".into() });
+            }
             let velocity = velocity.clamp_length(world.settings.limits.max_speed);
             part.physics.push(PhysicsCommand::SetVelocity { object: w.object.id, velocity });
+            Ok(())
         }),
+        Payload::Edit { edit, .. } => owner_only(w).and_then(|()| apply_edit(world, w, part, edit)),
         Payload::Touch { .. } => {
             w.pending.push(ScriptInput::Touch { who: author });
             Ok(())
@@ -261,6 +266,42 @@ fn deploy(
     w.source = Some(Cow::Owned(record.clone()));
     part.new_source = Some(Box::new(record));
     w.pending.push(ScriptInput::Init);
+    Ok(())
+}
+
+/// An owner's edit of its object's properties. A new position (inside the sim), shape or body
+/// kind places the body afresh, at rest; the rest only changes how the object looks.
+fn apply_edit(world: &World, w: &mut Work<'_>, part: &mut ObjectPart, edit: &ObjectEdit) -> Result<(), RejectReason> {
+    let ObjectEdit { name, text, color, shape, position, body } = edit;
+    if position.is_some_and(|p| !world.region.contains(p)) {
+        return Err(RejectReason::InvalidValue { field: "position (outside this sim)".into() });
+    }
+    if w.object.kind == ObjectKind::Avatar && (body.is_some() || position.is_some()) {
+        return Err(RejectReason::InvalidValue { field: "object (an avatar walks: it is not placed)".into() });
+    }
+    let o = w.object.to_mut();
+    if let Some(n) = name {
+        o.name.clone_from(n);
+    }
+    if let Some(t) = text {
+        o.text.clone_from(t);
+    }
+    if let Some(c) = color {
+        o.color = *c;
+    }
+    if shape.is_some() || position.is_some() || body.is_some() {
+        o.shape = shape.unwrap_or(o.shape);
+        o.position = position.unwrap_or(o.position);
+        o.body = body.unwrap_or(o.body);
+        o.velocity = crate::vec2::Vec2::ZERO;
+        part.physics.push(PhysicsCommand::Spawn {
+            object: o.id,
+            position: o.position,
+            velocity: crate::vec2::Vec2::ZERO,
+            shape: o.shape,
+            body: o.body,
+        });
+    }
     Ok(())
 }
 
@@ -437,6 +478,9 @@ fn apply_action(world: &World, w: &mut Work<'_>, part: &mut ObjectPart, action: 
                 w.object.to_mut().text = t;
             }
         }
+        // A static object stays where it was put: motion asks nothing of physics (documented).
+        ScriptAction::SetVelocity(_) | ScriptAction::SetTarget { .. } | ScriptAction::Impulse(_)
+            if !w.object.body.moves() => {}
         ScriptAction::SetVelocity(v) => {
             part.physics.push(PhysicsCommand::SetVelocity { object: id, velocity: v.clamp_length(limits.max_speed) })
         }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::event::{AdminAct, Checked, Payload, VerifiedBatch};
+use crate::event::{AdminAct, Checked, ObjectEdit, Payload, VerifiedBatch};
 use crate::ids::AccountId;
 use crate::state::{Limits, RejectReason, Rejection, World};
 
@@ -168,6 +168,12 @@ fn check_fields(p: &Payload, l: &Limits) -> Result<(), RejectReason> {
             too_long("name", name, l.max_name_bytes)?;
             too_long("text", text, l.max_text_bytes)?;
             if shape.is_valid() { Ok(()) } else { Err(invalid("shape")) }
+        }
+        Payload::Edit { edit, .. } => {
+            let ObjectEdit { name, text, color: _, shape, position: _, body: _ } = edit;
+            name.as_deref().map_or(Ok(()), |n| too_long("name", n, l.max_name_bytes))?;
+            text.as_deref().map_or(Ok(()), |t| too_long("text", t, l.max_text_bytes))?;
+            if shape.is_none_or(|s| s.is_valid()) { Ok(()) } else { Err(invalid("shape")) }
         }
         Payload::DeployScript { source, licence, .. } => {
             too_long("source", source, l.max_source_bytes)?;

@@ -284,9 +284,11 @@ impl World {
         velocity: Vec2,
         color: u32,
         text: String,
+        body: BodyKind,
     ) -> ObjectId {
         let id = self.allocate_object_id();
-        self.put_object(Object { id, kind, owner, name, shape, position, rotation: Fx::ZERO, velocity, color, text });
+        let rotation = Fx::ZERO;
+        self.put_object(Object { id, kind, owner, name, shape, position, rotation, velocity, color, text, body });
         id
     }
 
@@ -628,21 +630,22 @@ impl Object {
     /// Whether two objects agree on everything but their motion and colour (the part whose
     /// digest the state root keeps, [`Object::fixed_bytes`]).
     fn same_fixed_part(&self, other: &Object) -> bool {
-        let Object { id, kind, owner, name, shape, position: _, rotation: _, velocity: _, color: _, text } = self;
+        let Object { id, kind, owner, name, shape, position: _, rotation: _, velocity: _, color: _, text, body } = self;
         *id == other.id
             && *kind == other.kind
             && *owner == other.owner
             && *shape == other.shape
             && *name == other.name
             && *text == other.text
+            && *body == other.body
     }
 
-    /// The bytes of the part of an object that seldom changes: id, kind, owner, name, shape
-    /// and text, as fixed-width little-endian fields and length-prefixed strings. The state
+    /// The bytes of the part of an object that seldom changes: id, kind, owner, name, shape,
+    /// text and body kind, as fixed-width little-endian fields and length-prefixed strings. The state
     /// root keeps their digest per slot, so a tick that only moves or recolours an object
     /// hashes one short leaf ([`Object::leaf_bytes`]) and reads none of its strings.
     pub fn fixed_bytes(&self, b: &mut Vec<u8>) {
-        let Object { id, kind, owner, name, shape, position: _, rotation: _, velocity: _, color: _, text } = self;
+        let Object { id, kind, owner, name, shape, position: _, rotation: _, velocity: _, color: _, text, body } = self;
         let st = |b: &mut Vec<u8>, s: &str| {
             b.extend_from_slice(&(s.len() as u64).to_le_bytes());
             b.extend_from_slice(s.as_bytes());
@@ -666,6 +669,11 @@ impl Object {
             }
         }
         st(b, text);
+        b.push(match body {
+            BodyKind::Static => 0,
+            BodyKind::Kinematic => 1,
+            BodyKind::Dynamic => 2,
+        });
     }
 
     /// An object's Merkle leaf: its motion and colour, then the digest of its fixed part.
@@ -683,20 +691,39 @@ impl Object {
             b.extend_from_slice(&leaf[..COMPACT_LEAF]);
             return;
         }
-        let Object { id: _, kind: _, owner: _, name: _, shape: _, position, rotation, velocity, color, text: _ } = self;
+        let (values, color) = self.motion();
         b.push(1);
-        for v in [position.x, position.y, *rotation, velocity.x, velocity.y] {
+        for v in values {
             b.extend_from_slice(&v.to_bits().to_le_bytes());
         }
         b.extend_from_slice(&color.to_le_bytes());
         b.extend_from_slice(fixed_digest);
     }
 
+    /// The part of an object a leaf holds whole: its motion (position, rotation, velocity) and
+    /// colour. Every field is named, so a new one must be placed in the leaf or the fixed part.
+    fn motion(&self) -> ([Fx; 5], u32) {
+        let Object {
+            id: _,
+            kind: _,
+            owner: _,
+            name: _,
+            shape: _,
+            position,
+            rotation,
+            velocity,
+            color,
+            text: _,
+            body: _,
+        } = self;
+        ([position.x, position.y, *rotation, velocity.x, velocity.y], *color)
+    }
+
     /// Write the compact form of [`Object::leaf_bytes`] into `leaf` (its first
     /// [`COMPACT_LEAF`] bytes; the rest is left alone), if every motion value fits in 40 bits.
     fn compact_leaf(&self, fixed_digest: &[u8; 32], leaf: &mut [u8; 64]) -> bool {
-        let Object { id: _, kind: _, owner: _, name: _, shape: _, position, rotation, velocity, color, text: _ } = self;
-        let values = [position.x, position.y, *rotation, velocity.x, velocity.y].map(Fx::to_bits);
+        let (values, color) = self.motion();
+        let values = values.map(Fx::to_bits);
         if values.iter().any(|&v| (v << 24) >> 24 != v) {
             return false;
         }

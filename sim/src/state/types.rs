@@ -64,6 +64,37 @@ pub enum ObjectKind {
     Avatar,
 }
 
+/// How an object moves: objects stay where they are put unless made to move.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum BodyKind {
+    /// Anchored: nothing moves it but its owner's edit (the default for rezzed prims).
+    Static,
+    /// Moved by its script or owner (velocity, targets); collisions do not push it.
+    Kinematic,
+    /// Physics: pushed by collisions, bounces, rolls (avatars, balls).
+    Dynamic,
+}
+
+impl BodyKind {
+    /// As files and the command line write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BodyKind::Static => "static",
+            BodyKind::Kinematic => "kinematic",
+            BodyKind::Dynamic => "dynamic",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<BodyKind> {
+        [BodyKind::Static, BodyKind::Kinematic, BodyKind::Dynamic].into_iter().find(|k| k.name() == s)
+    }
+
+    /// Whether velocities, impulses and targets move it.
+    pub fn moves(self) -> bool {
+        self != BodyKind::Static
+    }
+}
+
 /// A thing in the world.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Object {
@@ -82,6 +113,7 @@ pub struct Object {
     pub color: u32,
     /// Floating text.
     pub text: String,
+    pub body: BodyKind,
 }
 
 /// A script's source record: content-addressed, readable by anyone (DESIGN §8).

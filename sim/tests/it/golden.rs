@@ -8,7 +8,7 @@ use crate::common;
 
 use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world};
 
-const GOLDEN_ROOT_1000: &str = "3f7f9a79141516d5b5d22f098fd89cdcaf0c20f09eef8ffa6682629a0dae974b";
+const GOLDEN_ROOT_1000: &str = "0d21e4b5849a22942110dea172b89a12e521ed40b1b00e28396d16bb30699772";
 
 fn run(workers: u32) -> String {
     let demo = demo_world(DemoSpec { seed: 2026, objects: 1_200, players: 40, ..DemoSpec::default() });

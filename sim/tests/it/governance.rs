@@ -4,7 +4,7 @@ use crate::common;
 use crate::common::{Signer, TestSim, batch_at};
 use metatopia_sim::genesis::{DemoSpec, demo_key, demo_world};
 use metatopia_sim::governance::{Role, admin_absent, report, role_of, temp_admin};
-use metatopia_sim::state::{DAY_MS, RejectReason};
+use metatopia_sim::state::{BodyKind, DAY_MS, RejectReason};
 use metatopia_sim::{AdminAct, Payload, SignedEvent};
 
 struct Story {
@@ -176,7 +176,14 @@ fn the_admin_returns_an_object_to_its_owner_who_rezzes_it_again() {
     let rez = |s: &mut Signer, sim: &TestSim, name: &str, x: i64| {
         s.sign(
             sim,
-            Payload::Rez { name: name.into(), shape, position: at(x, 10), color: 0x11223344, text: "mine".into() },
+            Payload::Rez {
+                name: name.into(),
+                shape,
+                position: at(x, 10),
+                color: 0x11223344,
+                text: "mine".into(),
+                body: BodyKind::Static,
+            },
         )
     };
     let e = rez(&mut bob, &sim, "bob's lamp", 10);

@@ -6,8 +6,8 @@ use crate::common::{Signer, TestSim, idle, step};
 use metatopia_sim::event::account_of;
 use metatopia_sim::genesis::{DemoSpec, demo_key, demo_world};
 use metatopia_sim::pipeline::{DEBUG_CHANNEL, Speaker};
-use metatopia_sim::state::{RejectReason, Shape};
-use metatopia_sim::{ChatRange, Fx, ObjectId, Payload, SignedEvent, SimId, Vec2};
+use metatopia_sim::state::{BodyKind, RejectReason, Shape};
+use metatopia_sim::{ChatRange, Fx, ObjectEdit, ObjectId, Payload, SignedEvent, SimId, Vec2};
 
 /// An empty region with two players logged in; returns the sim and their signers.
 fn two_players() -> (TestSim, Signer, Signer) {
@@ -345,8 +345,12 @@ fn rez_event(sim: &TestSim, s: &mut Signer, x: i64) -> SignedEvent {
     rez_at(sim, s, at)
 }
 
-/// A signed rez of a 1 m circle named "box".
+/// A signed rez of a dynamic 1 m circle named "box".
 fn rez_at(sim: &TestSim, s: &mut Signer, at: Vec2) -> SignedEvent {
+    rez_body_at(sim, s, at, BodyKind::Dynamic)
+}
+
+fn rez_body_at(sim: &TestSim, s: &mut Signer, at: Vec2, body: BodyKind) -> SignedEvent {
     s.sign(
         sim,
         Payload::Rez {
@@ -355,6 +359,7 @@ fn rez_at(sim: &TestSim, s: &mut Signer, at: Vec2) -> SignedEvent {
             position: at,
             color: 0xff,
             text: String::new(),
+            body,
         },
     )
 }
@@ -448,4 +453,97 @@ fn an_accounts_script_bytes_are_bounded() {
     assert_eq!(r.rejected.len(), 1, "{:?}", r.rejected);
     let used: usize = [a, b].iter().filter_map(|o| sim.world().script_source(*o)).map(|s| s.source.len()).sum();
     assert!(used <= 1_000, "{used} bytes of script");
+}
+
+fn rez_kind(sim: &mut TestSim, s: &mut Signer, at: Vec2, body: BodyKind) -> ObjectId {
+    let before: Vec<ObjectId> = sim.world().objects().keys().copied().collect();
+    let e = rez_body_at(sim, s, at, body);
+    let r = step(sim, vec![e]);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    *sim.world().objects().keys().find(|id| !before.contains(id)).expect("a new object")
+}
+
+/// A static object stays where it is put: its owner cannot walk it, its script's motion does
+/// nothing; a kinematic one moves as told.
+#[test]
+fn a_static_object_stays_put_and_a_kinematic_one_moves_as_told() {
+    let (mut sim, mut ann, _) = two_players();
+    let c = sim.world().region().centre();
+    let anchored = rez_kind(&mut sim, &mut ann, c + Vec2::from_ints(-5, 0), BodyKind::Static);
+    let moved = rez_kind(&mut sim, &mut ann, c + Vec2::from_ints(5, 0), BodyKind::Kinematic);
+    let walk = ann.sign(&sim, Payload::Move { object: anchored, velocity: Vec2::from_ints(1, 0) });
+    let r = step(&mut sim, vec![walk]);
+    assert!(
+        matches!(&r.rejected[..], [x] if x.reason.to_string().contains("static: edit its position")),
+        "{:?}",
+        r.rejected
+    );
+    for (id, src) in [(anchored, "on tick: velocity 2 0"), (moved, "on tick: velocity 2 0")] {
+        let r = deploy(&mut sim, &mut ann, id, src);
+        assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    }
+    let (a0, m0) = (sim.world().object(anchored).unwrap().position, sim.world().object(moved).unwrap().position);
+    idle(&mut sim, 30);
+    assert_eq!(sim.world().object(anchored).unwrap().position, a0, "the static object did not move");
+    assert!(sim.world().object(moved).unwrap().position.x > m0.x, "the kinematic object moved");
+}
+
+/// An owner's edit changes what it names and nothing else; a new place puts the object there
+/// at rest; a stranger's edit, a place outside the sim and placing an avatar are refused.
+#[test]
+fn an_owner_edits_an_object_and_others_cannot() {
+    let (mut sim, mut ann, mut bob) = two_players();
+    let c = sim.world().region().centre();
+    let id = rez_kind(&mut sim, &mut ann, c, BodyKind::Dynamic);
+    let walk = ann.sign(&sim, Payload::Move { object: id, velocity: Vec2::from_ints(2, 0) });
+    let r = step(&mut sim, vec![walk]);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    idle(&mut sim, 3);
+    let to = c + Vec2::from_ints(-10, 4);
+    let edit = ObjectEdit {
+        name: Some("lamp".into()),
+        text: Some("hello".into()),
+        color: Some(0x11223344),
+        position: Some(to),
+        body: Some(BodyKind::Static),
+        ..ObjectEdit::default()
+    };
+    let e = ann.sign(&sim, Payload::Edit { object: id, edit });
+    let r = step(&mut sim, vec![e]);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    let o = sim.world().object(id).unwrap().clone();
+    assert_eq!((o.name.as_str(), o.text.as_str(), o.color, o.body), ("lamp", "hello", 0x11223344, BodyKind::Static));
+    assert_eq!((o.position, o.velocity), (to, Vec2::ZERO), "placed there, at rest");
+    assert_eq!(o.shape, Shape::Circle { radius: Fx::ONE }, "what the edit did not name is unchanged");
+    idle(&mut sim, 10);
+    assert_eq!(sim.world().object(id).unwrap().position, to, "and it stays");
+
+    let theirs = bob.sign(
+        &sim,
+        Payload::Edit { object: id, edit: ObjectEdit { text: Some("mine".into()), ..ObjectEdit::default() } },
+    );
+    let outside = ann.sign(
+        &sim,
+        Payload::Edit {
+            object: id,
+            edit: ObjectEdit { position: Some(c + Vec2::from_ints(10_000, 0)), ..ObjectEdit::default() },
+        },
+    );
+    let me = avatar(&sim, &ann);
+    let avatar_body = ann.sign(
+        &sim,
+        Payload::Edit { object: me, edit: ObjectEdit { body: Some(BodyKind::Static), ..ObjectEdit::default() } },
+    );
+    let long = ann.sign(
+        &sim,
+        Payload::Edit { object: id, edit: ObjectEdit { name: Some("x".repeat(10_000)), ..ObjectEdit::default() } },
+    );
+    let r = step(&mut sim, vec![theirs, outside, avatar_body, long]);
+    let reasons: Vec<String> = r.rejected.iter().map(|x| x.reason.to_string()).collect();
+    assert_eq!(reasons.len(), 4, "{reasons:?}");
+    assert!(reasons.iter().any(|x| x.contains("not owned by the author")), "{reasons:?}");
+    assert!(reasons.iter().any(|x| x.contains("outside this sim")), "{reasons:?}");
+    assert!(reasons.iter().any(|x| x.contains("an avatar walks")), "{reasons:?}");
+    assert!(reasons.iter().any(|x| x.contains("name is 10000 bytes")), "{reasons:?}");
+    assert_eq!(sim.world().object(id).unwrap().text, "hello");
 }
