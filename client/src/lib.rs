@@ -9,6 +9,7 @@
 pub mod bots;
 pub mod conn;
 pub mod error;
+pub mod fork;
 pub mod keys;
 pub mod proto;
 pub mod quic;

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use metatopia_sim::event::{ChatRange, Payload};
-use metatopia_sim::{Fx, Vec2};
+use metatopia_sim::pipeline::DEBUG_CHANNEL;
+use metatopia_sim::state::{BodyKind, Shape};
+use metatopia_sim::{Fx, ObjectEdit, ObjectId, Vec2};
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -26,10 +28,30 @@ pub const WALK_SPEED: i64 = 4;
 pub enum Intent {
     None,
     Walk(i64, i64),
-    Say { channel: i32, text: String },
+    Say {
+        channel: i32,
+        text: String,
+    },
     Touch(String),
     ShowScript(String),
+    /// `/rez NAME`: a static 1 m box beside the avatar.
+    Rez(String),
+    /// `/text T`, `/name N`, `/color RRGGBBAA`: edit the nearest object of one's own.
+    Edit(EditField, String),
+    /// `/deploy FILE`: the script in FILE on the nearest object of one's own (a fork's header
+    /// records what it derives from).
+    Deploy(String),
+    /// `/derez`: take the nearest object of one's own out of the world.
+    Derez,
     Quit,
+}
+
+/// What `/text`, `/name` and `/color` change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EditField {
+    Text,
+    Name,
+    Color,
 }
 
 /// The terminal client's own state (the world is in the client's [`View`]).
@@ -143,6 +165,16 @@ pub fn chat_intent(line: &str) -> Intent {
         if let Ok(channel) = ch.parse::<i32>() {
             return Intent::Say { channel, text: text.trim().to_string() };
         }
+        let text = text.trim().to_string();
+        match (ch, text.is_empty()) {
+            ("rez", false) => return Intent::Rez(text),
+            ("text", _) => return Intent::Edit(EditField::Text, text),
+            ("name", false) => return Intent::Edit(EditField::Name, text),
+            ("color", false) => return Intent::Edit(EditField::Color, text),
+            ("deploy", false) => return Intent::Deploy(text),
+            ("derez", true) => return Intent::Derez,
+            _ => {}
+        }
     }
     Intent::Say { channel: 0, text: line.to_string() }
 }
@@ -232,15 +264,41 @@ pub fn draw(f: &mut Frame, app: &App, view: &View) {
     let inner = block.inner(map_area);
     f.render_widget(Paragraph::new(map_lines(app, view, inner, center)).block(block), map_area);
 
-    // Chat: the newest lines that fit, then the input line.
+    // Chat: the newest lines that fit, then the input line; below it, one's scripts' errors
+    // (the private debug channel).
+    let [chat_area, errors_area] = Layout::vertical([Constraint::Min(4), Constraint::Length(5)]).areas(chat_area);
+    let debug = |c: &&crate::proto::ChatView| c.channel == DEBUG_CHANNEL;
+    let errors: Vec<Line> = view
+        .chat
+        .iter()
+        .filter(debug)
+        .rev()
+        .take(3)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .map(|c| {
+            Line::from(vec![
+                Span::styled(format!("{}: ", c.name), Style::default().fg(Color::Red)),
+                Span::raw(c.text.clone()),
+            ])
+        })
+        .collect();
+    f.render_widget(
+        Paragraph::new(errors).wrap(Wrap { trim: true }).block(Block::bordered().title(" your scripts' errors ")),
+        errors_area,
+    );
     let block = Block::bordered().title(" chat (enter: talk, /1 text: channel 1) ");
     let inner = block.inner(chat_area);
     let room = inner.height.saturating_sub(1) as usize;
     let mut lines: Vec<Line> = view
         .chat
         .iter()
+        .filter(|c| !debug(c))
         .rev()
         .take(room)
+        .collect::<Vec<_>>()
+        .into_iter()
         .rev()
         .map(|c| {
             let ch = if c.channel == 0 { String::new() } else { format!("[{}] ", c.channel) };
@@ -272,7 +330,7 @@ pub fn draw(f: &mut Frame, app: &App, view: &View) {
     f.render_widget(Paragraph::new(status_line).style(Style::default().add_modifier(Modifier::REVERSED)), status);
     f.render_widget(
         Paragraph::new(
-            "arrows/wasd walk  space stop  enter talk  t touch nearest  v script of nearest  +/- zoom  q log out and quit",
+            "arrows/wasd walk  space stop  enter talk  t touch  v script  /rez N /text T /deploy F /derez build  +/- zoom  q quit",
         ),
         help,
     );
@@ -349,11 +407,81 @@ pub async fn perform(client: &mut Client, app: &mut App, intent: Intent) -> bool
             }
             Ok(())
         }
+        Intent::Rez(name) => match app.my_position(client.view()) {
+            Some([x, y]) => {
+                app.notice = format!("rezzing {name:?}");
+                let payload = Payload::Rez {
+                    name,
+                    shape: Shape::Box { half_width: Fx::HALF, half_height: Fx::HALF },
+                    position: Vec2::from_ints(x + 2, y),
+                    color: 0x808080ff,
+                    text: String::new(),
+                    body: BodyKind::Static,
+                };
+                client.submit(payload).await.map(|_| ())
+            }
+            None => {
+                app.notice = "no avatar in view yet".into();
+                Ok(())
+            }
+        },
+        intent @ (Intent::Edit(..) | Intent::Deploy(_) | Intent::Derez) => {
+            let Some(object) = mine_nearest(app, client.view()) else {
+                app.notice = "none of your objects is in view".into();
+                return true;
+            };
+            match build_payload(intent, object) {
+                Ok(payload) => client.submit(payload).await.map(|_| ()),
+                Err(why) => {
+                    app.notice = why;
+                    Ok(())
+                }
+            }
+        }
     };
     if let Err(e) = result {
         app.notice = e.to_string();
     }
     true
+}
+
+/// The nearest object (not an avatar) this client's account owns.
+fn mine_nearest(app: &App, view: &View) -> Option<ObjectId> {
+    let at = app.my_position(view)?;
+    view.objects
+        .values()
+        .filter(|o| !o.avatar && o.owner == app.me)
+        .min_by_key(|o| {
+            let p = view.metres_of(&o.id).unwrap_or_else(|| o.metres());
+            ((p[0] - at[0]).pow(2) + (p[1] - at[1]).pow(2), o.id.clone())
+        })
+        .and_then(|o| parse_object(&o.id))
+}
+
+/// The signed event of a build intent on `object`, or why there is none.
+pub fn build_payload(intent: Intent, object: ObjectId) -> Result<Payload, String> {
+    Ok(match intent {
+        Intent::Edit(field, value) => {
+            let mut edit = ObjectEdit::default();
+            match field {
+                EditField::Text => edit.text = Some(value),
+                EditField::Name => edit.name = Some(value),
+                EditField::Color => {
+                    let hex = value.trim_start_matches('#');
+                    let c = u32::from_str_radix(hex, 16).ok().filter(|_| hex.len() == 8);
+                    edit.color = Some(c.ok_or_else(|| format!("/color takes RRGGBBAA hex, not {value:?}"))?);
+                }
+            }
+            Payload::Edit { object, edit }
+        }
+        Intent::Deploy(file) => {
+            let source = std::fs::read_to_string(&file).map_err(|e| format!("{file}: {e}"))?;
+            let derived_from = crate::fork::derived_from(&source)?;
+            Payload::DeployScript { object, source, licence: "AGPL-3.0-or-later".into(), derived_from }
+        }
+        Intent::Derez => Payload::Derez { object },
+        other => return Err(format!("{other:?} is not a build act")),
+    })
 }
 
 /// Why the terminal client stopped on its own.
@@ -560,5 +688,41 @@ mod tests {
         view.objects.remove("0v0");
         assert_eq!(app.on_key(key(KeyCode::Char('t')), &view), Intent::None);
         assert_eq!(app.notice, "no avatar yet");
+    }
+
+    #[test]
+    fn build_commands_on_the_chat_line_and_the_errors_pane() {
+        assert_eq!(chat_intent("/rez lamp post"), Intent::Rez("lamp post".into()));
+        assert_eq!(chat_intent("/text on air"), Intent::Edit(EditField::Text, "on air".into()));
+        assert_eq!(chat_intent("/color ffcc00ff"), Intent::Edit(EditField::Color, "ffcc00ff".into()));
+        assert_eq!(chat_intent("/deploy lamp.rhai"), Intent::Deploy("lamp.rhai".into()));
+        assert_eq!(chat_intent("/derez"), Intent::Derez);
+        assert_eq!(chat_intent("/rez"), Intent::Say { channel: 0, text: "/rez".into() }, "a name is needed");
+        let object = ObjectId::new(3, 0);
+        let Ok(Payload::Edit { edit, .. }) = build_payload(Intent::Edit(EditField::Color, "#ffcc00ff".into()), object)
+        else {
+            panic!("an edit")
+        };
+        assert_eq!(edit.color, Some(0xffcc00ff));
+        let bad = build_payload(Intent::Edit(EditField::Color, "red".into()), object).unwrap_err();
+        assert!(bad.contains("RRGGBBAA"), "{bad}");
+        let missing = build_payload(Intent::Deploy("/nonexistent/lamp.rhai".into()), object).unwrap_err();
+        assert!(missing.contains("/nonexistent/lamp.rhai"), "{missing}");
+        // A script's error (the owner's private channel) shows in its own pane, not in the chat.
+        let me = "aa".repeat(32);
+        let mut view = world(&me);
+        view.apply(&ServerMsg::Chat(ChatView {
+            tick: 42,
+            name: "lamp".into(),
+            channel: DEBUG_CHANNEL,
+            text: "runtime error: boom (line 1, position 20)".into(),
+            position: [12, 24],
+            range_m: 0,
+            to: Some(me.clone()),
+        }));
+        let rows = screen(&App::new(&me), &view);
+        let at = rows.iter().position(|r| r.contains("your scripts' errors")).expect("the errors pane");
+        assert!(rows[at + 1..].iter().any(|r| r.contains("lamp: runtime error: boom")), "{}", rows.join("\n"));
+        assert!(rows[..at].iter().all(|r| !r.contains("boom")), "not in the chat pane");
     }
 }

@@ -133,4 +133,41 @@ fn a_creator_rezzes_scripts_forks_and_redeploys_from_the_command_line() {
     ok(&["script", "deploy", f, "--object", &a, "--node", h1, "--key", me]);
     let err = refused(&["script", "deploy", f, "--object", &b, "--node", h1, "--key", me]);
     assert!(err.contains("quota of 1000 bytes of script would be exceeded"), "{err}");
+
+    // The terminal client builds too: rez beside the avatar, deploy a file, edit, and see its
+    // script's error in the errors pane's channel.
+    let lamp_file = dir.join("tui.rhai");
+    std::fs::write(&lamp_file, "fn on_touch(who) { throw \"fuse blown\"; }\n").unwrap();
+    let key = metatopia_client::keys::read(std::path::Path::new(stranger)).unwrap().unwrap();
+    let join: metatopia_client::proto::NodeAddr = cluster.join[0].parse().unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(async move {
+        use metatopia_client::tui::{App, EditField, Intent, perform};
+        let mut c = metatopia_client::Client::connect(&join, key).await.unwrap();
+        c.login("stranger").await.unwrap();
+        let mut app = App::new(c.account());
+        let me = app.me.clone();
+        assert!(c.run_until(Duration::from_secs(20), |v, _| v.avatar_of(&me).is_some()).await, "my avatar");
+        assert!(perform(&mut c, &mut app, Intent::Rez("tui lamp".into())).await);
+        let mine = |v: &metatopia_client::View| {
+            v.objects.values().find(|o| o.name == "tui lamp" && o.owner == me).map(|o| o.id.clone())
+        };
+        assert!(c.run_until(Duration::from_secs(20), |v, _| mine(v).is_some()).await, "rezzed beside me");
+        let id = mine(c.view()).unwrap();
+        assert!(perform(&mut c, &mut app, Intent::Deploy(lamp_file.to_str().unwrap().into())).await);
+        assert!(
+            c.run_until(Duration::from_secs(20), |v, _| v.objects.get(&id).is_some_and(|o| o.scripted)).await,
+            "deployed: {}",
+            app.notice
+        );
+        assert!(perform(&mut c, &mut app, Intent::Edit(EditField::Text, "tui says hi".into())).await);
+        assert!(
+            c.run_until(Duration::from_secs(20), |v, _| v.objects.get(&id).is_some_and(|o| o.text == "tui says hi"))
+                .await,
+            "edited"
+        );
+        assert!(perform(&mut c, &mut app, Intent::Touch(id.clone())).await);
+        let err =
+            |v: &metatopia_client::View| v.chat.iter().any(|l| l.channel == i32::MAX && l.text.contains("fuse blown"));
+        assert!(c.run_until(Duration::from_secs(20), |v, _| err(v)).await, "the error reached its owner");
+    });
 }

@@ -9,12 +9,10 @@ use anyhow::Context;
 use metatopia_sim::state::{BodyKind, Shape};
 use metatopia_sim::{Fx, ObjectEdit, ObjectId, Payload, ScriptId, Vec2};
 
-use crate::api::http::{AccountView, Client, ObjectView, parse_hash};
+use crate::api::http::{AccountView, Client, ObjectView};
 use crate::cli::admin::{NodeArg, act, signing_key};
 
-/// The line a forked script starts with, naming the script it derives from; `script deploy`
-/// reads it back and records the provenance.
-const FORK_HEADER: &str = "// metatopia: derived from script ";
+use metatopia_client::fork::FORK_HEADER;
 
 #[derive(Debug, clap::Args)]
 pub struct ActArgs {
@@ -288,14 +286,7 @@ fn fetch(node: &NodeArg, object: &str) -> anyhow::Result<ObjectView> {
 
 /// The script it derives from, if the source starts with a fork's header.
 fn derived_from(source: &str) -> anyhow::Result<Option<ScriptId>> {
-    match source.lines().next().and_then(|l| l.strip_prefix(FORK_HEADER)) {
-        None => Ok(None),
-        Some(rest) => {
-            let hex = rest.split_whitespace().next().unwrap_or("");
-            let id = parse_hash(hex).with_context(|| format!("the fork header names {hex:?}, not a script id"))?;
-            Ok(Some(ScriptId(id)))
-        }
-    }
+    metatopia_client::fork::derived_from(source).map_err(anyhow::Error::msg)
 }
 
 pub fn script(cmd: ScriptCmd) -> anyhow::Result<()> {
@@ -360,7 +351,7 @@ mod tests {
         let id = "ab".repeat(32);
         let forked =
             format!("{FORK_HEADER}{id} (object 3v0 \"door\", by cd, AGPL-3.0-or-later)\nfn on_touch(who) {{}}\n");
-        assert_eq!(derived_from(&forked).unwrap(), Some(ScriptId(parse_hash(&id).unwrap())));
+        assert_eq!(derived_from(&forked).unwrap(), Some(ScriptId(crate::api::http::parse_hash(&id).unwrap())));
         assert_eq!(derived_from("fn on_touch(who) {}\n").unwrap(), None);
         assert!(derived_from(&format!("{FORK_HEADER}nothex")).is_err());
         assert!(object_id("3v0").is_ok() && object_id("door").is_err());
