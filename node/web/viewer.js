@@ -29,7 +29,14 @@ const hex = (b) => Array.from(b, (x) => x.toString(16).padStart(2, "0")).join(""
 const unhex = (s) => Uint8Array.from(s.match(/../g).map((h) => parseInt(h, 16)));
 
 // Payloads, in the order of `sim::event::Payload`'s variants.
-const PAYLOAD = { Login: 0, Logout: 1, Move: 2, Chat: 3, Touch: 4 };
+const PAYLOAD = { Login: 0, Logout: 1, Move: 2, Chat: 3, Touch: 4, Rez: 5, Derez: 6, DeployScript: 7, Edit: 11 };
+const BODY = { static: 0, kinematic: 1, dynamic: 2 };
+// `Shape`: a box of half sizes, or a circle of a radius (metres).
+function shape(w, s) {
+  if (s.circle != null) { w.varint(0); w.zigzag(fx(s.circle)); } else { w.varint(1); w.zigzag(fx(s.box[0])); w.zigzag(fx(s.box[1])); }
+}
+// `Option<T>`: a 0 byte, or a 1 byte and the value.
+function option(w, v, put) { if (v == null) w.varint(0); else { w.varint(1); put(v); } }
 function encodeBody(payload) {
   const w = new Writer();
   w.varint(state.status.sim);
@@ -42,6 +49,27 @@ function encodeBody(payload) {
     case "Move": w.varint(objectBits(payload.object)); w.zigzag(fx(payload.velocity[0])); w.zigzag(fx(payload.velocity[1])); break;
     case "Chat": w.zigzag(payload.channel); w.varint(1 /* say */); w.string(payload.text); break;
     case "Touch": w.varint(objectBits(payload.object)); break;
+    case "Rez":
+      w.string(payload.name); shape(w, payload.shape);
+      w.zigzag(fx(payload.at[0])); w.zigzag(fx(payload.at[1]));
+      w.varint(payload.color); w.string(payload.text); w.varint(BODY[payload.body]);
+      break;
+    case "Derez": w.varint(objectBits(payload.object)); break;
+    case "DeployScript":
+      w.varint(objectBits(payload.object)); w.string(payload.source); w.string(payload.licence);
+      option(w, payload.derived_from, (id) => w.raw(unhex(id)));
+      break;
+    case "Edit": {
+      const e = payload.edit;
+      w.varint(objectBits(payload.object));
+      option(w, e.name, (v) => w.string(v));
+      option(w, e.text, (v) => w.string(v));
+      option(w, e.color, (v) => w.varint(v));
+      option(w, e.shape, (v) => shape(w, v));
+      option(w, e.at, (v) => { w.zigzag(fx(v[0])); w.zigzag(fx(v[1])); });
+      option(w, e.body, (v) => w.varint(BODY[v]));
+      break;
+    }
   }
   return w.out();
 }
@@ -261,10 +289,16 @@ async function select(id) {
   state.selected = id;
   const o = await request("object", id);
   if (!o) return;
+  state.selectedView = o;
   $("selected").hidden = false;
   $("sel-name").textContent = o.name;
   $("sel-text").textContent = o.text;
-  $("sel-meta").textContent = `id ${o.id} · owner ${o.owner.slice(0, 16)}…`;
+  $("sel-meta").textContent = `id ${o.id} · owner ${o.owner.slice(0, 16)}… · ${o.body || "?"}`;
+  const mine = o.owner === state.account && !o.avatar;
+  $("edit-form").hidden = !mine;
+  if (mine) { $("edit-text").value = o.text; $("edit-body").value = o.body || "static"; }
+  $("fork").hidden = !o.script;
+  $("new-script").hidden = !mine || !!o.script;
   const box = $("script");
   box.replaceChildren();
   if (o.script) {
@@ -275,6 +309,76 @@ async function select(id) {
     box.append(meta, pre);
   }
   state.dirty = true;
+}
+
+// ---- building ----
+const FORK_HEADER = "// metatopia: derived from script ";
+const mineObjects = () => state.objects.filter((o) => o.owner === state.account && !o.avatar);
+
+// The script editor: a fork of a script (its header names the original) or a new one.
+function openEditor(source, origin) {
+  $("editor").hidden = false;
+  $("ed-source").value = source;
+  $("ed-origin").textContent = origin ? `derived from ${origin.slice(0, 16)}…` : "a new script";
+  $("ed-error").textContent = ""; delete $("ed-error").dataset.line;
+  const sel = $("ed-target"), keep = sel.value;
+  sel.replaceChildren(...mineObjects().map((o) => { const op = document.createElement("option"); op.value = o.id; op.textContent = `${o.name} (${o.id})`; return op; }));
+  if (keep && Array.from(sel.options).some((op) => op.value === keep)) sel.value = keep;
+  if (state.selected && mineObjects().some((o) => o.id === state.selected)) sel.value = state.selected;
+}
+
+async function deploy() {
+  const source = $("ed-source").value, object = $("ed-target").value;
+  if (!object) return notice("rez an object of your own first: scripts go on objects you own");
+  const first = source.split("\n")[0];
+  const derived_from = first.startsWith(FORK_HEADER) ? first.slice(FORK_HEADER.length).split(/\s/)[0] : null;
+  const o = await act({ kind: "DeployScript", object, source, licence: $("ed-licence").value, derived_from });
+  const err = $("ed-error");
+  if (o && o.refused) {
+    err.textContent = o.refused.reason;
+    const m = o.refused.reason.match(/line (\d+)/);
+    if (m) {
+      // Select the line the error names in the editor.
+      err.dataset.line = m[1];
+      const lines = source.split("\n"), n = Math.min(+m[1], lines.length) - 1;
+      const start = lines.slice(0, n).reduce((a, l) => a + l.length + 1, 0);
+      $("ed-source").focus(); $("ed-source").setSelectionRange(start, start + lines[n].length);
+    } else delete err.dataset.line;
+  } else if (o) {
+    err.textContent = `deployed at tick ${o.executed ? o.executed.tick : "?"}`; delete err.dataset.line;
+    select(object);
+  }
+}
+
+function setupBuild() {
+  $("rez-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const me = state.avatar && state.byId.get(state.avatar);
+    const name = $("rez-name").value.trim();
+    if (!me || !name) return notice(me ? "name the object first" : "log in first");
+    act({ kind: "Rez", name, shape: { box: [0.5, 0.5] }, at: [+me.position[0] + 2, +me.position[1]], color: 0x808080ff, text: "", body: "static" })
+      .catch((err) => notice(String(err.message || err)));
+    $("rez-name").value = "";
+  });
+  $("edit-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    if (!state.selected) return;
+    const o = state.selectedView || {};
+    const edit = {};
+    if ($("edit-text").value !== o.text) edit.text = $("edit-text").value;
+    if ($("edit-body").value !== o.body) edit.body = $("edit-body").value;
+    if (!Object.keys(edit).length) return notice("nothing to change");
+    const id = state.selected;
+    act({ kind: "Edit", object: id, edit }).then(() => select(id)).catch((err) => notice(String(err.message || err)));
+  });
+  $("fork").addEventListener("click", () => {
+    const o = state.selectedView;
+    if (!o || !o.script) return;
+    openEditor(`${FORK_HEADER}${o.script.id} (${o.name})\n${o.script.source}`, o.script.id);
+  });
+  $("new-script").addEventListener("click", () => openEditor("fn on_touch(who) {\n    set_text(\"touched\");\n}\n", null));
+  $("ed-deploy").addEventListener("click", () => deploy().catch((err) => notice(String(err.message || err))));
+  $("ed-close").addEventListener("click", () => { $("editor").hidden = true; });
 }
 
 // ---- drawing ----
@@ -383,6 +487,7 @@ async function login() {
     $("me").dataset.loggedIn = "true";
     $("name-form").hidden = true;
     $("logout").hidden = false;
+    $("build").hidden = false;
   } else {
     notice(`login: ${o ? JSON.stringify(o) : "no answer"}`);
     askName();
@@ -395,6 +500,7 @@ async function logout() {
     state.avatar = null;
     $("me").textContent = "logged out";
     $("me").dataset.loggedIn = "false";
+    $("build").hidden = true;
     askName();
   }
 }
@@ -408,6 +514,7 @@ function refreshSession() {
 
 async function main() {
   setupInput();
+  setupBuild();
   requestAnimationFrame(draw);
   setInterval(renderObjects, 250);
   try { await loadKey(); } catch (e) { notice(`cannot sign: ${e.message || e}`); }

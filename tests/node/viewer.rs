@@ -1,7 +1,10 @@
 //! The web viewer end to end: four real nodes on loopback run the plaza scenario's world; the
 //! viewer served by node 0 is driven in real headless Chromium (playwright-core): objects
 //! appear, the browser makes a key and logs in, chat gets the echo bot's reply, the door's
-//! script source shows, touching opens the door; a screenshot is saved under target/.
+//! script source shows, touching opens the door; then the build mode: rez an object, edit its
+//! text, fork the door's script in the editor, deploy it to the new object, see its provenance
+//! and a touch's effect, and a compile error shown at (and selected on) its line; a screenshot
+//! is saved under target/.
 use crate::support;
 
 use std::path::{Path, PathBuf};
@@ -14,7 +17,7 @@ fn repo() -> PathBuf {
 }
 
 #[test]
-fn the_viewer_in_headless_chromium_logs_in_chats_reads_a_script_and_opens_the_door() {
+fn the_viewer_in_headless_chromium_logs_in_chats_opens_the_door_and_builds() {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     assert!(
         Path::new(&chromium).exists(),

@@ -41,6 +41,44 @@ try {
   await page.waitForFunction(
     () => [...document.querySelectorAll("#chat-log li")].some((li) => li.textContent.includes("The door opens.")),
     null, { timeout: 30000 });
+  step("build: rez an object of my own beside me");
+  await page.fill("#rez-name", "my lamp");
+  await page.click("#rez-form button");
+  await page.waitForSelector('#objects li[data-name="my lamp"]', { timeout: 30000 });
+  step("edit it: a floating text");
+  await page.click('#objects li[data-name="my lamp"]');
+  await page.waitForSelector("#edit-form:not([hidden])", { timeout: 15000 });
+  await page.fill("#edit-text", "unlit");
+  await page.click("#edit-form button");
+  await page.waitForFunction(
+    () => document.querySelector('#objects li[data-name="my lamp"]')?.dataset.text === "unlit", null, { timeout: 30000 });
+  step("fork the door's script, edit it and deploy it to my lamp");
+  await page.click('#objects li[data-name="door"]');
+  await page.waitForSelector("#fork:not([hidden])", { timeout: 15000 });
+  await page.click("#fork");
+  await page.waitForSelector("#editor:not([hidden])", { timeout: 15000 });
+  const forked = await page.inputValue("#ed-source");
+  if (!forked.startsWith("// metatopia: derived from script ")) throw new Error(`no fork header: ${forked.slice(0, 80)}`);
+  const header = forked.split("\n")[0];
+  await page.fill("#ed-source", `${header}\nfn on_touch(who) {\n    set_text("lamp lit");\n}\n`);
+  await page.selectOption("#ed-target", { label: await page.evaluate(() => [...document.querySelectorAll("#ed-target option")].find((o) => o.textContent.startsWith("my lamp")).textContent) });
+  await page.click("#ed-deploy");
+  await page.waitForFunction(() => document.querySelector("#ed-error").textContent.startsWith("deployed"), null, { timeout: 30000 });
+  step("its provenance, and the effect of a touch");
+  await page.waitForFunction(() => document.querySelector("#script p")?.textContent.includes("derived from"), null, { timeout: 15000 });
+  await page.click("#touch");
+  await page.waitForFunction(
+    () => document.querySelector('#objects li[data-name="my lamp"]')?.dataset.text === "lamp lit", null, { timeout: 30000 });
+  step("a compile error is shown at its line");
+  await page.fill("#ed-source", `${header}\nfn on_touch(who) {\n    set_text("x") ; ;\n}}\n`);
+  await page.click("#ed-deploy");
+  await page.waitForFunction(() => document.querySelector("#ed-error").dataset.line != null, null, { timeout: 30000 });
+  const err = await page.textContent("#ed-error");
+  if (!err.includes("does not compile")) throw new Error(`not a compile error: ${err}`);
+  const line = await page.getAttribute("#ed-error", "data-line");
+  const at = await page.evaluate(() => { const t = document.querySelector("#ed-source"); return t.value.slice(0, t.selectionStart).split("\n").length; });
+  if (String(at) !== line) throw new Error(`the editor selects line ${at}, the error names line ${line}`);
+  console.log(`  compile error shown and selected: ${err} (line ${line})`);
   await page.screenshot({ path: shot });
   step(`screenshot ${shot}`);
   if ((await page.getAttribute("#me", "data-signer")) !== "webcrypto") throw new Error("expected WebCrypto's Ed25519 in Chromium");
