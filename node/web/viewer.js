@@ -306,9 +306,25 @@ async function select(id) {
     meta.textContent = `licence ${o.script.licence} · author ${o.script.author.slice(0, 16)}… · ${o.script.derived_from ? "derived from " + o.script.derived_from.slice(0, 16) + "…" : "original"}`;
     const pre = document.createElement("pre");
     pre.textContent = o.script.source;
-    box.append(meta, pre);
+    const chain = document.createElement("p");
+    chain.className = "provenance";
+    box.append(meta, chain, pre);
+    if (o.script.derived_from) provenance(o.script.derived_from).then((t) => { chain.textContent = t; });
   }
   state.dirty = true;
+}
+
+// A script's provenance back to the original, from the scripts the sim holds (16 steps at most).
+async function provenance(id) {
+  const steps = [];
+  while (id && steps.length < 16) {
+    const r = await fetch(`/v1/scripts/${id}`);
+    if (!r.ok) { steps.push(`${id.slice(0, 12)}… (not held here)`); return "provenance: " + steps.join(" ← "); }
+    const s = await r.json();
+    steps.push(`${id.slice(0, 12)}… by ${s.author.slice(0, 8)}…`);
+    id = s.derived_from;
+  }
+  return "provenance: " + steps.concat(id ? ["…"] : ["the original"]).join(" ← ");
 }
 
 // ---- building ----

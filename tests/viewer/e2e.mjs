@@ -66,6 +66,8 @@ try {
   await page.waitForFunction(() => document.querySelector("#ed-error").textContent.startsWith("deployed"), null, { timeout: 30000 });
   step("its provenance, and the effect of a touch");
   await page.waitForFunction(() => document.querySelector("#script p")?.textContent.includes("derived from"), null, { timeout: 15000 });
+  await page.waitForFunction(() => document.querySelector("#script p.provenance")?.textContent.endsWith("the original"), null, { timeout: 15000 });
+  console.log(`  ${await page.textContent("#script p.provenance")}`);
   await page.click("#touch");
   await page.waitForFunction(
     () => document.querySelector('#objects li[data-name="my lamp"]')?.dataset.text === "lamp lit", null, { timeout: 30000 });

@@ -9,6 +9,7 @@
 //! | `GET /v1/accounts/{id}`   | [`AccountView`]                                               |
 //! | `GET /v1/governance`      | [`GovernanceView`]: admin, temp admin and why, validators     |
 //! | `GET /v1/objects/{id}`    | [`ObjectView`] (with its script's source, readable by anyone) |
+//! | `GET /v1/scripts/{id}`    | [`ScriptView`]: a script by id, to follow its provenance      |
 //! | `GET /v1/roots/{tick}`    | [`RootView`]: this node's root for a recent tick              |
 //! | `GET /v1/chat/{since}`    | [`ChatView`]s heard since a tick (the last 1,024 lines)       |
 //! | `GET /v1/ws`              | the WebSocket gateway ([`crate::api::gateway`]): deltas, chat, acts |
@@ -52,15 +53,19 @@ pub fn object_view(w: &metatopia_sim::World, o: &metatopia_sim::Object, with_sou
         shape,
         color: format!("{:08x}", o.color),
         text: o.text.clone(),
-        script: source.filter(|_| with_source).map(|s| ScriptView {
-            source: s.source.clone(),
-            licence: s.licence.clone(),
-            author: s.author.to_string(),
-            derived_from: s.derived_from.map(|d| d.to_string()),
-            id: s.id().to_string(),
-        }),
+        script: source.filter(|_| with_source).map(script_view),
         scripted: source.is_some(),
         body: o.body.name().to_owned(),
+    }
+}
+
+fn script_view(s: &metatopia_sim::state::ScriptSource) -> ScriptView {
+    ScriptView {
+        source: s.source.clone(),
+        licence: s.licence.clone(),
+        author: s.author.to_string(),
+        derived_from: s.derived_from.map(|d| d.to_string()),
+        id: s.id().to_string(),
     }
 }
 
@@ -72,6 +77,8 @@ pub enum Query {
     Account(AccountId, oneshot::Sender<Option<AccountView>>),
     Governance(oneshot::Sender<GovernanceView>),
     Object(metatopia_sim::ObjectId, oneshot::Sender<Option<ObjectView>>),
+    /// A script the sim holds, by its id.
+    Script(metatopia_sim::ScriptId, oneshot::Sender<Option<ScriptView>>),
     /// Every object (the first 10,000), without script sources.
     Objects(oneshot::Sender<Vec<ObjectView>>),
     Root(u64, oneshot::Sender<Option<RootView>>),
@@ -116,6 +123,9 @@ pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(
         Query::Object(id, tx) => {
             let w = core.sim().world();
             let _ = tx.send(w.object(id).map(|o| object_view(w, o, true)));
+        }
+        Query::Script(id, tx) => {
+            let _ = tx.send(core.sim().world().sources().get(&id).map(script_view));
         }
         Query::Objects(tx) => {
             let w = core.sim().world();
@@ -228,6 +238,7 @@ pub fn routes() -> Router<Service> {
         .route("/v1/governance", get(governance))
         .route("/v1/objects", get(objects))
         .route("/v1/objects/{id}", get(object))
+        .route("/v1/scripts/{id}", get(script))
         .route("/", get(|| async { axum::response::Html(include_str!("../../web/index.html")) }))
         .route(
             "/viewer.js",
@@ -327,6 +338,17 @@ async fn object(State(s): State<Service>, Path(id): Path<String>) -> Response {
     match s.ask(|tx| Query::Object(id, tx)).await {
         Ok(Some(o)) => axum::Json(o).into_response(),
         Ok(None) => err(StatusCode::NOT_FOUND, "no such object"),
+        Err(e) => e,
+    }
+}
+
+async fn script(State(s): State<Service>, Path(id): Path<String>) -> Response {
+    let Some(id) = parse_hash(&id).map(metatopia_sim::ScriptId) else {
+        return err(StatusCode::BAD_REQUEST, "a script id is 64 hex digits");
+    };
+    match s.ask(|tx| Query::Script(id, tx)).await {
+        Ok(Some(v)) => axum::Json(v).into_response(),
+        Ok(None) => err(StatusCode::NOT_FOUND, "no such script in this sim"),
         Err(e) => e,
     }
 }

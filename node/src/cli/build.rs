@@ -277,6 +277,31 @@ pub fn object(cmd: ObjectCmd) -> anyhow::Result<()> {
     }
 }
 
+/// A script's provenance back to its original: "ID (by AUTHOR) ← … ← an original", from the
+/// scripts the sim holds (at most 16 steps).
+fn provenance(node: &NodeArg, mut next: Option<String>) -> String {
+    let client = Client::new(&node.node);
+    let mut steps = Vec::new();
+    while let Some(id) = next.take() {
+        if steps.len() == 16 {
+            steps.push("…".to_owned());
+            return steps.join(" ← ");
+        }
+        match client.get::<metatopia_client::proto::ScriptView>(&format!("/v1/scripts/{id}")) {
+            Ok(Some(s)) => {
+                steps.push(format!("{id} (by {}…)", &s.author[..s.author.len().min(16)]));
+                next = s.derived_from;
+            }
+            _ => {
+                steps.push(format!("{id} (not held by this sim)"));
+                return steps.join(" ← ");
+            }
+        }
+    }
+    steps.push("an original".to_owned());
+    if steps.len() == 1 { "nothing (an original)".to_owned() } else { steps.join(" ← ") }
+}
+
 fn fetch(node: &NodeArg, object: &str) -> anyhow::Result<ObjectView> {
     let id = object_id(object)?;
     Client::new(&node.node)
@@ -307,7 +332,7 @@ pub fn script(cmd: ScriptCmd) -> anyhow::Result<()> {
             let s = o.script.with_context(|| format!("object {object} has no script"))?;
             println!("script {} on object {} {:?}", s.id, o.id, o.name);
             println!("licence {} · author {}", s.licence, s.author);
-            println!("derived from {}", s.derived_from.as_deref().unwrap_or("nothing (an original)"));
+            println!("derived from {}", provenance(&node, s.derived_from.clone()));
             println!("---");
             print!("{}", s.source);
             if !s.source.ends_with('\n') {
