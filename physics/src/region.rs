@@ -43,7 +43,7 @@ use crate::msg::{BodyMsg, Envelope, Msg, RegionId, Target};
 
 /// Most bytes a saved region may have (a bound for untrusted snapshots).
 pub const MAX_SAVED_BYTES: u32 = 256 << 20;
-const SAVE_VERSION: u16 = 1;
+const SAVE_VERSION: u16 = 2;
 /// The whole carried state is hashed into the root at every multiple of this many ticks. A
 /// region saved at such a tick is checked against that hash when restored, so snapshots meant
 /// to be trusted (certified by their root) are taken at these ticks.
@@ -249,6 +249,9 @@ pub struct Region {
     targets: BTreeMap<ObjectId, Target>,
     /// Bodies that reach their target during the current step and stop at the next.
     stopping: BTreeSet<ObjectId>,
+    /// Walking avatars: the velocity each holds at every step until its input changes, so a
+    /// bump moves it for a moment and never carries it off, and zero stops it.
+    drives: BTreeMap<ObjectId, Vec2>,
     /// The last arrival nonce handed out.
     next_nonce: u64,
     /// The hash of the whole carried state at the last multiple of [`FULL_ROOT_EVERY`] ticks.
@@ -287,6 +290,7 @@ struct SavedRef<'a> {
     released: &'a BTreeMap<ObjectId, Released>,
     targets: &'a BTreeMap<ObjectId, Target>,
     stopping: &'a BTreeSet<ObjectId>,
+    drives: &'a BTreeMap<ObjectId, Vec2>,
     next_nonce: u64,
     full_digest: Hash32,
     last_feed: &'a BTreeMap<RegionId, u64>,
@@ -303,6 +307,7 @@ struct Saved {
     released: BTreeMap<ObjectId, Released>,
     targets: BTreeMap<ObjectId, Target>,
     stopping: BTreeSet<ObjectId>,
+    drives: BTreeMap<ObjectId, Vec2>,
     next_nonce: u64,
     full_digest: Hash32,
     last_feed: BTreeMap<RegionId, u64>,
@@ -335,6 +340,7 @@ impl Region {
             released: BTreeMap::new(),
             targets: BTreeMap::new(),
             stopping: BTreeSet::new(),
+            drives: BTreeMap::new(),
             next_nonce: 0,
             full_digest: Hash32([0; 32]),
             full_stale: false,
@@ -369,6 +375,7 @@ impl Region {
             released: saved.released,
             targets: saved.targets,
             stopping: saved.stopping,
+            drives: saved.drives,
             next_nonce: saved.next_nonce,
             full_digest: saved.full_digest,
             full_stale: false,
@@ -414,7 +421,7 @@ impl Region {
         if self.world.bodies.len() != self.bodies.len() {
             return bad(format!("{} rapier bodies for {} table entries", self.world.bodies.len(), self.bodies.len()));
         }
-        for id in self.targets.keys().chain(&self.stopping) {
+        for id in self.targets.keys().chain(&self.stopping).chain(self.drives.keys()) {
             if !self.bodies.get(id).is_some_and(|b| b.role.is_owner()) {
                 return bad(format!("target for {id}, which is not owned"));
             }
@@ -499,6 +506,9 @@ impl Region {
         if self.stopping.remove(&from) {
             self.stopping.insert(to);
         }
+        if let Some(d) = self.drives.remove(&from) {
+            self.drives.insert(to, d);
+        }
         if let Some(a) = self.arriving.remove(&from) {
             self.arriving.insert(to, a);
         }
@@ -517,6 +527,7 @@ impl Region {
         self.released.remove(&object);
         self.targets.remove(&object);
         self.stopping.remove(&object);
+        self.drives.remove(&object);
     }
 
     /// Put an owned body into the world (genesis, or a rez), or place it afresh (an edit).
@@ -540,6 +551,7 @@ impl Region {
         self.released.remove(&object);
         self.targets.remove(&object);
         self.stopping.remove(&object);
+        self.drives.remove(&object);
         let msg = BodyMsg {
             object,
             shape,
@@ -854,6 +866,7 @@ impl Region {
         let Some(body) = self.body_msg(object, &b) else { return };
         let target = self.targets.remove(&object);
         self.stopping.remove(&object);
+        self.drives.remove(&object);
         if let Some(e) = self.bodies.get_mut(&object) {
             e.role = Role::Ghost { from: to };
         }
@@ -873,6 +886,7 @@ impl Region {
                     self.bodies.remove(&object);
                     self.targets.remove(&object);
                     self.stopping.remove(&object);
+                    self.drives.remove(&object);
                     self.remove_rapier(h);
                 }
             }
@@ -880,6 +894,7 @@ impl Region {
                 if let Some(h) = owned(self, object) {
                     self.targets.remove(&object);
                     self.stopping.remove(&object);
+                    self.drives.remove(&object);
                     if let Some(rb) = self.world.bodies.get_mut(h) {
                         rb.set_linvel(to_vector(velocity), true);
                     }
@@ -896,7 +911,18 @@ impl Region {
             }
             PhysicsCommand::SetTarget { object, target, speed } => {
                 if owned(self, object).is_some() && speed > Fx::ZERO {
+                    self.drives.remove(&object);
                     self.targets.insert(object, Target { target, speed });
+                }
+            }
+            PhysicsCommand::Drive { object, velocity } => {
+                if let Some(h) = owned(self, object) {
+                    self.targets.remove(&object);
+                    self.stopping.remove(&object);
+                    self.drives.insert(object, velocity);
+                    if let Some(rb) = self.world.bodies.get_mut(h) {
+                        rb.set_linvel(to_vector(velocity), true);
+                    }
                 }
             }
         }
@@ -905,6 +931,12 @@ impl Region {
     /// Bodies moving to a target get the velocity that reaches it (and stop there).
     fn steer(&mut self, dt: Fx) {
         let dt = to_f32(dt);
+        // Walking avatars hold their velocity (a bump last step does not carry them on).
+        for (id, v) in &self.drives {
+            if let Some(rb) = self.bodies.get(id).and_then(|b| self.world.bodies.get_mut(b.handle)) {
+                rb.set_linvel(to_vector(*v), true);
+            }
+        }
         // Those that arrived during the last step stop now.
         for id in std::mem::take(&mut self.stopping) {
             if let Some(rb) = self.bodies.get(&id).and_then(|b| self.world.bodies.get_mut(b.handle)) {
@@ -1080,6 +1112,7 @@ impl Region {
             released: &self.released,
             targets: &self.targets,
             stopping: &self.stopping,
+            drives: &self.drives,
             next_nonce: self.next_nonce,
             full_digest,
             last_feed: &self.last_feed,
@@ -1126,7 +1159,15 @@ impl Region {
             }
         }
         h.update(&buf);
-        let tables = (&self.arriving, &self.released, &self.targets, &self.stopping, self.next_nonce, &self.last_feed);
+        let tables = (
+            &self.arriving,
+            &self.released,
+            &self.targets,
+            &self.stopping,
+            &self.drives,
+            self.next_nonce,
+            &self.last_feed,
+        );
         h.update(&postcard::to_allocvec(&tables).expect("tables encode"));
         Hash32(*h.finalize().as_bytes())
     }

@@ -170,6 +170,12 @@ pub enum PhysicsCommand {
         object: ObjectId,
         velocity: Vec2,
     },
+    /// An avatar's walking velocity (its owner's input): held at every step until the next, so
+    /// a bump moves it for a moment but never carries it off, and zero stops it.
+    Drive {
+        object: ObjectId,
+        velocity: Vec2,
+    },
     Impulse {
         object: ObjectId,
         impulse: Vec2,

@@ -70,7 +70,8 @@ impl PhysicsStage for KinematicPhysics {
                     self.moving.remove(&object);
                     self.targets.remove(&object);
                 }
-                PhysicsCommand::SetVelocity { object, velocity } => {
+                // Nothing bumps a body here: holding a velocity is setting it.
+                PhysicsCommand::SetVelocity { object, velocity } | PhysicsCommand::Drive { object, velocity } => {
                     if world.object(object).is_some() {
                         vel.insert(object, velocity);
                         self.targets.remove(&object);

@@ -109,3 +109,55 @@ fn a_ball_bounces_off_static_and_kinematic_bodies_that_stay_put() {
     assert!(turned >= 2, "the ball bounced off both: it turned {turned} times");
     assert!(hits.iter().any(|(a, b)| (*a, *b) == (ball, wall) || (*a, *b) == (wall, ball)), "{hits:?}");
 }
+
+/// An avatar holds its owner's walking velocity: one standing still (its last input was zero)
+/// is hit by a ball, is moved by it for a moment, and stands still again at once.
+#[test]
+fn an_avatar_stops_when_its_input_stops_even_after_a_bump() {
+    use metatopia_sim::state::{BodyKind, ObjectKind, Shape};
+    use metatopia_sim::{Batch, Fx, Payload, SignedEvent, Vec2};
+    let mut demo = demo_world(DemoSpec { seed: 9, objects: 0, players: 1, ..DemoSpec::default() });
+    let owner = metatopia_sim::event::account_of(&demo.admin);
+    let me = metatopia_sim::event::account_of(&demo.players[0]);
+    let still = demo.world.account(&me).and_then(|a| a.avatar).unwrap();
+    let at = demo.world.object(still).unwrap().position - Vec2::from_ints(6, 0);
+    let shape = Shape::Circle { radius: Fx::HALF };
+    let (v, white) = (Vec2::from_ints(8, 0), 0xffff_ffff);
+    let ball = demo.world.add_genesis_object(
+        ObjectKind::Prim,
+        owner,
+        "ball".into(),
+        shape,
+        at,
+        v,
+        white,
+        String::new(),
+        BodyKind::Dynamic,
+    );
+    let mut sim = Sim::new(demo.world.clone(), RuleHost::default(), RegionStage::single(), 1).unwrap();
+    let s0 = sim.world().object(still).unwrap().position;
+    let (sim_id, rate) = (sim.world().sim(), sim.world().settings().tick_rate_hz);
+    let mut hit = false;
+    for t in 0..90u64 {
+        let tick = sim.world().tick();
+        let events = match t {
+            0 => vec![SignedEvent::new(
+                &demo.players[0],
+                sim_id,
+                1,
+                Payload::Move { object: still, velocity: Vec2::ZERO },
+            )],
+            _ => Vec::new(),
+        };
+        let (time_ms, seed) =
+            (metatopia_sim::genesis::tick_time_ms(tick, rate), metatopia_sim::genesis::tick_seed(tick));
+        let r = sim.step(&VerifiedBatch::new(Batch { tick, time_ms, seed, events }, 1)).unwrap();
+        assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+        hit |= sim.world().queue().iter().any(|q| matches!(q, Queued::Collision { object, other } if [*object, *other] == [still, ball] || [*object, *other] == [ball, still]));
+    }
+    assert!(hit, "the ball hit the avatar");
+    let s = sim.world().object(still).unwrap();
+    assert_eq!(s.velocity, Vec2::ZERO, "the avatar whose input is zero stands still after the bump");
+    assert!((s.position - s0).length() < Fx::ONE, "and was moved less than a metre: {:?}", s.position - s0);
+    assert!(sim.world().object(ball).unwrap().velocity.x < Fx::ONE, "the ball gave up its speed to the avatar");
+}

@@ -216,7 +216,13 @@ fn client_event(
                 return Err(RejectReason::InvalidValue { field: "object (static: edit its position instead)".into() });
             }
             let velocity = velocity.clamp_length(world.settings.limits.max_speed);
-            part.physics.push(PhysicsCommand::SetVelocity { object: w.object.id, velocity });
+            let object = w.object.id;
+            // An avatar walks: it holds its owner's velocity; other objects are set moving.
+            part.physics.push(if w.object.kind == ObjectKind::Avatar {
+                PhysicsCommand::Drive { object, velocity }
+            } else {
+                PhysicsCommand::SetVelocity { object, velocity }
+            });
             Ok(())
         }),
         Payload::Edit { edit, .. } => owner_only(w).and_then(|()| apply_edit(world, w, part, edit)),
