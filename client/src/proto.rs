@@ -651,6 +651,32 @@ mod tests {
         assert!(postcard::to_allocvec(&u).unwrap().len() < postcard::to_allocvec(&new).unwrap().len() / 3);
     }
 
+    /// Postcard is not self-describing: a field the encoder skips shifts every later one (a
+    /// `skip_serializing_if` once closed every client's connection). Views and updates with
+    /// every optional field empty, and with every one set, come back whole.
+    #[test]
+    fn views_and_updates_survive_the_wire_with_fields_empty_or_set() {
+        let view = object("4v1", "1.5", "2");
+        let empty = ObjectUpdate { id: "4v1".into(), ..ObjectUpdate::default() };
+        let mut other = view.clone();
+        (other.text, other.name, other.body, other.scripted) = ("t".into(), "n".into(), "dynamic".into(), false);
+        (other.color, other.shape, other.owner) = ("00ff00ff".into(), "circle 2".into(), "cd".repeat(32));
+        other.velocity = ["1".into(), "2".into()];
+        let full = ObjectUpdate::between(&view, &other);
+        assert!(full.body.is_some() && full.vel_mm.is_some() && full.owner.is_some());
+        let msg = ServerMsg::Tick {
+            tick: 9,
+            enter: vec![view.clone()],
+            update: vec![empty, full],
+            leave: vec!["1v0".into()],
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let mut buf = Vec::new();
+        rt.block_on(write_frame(&mut buf, &msg)).unwrap();
+        let back: ServerMsg = rt.block_on(read_frame(&mut &buf[..], MAX_CLIENT_FRAME * 64)).unwrap();
+        assert_eq!(back, msg);
+    }
+
     #[test]
     fn later_updates_fold_into_earlier_ones() {
         let mut a =
