@@ -536,7 +536,7 @@ impl Client {
     /// One object with its script's source, licence, author and provenance.
     pub async fn object(&mut self, id: &str) -> Result<Option<ObjectView>, ClientError> {
         match self.request(ClientMsg::Object { id: id.to_string() }, |m| matches!(m, ServerMsg::Object { .. })).await? {
-            ServerMsg::Object { object } => Ok(object),
+            ServerMsg::Object { object } => Ok(object.map(|o| *o)),
             _ => unreachable!("matched above"),
         }
     }

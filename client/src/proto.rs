@@ -187,6 +187,9 @@ pub struct ObjectView {
     /// How it moves: `static`, `kinematic` or `dynamic`.
     #[serde(default)]
     pub body: String,
+    /// Its own surface (`friction F restitution R damping D`), or empty: the sim's defaults.
+    #[serde(default)]
+    pub surface: String,
 }
 
 impl ObjectView {
@@ -221,6 +224,8 @@ pub struct ObjectUpdate {
     pub scripted: Option<bool>,
     #[serde(default)]
     pub body: Option<String>,
+    #[serde(default)]
+    pub surface: Option<String>,
 }
 
 impl ObjectUpdate {
@@ -235,6 +240,7 @@ impl ObjectUpdate {
             && self.owner.is_none()
             && self.scripted.is_none()
             && self.body.is_none()
+            && self.surface.is_none()
     }
 
     /// Where dead reckoning puts an object `ticks` after it was at `at` with velocity `vel` (mm,
@@ -262,6 +268,7 @@ impl ObjectUpdate {
             owner: diff(&old.owner, &new.owner),
             scripted: diff(&old.scripted, &new.scripted),
             body: diff(&old.body, &new.body),
+            surface: diff(&old.surface, &new.surface),
         }
     }
 
@@ -281,6 +288,7 @@ impl ObjectUpdate {
         take(&mut self.owner, &later.owner);
         take(&mut self.scripted, &later.scripted);
         take(&mut self.body, &later.body);
+        take(&mut self.surface, &later.surface);
     }
 
     pub fn apply(&self, o: &mut ObjectView) {
@@ -302,6 +310,7 @@ impl ObjectUpdate {
         set(&mut o.owner, &self.owner);
         set(&mut o.scripted, &self.scripted);
         set(&mut o.body, &self.body);
+        set(&mut o.surface, &self.surface);
     }
 }
 
@@ -487,7 +496,7 @@ pub enum ServerMsg {
         outcome: Outcome,
     },
     Object {
-        object: Option<ObjectView>,
+        object: Option<Box<ObjectView>>,
     },
     Account {
         id: String,
@@ -568,6 +577,7 @@ mod tests {
             script: None,
             scripted: true,
             body: "static".into(),
+            surface: String::new(),
         }
     }
 
@@ -661,6 +671,7 @@ mod tests {
         let mut other = view.clone();
         (other.text, other.name, other.body, other.scripted) = ("t".into(), "n".into(), "dynamic".into(), false);
         (other.color, other.shape, other.owner) = ("00ff00ff".into(), "circle 2".into(), "cd".repeat(32));
+        other.surface = "friction 1 restitution 0 damping 2".into();
         other.velocity = ["1".into(), "2".into()];
         let full = ObjectUpdate::between(&view, &other);
         assert!(full.body.is_some() && full.vel_mm.is_some() && full.owner.is_some());

@@ -573,6 +573,7 @@ mod tests {
             script: None,
             scripted: name == "door",
             body: "static".into(),
+            surface: String::new(),
         }
     }
 

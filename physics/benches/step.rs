@@ -74,7 +74,7 @@ fn region_of(n: u32) -> Region {
     bouncy(&mut cfg);
     let mut r = Region::new(cfg).unwrap();
     for (id, shape, p, v) in bodies {
-        r.spawn(id, shape, p, Fx::ZERO, v, BodyKind::Dynamic);
+        r.spawn(id, shape, p, Fx::ZERO, v, BodyKind::Dynamic, None);
     }
     r
 }
@@ -188,7 +188,7 @@ fn grid_of(n: u32, connected: bool) -> Grid {
     .unwrap();
     for (id, shape, p, v) in bodies {
         let r = grid.region_at(p).unwrap();
-        grid.regions[r].spawn(id, shape, p, Fx::ZERO, v, BodyKind::Dynamic);
+        grid.regions[r].spawn(id, shape, p, Fx::ZERO, v, BodyKind::Dynamic, None);
     }
     grid
 }

@@ -2,7 +2,7 @@
 //! overlay (and accept them only with proof that the sending sim committed them, DESIGN §7).
 
 use metatopia_sim::ObjectId;
-use metatopia_sim::state::{BodyKind, Shape};
+use metatopia_sim::state::{BodyKind, Shape, Surface};
 use serde::{Deserialize, Serialize};
 
 /// A region (a physics sim) in the world's layout.
@@ -28,6 +28,8 @@ pub struct BodyMsg {
     pub angvel: f32,
     /// How it moves: a kinematic body crossing stays kinematic (a static one never crosses).
     pub kind: BodyKind,
+    /// Its own surface, if its owner set one (else the region's material).
+    pub surface: Option<Surface>,
 }
 
 impl BodyMsg {

@@ -29,7 +29,7 @@ use std::sync::Mutex;
 
 use metatopia_sim::host::{BodyState, PhysicsCommand, PhysicsEvent};
 use metatopia_sim::merkle::keys;
-use metatopia_sim::state::{BodyKind, Region as Square, Shape};
+use metatopia_sim::state::{BodyKind, Region as Square, Shape, Surface};
 use metatopia_sim::{Fx, Hash32, ObjectId, Vec2};
 use rapier2d::prelude::{
     ActiveEvents, ColliderBuilder, ColliderHandle, ColliderSet, CollisionEvent, ContactPair, EventHandler,
@@ -173,6 +173,8 @@ impl Role {
 struct Body {
     handle: RigidBodyHandle,
     shape: Shape,
+    /// Its owner's surface, if set (carried with it across borders).
+    surface: Option<Surface>,
     /// The last handoff epoch this body took part in here.
     epoch: u32,
     role: Role,
@@ -531,6 +533,7 @@ impl Region {
     }
 
     /// Put an owned body into the world (genesis, or a rez), or place it afresh (an edit).
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn(
         &mut self,
         object: ObjectId,
@@ -539,6 +542,7 @@ impl Region {
         rotation: Fx,
         velocity: Vec2,
         kind: BodyKind,
+        surface: Option<Surface>,
     ) {
         if !shape.is_valid() {
             return;
@@ -563,20 +567,25 @@ impl Region {
             linvel: to_vector(velocity).to_array(),
             angvel: 0.0,
             kind,
+            surface,
         };
         let handle = self.insert_rapier(&msg, rapier_type(kind));
-        self.bodies.insert(object, Body { handle, shape, epoch: 0, role: Role::Owned });
+        self.bodies.insert(object, Body { handle, shape, surface, epoch: 0, role: Role::Owned });
     }
 
     fn insert_rapier(&mut self, m: &BodyMsg, kind: RigidBodyType) -> RigidBodyHandle {
         // A fixed body keeps no velocity (rapier would carry it in its state).
         let linvel = if kind == RigidBodyType::Fixed { [0.0; 2] } else { m.linvel };
         let mat = self.config.material;
+        let (restitution, friction, linear_damping) = match m.surface {
+            Some(s) => (s.restitution, s.friction, s.damping),
+            None => (mat.restitution, mat.friction, mat.linear_damping),
+        };
         let rb = RigidBodyBuilder::new(kind)
             .translation(Vector::from_array(m.position))
             .linvel(Vector::from_array(linvel))
             .angvel(m.angvel)
-            .linear_damping(to_f32(mat.linear_damping))
+            .linear_damping(to_f32(linear_damping))
             .angular_damping(to_f32(mat.angular_damping))
             .user_data(u128::from(m.object.0))
             .build();
@@ -589,8 +598,8 @@ impl Region {
             Shape::Box { half_width, half_height } => ColliderBuilder::cuboid(to_f32(half_width), to_f32(half_height)),
         };
         let collider = builder
-            .restitution(to_f32(mat.restitution))
-            .friction(to_f32(mat.friction))
+            .restitution(to_f32(restitution))
+            .friction(to_f32(friction))
             .density(to_f32(mat.density))
             .active_events(ActiveEvents::COLLISION_EVENTS)
             .user_data(u128::from(m.object.0))
@@ -633,6 +642,7 @@ impl Region {
                 // Soft frames are never made here.
                 RigidBodyType::Dynamic | RigidBodyType::SoftFrame => BodyKind::Dynamic,
             },
+            surface: b.surface,
         })
     }
 
@@ -711,30 +721,28 @@ impl Region {
                 let mut fed = BTreeSet::new();
                 for m in feed {
                     fed.insert(m.object);
-                    match self.bodies.get(&m.object) {
-                        Some(b) if b.role.is_owner() => {} // ours: the feed is stale
-                        Some(b) => {
-                            let (handle, shape) = (b.handle, b.shape);
-                            if shape != m.shape {
-                                self.remove_rapier(handle);
-                                let handle = self.insert_rapier(m, RigidBodyType::Dynamic);
-                                self.bodies.insert(
-                                    m.object,
-                                    Body { handle, shape: m.shape, epoch: 0, role: Role::Ghost { from } },
-                                );
-                            } else {
-                                self.set_state(handle, m, RigidBodyType::Dynamic);
-                                if let Some(b) = self.bodies.get_mut(&m.object) {
-                                    b.role = Role::Ghost { from };
-                                }
+                    match self.bodies.get(&m.object).map(|b| (b.role.is_owner(), b.handle, b.shape, b.surface)) {
+                        Some((true, ..)) => {} // ours: the feed is stale
+                        Some((false, handle, shape, surface)) if shape == m.shape && surface == m.surface => {
+                            self.set_state(handle, m, RigidBodyType::Dynamic);
+                            if let Some(b) = self.bodies.get_mut(&m.object) {
+                                b.role = Role::Ghost { from };
                             }
                         }
-                        None => {
+                        other => {
+                            // New here, or its shape or surface changed: a fresh ghost body.
+                            if let Some((_, handle, ..)) = other {
+                                self.remove_rapier(handle);
+                            }
                             let handle = self.insert_rapier(m, RigidBodyType::Dynamic);
-                            self.bodies.insert(
-                                m.object,
-                                Body { handle, shape: m.shape, epoch: 0, role: Role::Ghost { from } },
-                            );
+                            let ghost = Body {
+                                handle,
+                                shape: m.shape,
+                                surface: m.surface,
+                                epoch: 0,
+                                role: Role::Ghost { from },
+                            };
+                            self.bodies.insert(m.object, ghost);
                         }
                     }
                 }
@@ -828,21 +836,25 @@ impl Region {
                 }
                 self.arriving.remove(&object);
                 self.released.remove(&object); // an older handoff of ours is moot now
-                match self.bodies.get(&object).map(|b| (b.handle, b.shape)) {
-                    Some((handle, shape)) if shape == body.shape => {
+                match self.bodies.get(&object).map(|b| (b.handle, b.shape, b.surface)) {
+                    Some((handle, shape, surface)) if shape == body.shape && surface == body.surface => {
                         self.set_state(handle, body, rapier_type(body.kind));
                     }
                     other => {
-                        if let Some((handle, _)) = other {
+                        if let Some((handle, _, _)) = other {
                             self.remove_rapier(handle);
                         }
                         let handle = self.insert_rapier(body, rapier_type(body.kind));
-                        self.bodies.insert(object, Body { handle, shape: body.shape, epoch, role: Role::Owned });
+                        self.bodies.insert(
+                            object,
+                            Body { handle, shape: body.shape, surface: body.surface, epoch, role: Role::Owned },
+                        );
                     }
                 }
                 if let Some(b) = self.bodies.get_mut(&object) {
                     b.epoch = epoch;
                     b.role = Role::Owned;
+                    b.surface = body.surface;
                 }
                 if let Some(t) = target {
                     self.targets.insert(object, *t);
@@ -878,8 +890,8 @@ impl Region {
     fn command(&mut self, c: &PhysicsCommand) {
         let owned = |r: &Region, id: ObjectId| r.bodies.get(&id).filter(|b| b.role.is_owner()).map(|b| b.handle);
         match *c {
-            PhysicsCommand::Spawn { object, position, velocity, shape, body } => {
-                self.spawn(object, shape, position, Fx::ZERO, velocity, body);
+            PhysicsCommand::Spawn { object, position, velocity, shape, body, surface } => {
+                self.spawn(object, shape, position, Fx::ZERO, velocity, body, surface);
             }
             PhysicsCommand::Despawn { object } => {
                 if let Some(h) = owned(self, object) {

@@ -146,7 +146,7 @@ impl PhysicsStage for RegionStage {
             None => {
                 let mut r = Region::new(config).map_err(|e| PhysicsError(e.to_string()))?;
                 for o in world.objects().values() {
-                    r.spawn(o.id, o.shape, o.position, o.rotation, o.velocity, o.body);
+                    r.spawn(o.id, o.shape, o.position, o.rotation, o.velocity, o.body, o.surface);
                 }
                 r
             }

@@ -15,7 +15,7 @@ use crate::codec::{self, DecodeError};
 use crate::fx::Fx;
 use crate::ids::{AccountId, EventId, Hash32, ObjectId, ScriptId, SimId, Tick};
 use crate::merkle::keys;
-use crate::state::{BodyKind, Settings, Shape};
+use crate::state::{BodyKind, Settings, Shape, Surface};
 use crate::vec2::Vec2;
 
 /// Signature domain: no other Metatopia message signs these bytes.
@@ -116,6 +116,7 @@ pub struct ObjectEdit {
     pub shape: Option<Shape>,
     pub position: Option<Vec2>,
     pub body: Option<BodyKind>,
+    pub surface: Option<Surface>,
 }
 
 /// Governance acts (DESIGN §10); checked against the roles at the tick they execute.

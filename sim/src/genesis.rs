@@ -142,6 +142,7 @@ fn put(world: &mut World, owner: AccountId, kind: ObjectKind, name: String, posi
         text: String::new(),
         // The demo world's prims and players are physics bodies (its moving prims bounce).
         body: BodyKind::Dynamic,
+        surface: None,
     });
     id
 }

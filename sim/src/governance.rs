@@ -315,9 +315,10 @@ fn spawn(
         color,
         text: text.to_string(),
         body,
+        surface: None,
     });
     let velocity = crate::vec2::Vec2::ZERO;
-    out.physics.push(PhysicsCommand::Spawn { object: id, position, velocity, shape, body });
+    out.physics.push(PhysicsCommand::Spawn { object: id, position, velocity, shape, body, surface: None });
     Ok(id)
 }
 

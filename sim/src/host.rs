@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::event::ChatRange;
 use crate::fx::Fx;
 use crate::ids::{AccountId, Hash32, ObjectId, SimId, Tick};
-use crate::state::{BodyKind, Limits, Object, ScriptInstance, ScriptSource, Shape, World};
+use crate::state::{BodyKind, Limits, Object, ScriptInstance, ScriptSource, Shape, Surface, World};
 use crate::vec2::Vec2;
 
 /// One thing a script reacts to, in the order it must see them.
@@ -162,6 +162,7 @@ pub enum PhysicsCommand {
         velocity: Vec2,
         shape: Shape,
         body: BodyKind,
+        surface: Option<Surface>,
     },
     Despawn {
         object: ObjectId,

@@ -214,6 +214,7 @@ mod tests {
             color: slot,
             text: String::new(),
             body: crate::state::BodyKind::Dynamic,
+            surface: None,
         }
     }
 

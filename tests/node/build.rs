@@ -51,6 +51,26 @@ fn a_creator_rezzes_scripts_forks_and_redeploys_from_the_command_line() {
     let at_of = |h: &str| Client::new(h).get::<ObjectView>(&format!("/v1/objects/{lamp}")).unwrap().unwrap().metres();
     let want = [s.region_origin[0] + s.region_size / 2 - 4, s.region_origin[1] + s.region_size / 2 + 2];
     assert_eq!(at_of(h1), want, "placed where the edit said");
+    let surface = ["--friction", "0.5", "--restitution", "0.25", "--damping", "2"];
+    ok(&[&["object", "edit", &lamp, "--node", h0, "--key", me][..], &surface[..]].concat());
+    let shown = ok(&["object", "show", &lamp, "--node", h1]);
+    assert!(shown.contains("friction 0.5 restitution 0.25 damping 2"), "{shown}");
+    let err = refused(&[
+        "object",
+        "edit",
+        &lamp,
+        "--node",
+        h0,
+        "--key",
+        me,
+        "--friction",
+        "1",
+        "--restitution",
+        "1",
+        "--damping",
+        "500",
+    ]);
+    assert!(err.contains("damping (0 to 100)"), "{err}");
     let err = refused(&["object", "edit", &lamp, "--node", h0, "--key", me]);
     assert!(err.contains("nothing to change"), "{err}");
 

@@ -371,7 +371,7 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                     }
                     ClientMsg::Object { id } => {
                         Some(match metatopia_client::conn::parse_object(&id) {
-                            Some(oid) => ServerMsg::Object { object: ask(&s, |tx| Query::Object(oid, tx)).await.flatten() },
+                            Some(oid) => ServerMsg::Object { object: ask(&s, |tx| Query::Object(oid, tx)).await.flatten().map(Box::new) },
                             None => ServerMsg::Error { r#ref: None, message: format!("{id:?} is not an object id") },
                         })
                     }
@@ -520,6 +520,7 @@ mod tests {
             script: None,
             scripted: false,
             body: "static".into(),
+            surface: String::new(),
         }
     }
 

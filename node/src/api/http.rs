@@ -56,6 +56,9 @@ pub fn object_view(w: &metatopia_sim::World, o: &metatopia_sim::Object, with_sou
         script: source.filter(|_| with_source).map(script_view),
         scripted: source.is_some(),
         body: o.body.name().to_owned(),
+        surface: o.surface.map_or_else(String::new, |s| {
+            format!("friction {} restitution {} damping {}", s.friction, s.restitution, s.damping)
+        }),
     }
 }
 

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use metatopia_sim::state::{BodyKind, Shape};
+use metatopia_sim::state::{BodyKind, Shape, Surface};
 use metatopia_sim::{Fx, ObjectEdit, ObjectId, Payload, ScriptId, Vec2};
 
 use crate::api::http::{AccountView, Client, ObjectView};
@@ -81,6 +81,15 @@ pub enum ObjectCmd {
         at: Option<String>,
         #[command(flatten)]
         body: BodyArg,
+        /// Its surface, all three together: friction 0..10, restitution (bounce) 0..1, and
+        /// damping (slowing, per second) 0..100; e.g. `--friction 0.5 --restitution 0.1
+        /// --damping 2`.
+        #[arg(long, requires_all = ["restitution", "damping"])]
+        friction: Option<f64>,
+        #[arg(long, requires_all = ["friction", "damping"])]
+        restitution: Option<f64>,
+        #[arg(long, requires_all = ["friction", "restitution"])]
+        damping: Option<f64>,
     },
     /// Take one of your objects out of the world.
     Derez {
@@ -186,6 +195,11 @@ fn colour(color: &str) -> anyhow::Result<u32> {
         .with_context(|| format!("--color is RRGGBBAA hex, not {color:?}"))
 }
 
+fn fx_of(x: f64) -> anyhow::Result<Fx> {
+    anyhow::ensure!(x.is_finite() && x.abs() <= 1.0e6, "{x} is out of range");
+    Ok(crate::world::fx(x))
+}
+
 fn object_id(s: &str) -> anyhow::Result<ObjectId> {
     metatopia_client::conn::parse_object(s)
         .with_context(|| format!("{s:?} is not an object id (SLOTvGEN, as `rez` prints)"))
@@ -232,7 +246,20 @@ pub fn object(cmd: ObjectCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        ObjectCmd::Edit { act: a, object, name, text, color, shape, size, at, body } => {
+        ObjectCmd::Edit {
+            act: a,
+            object,
+            name,
+            text,
+            color,
+            shape,
+            size,
+            at,
+            body,
+            friction,
+            restitution,
+            damping,
+        } => {
             let object = object_id(&object)?;
             let edit = ObjectEdit {
                 name,
@@ -244,6 +271,14 @@ pub fn object(cmd: ObjectCmd) -> anyhow::Result<()> {
                 },
                 position: at.as_deref().map(place).transpose()?,
                 body: body.kind(),
+                surface: match (friction, restitution, damping) {
+                    (Some(f), Some(r), Some(d)) => {
+                        let s = Surface { friction: fx_of(f)?, restitution: fx_of(r)?, damping: fx_of(d)? };
+                        s.check().map_err(|what| anyhow::anyhow!("the surface's {what} is out of range"))?;
+                        Some(s)
+                    }
+                    _ => None,
+                },
             };
             anyhow::ensure!(
                 edit != ObjectEdit::default(),
@@ -269,7 +304,13 @@ pub fn object(cmd: ObjectCmd) -> anyhow::Result<()> {
             println!("object {} {:?}", o.id, o.name);
             println!("owner  {}", o.owner);
             println!("at     {}, {} m (moving {}, {} m/s)", o.position[0], o.position[1], o.velocity[0], o.velocity[1]);
-            println!("shape  {} · colour {} · {}", o.shape, o.color, o.body);
+            println!(
+                "shape  {} · colour {} · {}{}",
+                o.shape,
+                o.color,
+                o.body,
+                if o.surface.is_empty() { String::new() } else { format!(" · {}", o.surface) }
+            );
             println!("text   {:?}", o.text);
             println!("script {}", if o.scripted { "yes (`metatopia script show`)" } else { "none" });
             Ok(())

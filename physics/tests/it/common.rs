@@ -56,7 +56,7 @@ pub fn lattice_scene(n: u32, seed: u64) -> Region {
         };
         let p = Vec2::new(Fx::from_int(3 + 2 * x), Fx::from_int(3 + 2 * y));
         let v = Vec2::new(Fx::from_ratio(rng.range_i64(-300, 300), 100), Fx::from_ratio(rng.range_i64(-300, 300), 100));
-        region.spawn(ObjectId(i as u64 + 1), shape, p, Fx::ZERO, v, BodyKind::Dynamic);
+        region.spawn(ObjectId(i as u64 + 1), shape, p, Fx::ZERO, v, BodyKind::Dynamic, None);
     }
     region
 }

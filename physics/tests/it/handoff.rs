@@ -26,8 +26,16 @@ fn a_border_collision_gives_exactly_one_event_per_owner() {
     let mut grid = Grid::new(2, 1, Fx::from_int(32), bouncy).unwrap();
     let (a, b) = (ObjectId(1), ObjectId(2));
     let circle = Shape::Circle { radius: Fx::HALF };
-    grid.regions[0].spawn(a, circle, Vec2::from_ints(28, 16), Fx::ZERO, Vec2::from_ints(2, 0), BodyKind::Dynamic);
-    grid.regions[1].spawn(b, circle, Vec2::from_ints(36, 16), Fx::ZERO, Vec2::from_ints(-2, 0), BodyKind::Dynamic);
+    grid.regions[0].spawn(a, circle, Vec2::from_ints(28, 16), Fx::ZERO, Vec2::from_ints(2, 0), BodyKind::Dynamic, None);
+    grid.regions[1].spawn(
+        b,
+        circle,
+        Vec2::from_ints(36, 16),
+        Fx::ZERO,
+        Vec2::from_ints(-2, 0),
+        BodyKind::Dynamic,
+        None,
+    );
     let mut events: BTreeMap<RegionId, Vec<PhysicsEvent>> = BTreeMap::new();
     let mut saw_ghosts = false;
     for _ in 0..240 {
@@ -67,6 +75,7 @@ fn a_body_crossing_a_border_is_handed_over_once_with_its_state() {
         Fx::ZERO,
         Vec2::from_ints(6, 0),
         BodyKind::Dynamic,
+        None,
     );
     let mut crossings = Vec::new();
     let mut ghost_after = false;
@@ -143,7 +152,7 @@ fn bouncing_grid(seed: u64, bodies: u32, ticks: u64, max_delay: u64, dup_per_mil
     for i in 0..bodies {
         let (shape, p, v) = random_body(&mut rng, Vec2::ZERO, all, 8);
         let r = grid.region_at(p).unwrap();
-        grid.regions[r].spawn(ObjectId(u64::from(i) + 1), shape, p, Fx::ZERO, v, BodyKind::Dynamic);
+        grid.regions[r].spawn(ObjectId(u64::from(i) + 1), shape, p, Fx::ZERO, v, BodyKind::Dynamic, None);
     }
     let mut mail = Mailman { rng: DetRng::from_u64(seed ^ 0x5eed), max_delay, dup_per_mille, in_flight: Vec::new() };
     let (mut handoffs, mut restarts) = (0, 0);
@@ -262,7 +271,7 @@ fn ghosts_conserve_energy_across_borders() {
                 Vec2::new(Fx::from_ratio(rng.range_i64(-300, 300), 100), Fx::from_ratio(rng.range_i64(-300, 300), 100));
             id += 1;
             let r = grid.region_at(p).unwrap();
-            grid.regions[r].spawn(ObjectId(id), circle, p, Fx::ZERO, v, BodyKind::Dynamic);
+            grid.regions[r].spawn(ObjectId(id), circle, p, Fx::ZERO, v, BodyKind::Dynamic, None);
         }
     }
     let before = mean_speed(&grid);

@@ -161,3 +161,58 @@ fn an_avatar_stops_when_its_input_stops_even_after_a_bump() {
     assert!((s.position - s0).length() < Fx::ONE, "and was moved less than a metre: {:?}", s.position - s0);
     assert!(sim.world().object(ball).unwrap().velocity.x < Fx::ONE, "the ball gave up its speed to the avatar");
 }
+
+/// An owner's surface for an object: a ball given damping slows to a stop while its twin rolls
+/// on; a new surface keeps the ball moving (only a new place, shape or body kind stops it).
+#[test]
+fn a_ball_with_its_own_damping_slows_to_a_stop_and_its_twin_rolls_on() {
+    use metatopia_sim::state::{BodyKind, ObjectKind, Shape, Surface};
+    use metatopia_sim::{Batch, Fx, ObjectEdit, Payload, SignedEvent, Vec2};
+    let mut demo = demo_world(DemoSpec { seed: 10, objects: 0, players: 1, ..DemoSpec::default() });
+    let me = metatopia_sim::event::account_of(&demo.players[0]);
+    let c = demo.world.region().centre();
+    let mut ball = |dy: i64| {
+        let (shape, v) = (Shape::Circle { radius: Fx::HALF }, Vec2::from_ints(3, 0));
+        let at = c + Vec2::from_ints(-20, dy);
+        demo.world.add_genesis_object(
+            ObjectKind::Prim,
+            me,
+            "ball".into(),
+            shape,
+            at,
+            v,
+            0xff,
+            String::new(),
+            BodyKind::Dynamic,
+        )
+    };
+    let (damped, free) = (ball(10), ball(-10));
+    let mut sim = Sim::new(demo.world.clone(), RuleHost::default(), RegionStage::single(), 1).unwrap();
+    let (sim_id, rate) = (sim.world().sim(), sim.world().settings().tick_rate_hz);
+    let surface =
+        Surface { friction: Fx::from_ratio(2, 10), restitution: Fx::from_ratio(9, 10), damping: Fx::from_int(5) };
+    let edit = ObjectEdit { surface: Some(surface), ..ObjectEdit::default() };
+    for t in 0..60u64 {
+        let tick = sim.world().tick();
+        let events = match t {
+            0 => vec![SignedEvent::new(
+                &demo.players[0],
+                sim_id,
+                1,
+                Payload::Edit { object: damped, edit: edit.clone() },
+            )],
+            _ => Vec::new(),
+        };
+        let (time_ms, seed) =
+            (metatopia_sim::genesis::tick_time_ms(tick, rate), metatopia_sim::genesis::tick_seed(tick));
+        let r = sim.step(&VerifiedBatch::new(Batch { tick, time_ms, seed, events }, 1)).unwrap();
+        assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+        if t == 1 {
+            assert!(sim.world().object(damped).unwrap().velocity.x > Fx::ONE, "a new surface keeps it moving");
+        }
+    }
+    let (d, f) = (sim.world().object(damped).unwrap(), sim.world().object(free).unwrap());
+    assert_eq!(d.surface, Some(surface));
+    assert!(d.velocity.length() < Fx::from_ratio(1, 10), "the damped ball stopped: {:?}", d.velocity);
+    assert_eq!(f.velocity, Vec2::from_ints(3, 0), "its twin rolls on");
+}

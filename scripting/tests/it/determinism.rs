@@ -20,8 +20,8 @@ fn on_touch(who) { this.seen += 1; say(0, `touched ${this.seen}`); }
 fn on_message(from, data) { this.last = data; }
 "#;
 
-const GOLDEN_ROOT_100: &str = "b808edfc2b8f35b7e260d35ab747fbacc70e5381788c53fbe775f82cdfde22e7";
-const GOLDEN_ROOT_300: &str = "c9f57d74390153dafe9defa446a4b06fd6062f574a49a197a701e3defed8bb9f";
+const GOLDEN_ROOT_100: &str = "ee715afa3c8d826138abc4bb6ba223349dd50e4b598a957cd82814b89a713c57";
+const GOLDEN_ROOT_300: &str = "b9f57a454581776c94acfb2801f1f8696f8b7461b64a95810bdbdd22f961bb3d";
 
 /// The roots after 100 ticks and, if `ticks` is 300, after 300.
 fn run(workers: u32, ticks: u64) -> (String, Option<String>) {

@@ -278,7 +278,7 @@ fn deploy(
 /// An owner's edit of its object's properties. A new position (inside the sim), shape or body
 /// kind places the body afresh, at rest; the rest only changes how the object looks.
 fn apply_edit(world: &World, w: &mut Work<'_>, part: &mut ObjectPart, edit: &ObjectEdit) -> Result<(), RejectReason> {
-    let ObjectEdit { name, text, color, shape, position, body } = edit;
+    let ObjectEdit { name, text, color, shape, position, body, surface } = edit;
     if position.is_some_and(|p| !world.region.contains(p)) {
         return Err(RejectReason::InvalidValue { field: "position (outside this sim)".into() });
     }
@@ -295,17 +295,24 @@ fn apply_edit(world: &World, w: &mut Work<'_>, part: &mut ObjectPart, edit: &Obj
     if let Some(c) = color {
         o.color = *c;
     }
-    if shape.is_some() || position.is_some() || body.is_some() {
+    if shape.is_some() || position.is_some() || body.is_some() || surface.is_some() {
         o.shape = shape.unwrap_or(o.shape);
         o.position = position.unwrap_or(o.position);
         o.body = body.unwrap_or(o.body);
-        o.velocity = crate::vec2::Vec2::ZERO;
+        if surface.is_some() {
+            o.surface = *surface;
+        }
+        // A new surface alone keeps it moving; a new place, shape or body puts it at rest.
+        if shape.is_some() || position.is_some() || body.is_some() {
+            o.velocity = crate::vec2::Vec2::ZERO;
+        }
         part.physics.push(PhysicsCommand::Spawn {
             object: o.id,
             position: o.position,
-            velocity: crate::vec2::Vec2::ZERO,
+            velocity: o.velocity,
             shape: o.shape,
             body: o.body,
+            surface: o.surface,
         });
     }
     Ok(())

@@ -170,9 +170,10 @@ fn check_fields(p: &Payload, l: &Limits) -> Result<(), RejectReason> {
             if shape.is_valid() { Ok(()) } else { Err(invalid("shape")) }
         }
         Payload::Edit { edit, .. } => {
-            let ObjectEdit { name, text, color: _, shape, position: _, body: _ } = edit;
+            let ObjectEdit { name, text, color: _, shape, position: _, body: _, surface } = edit;
             name.as_deref().map_or(Ok(()), |n| too_long("name", n, l.max_name_bytes))?;
             text.as_deref().map_or(Ok(()), |t| too_long("text", t, l.max_text_bytes))?;
+            surface.map_or(Ok(()), |s| s.check().map_err(invalid))?;
             if shape.is_none_or(|s| s.is_valid()) { Ok(()) } else { Err(invalid("shape")) }
         }
         Payload::DeployScript { source, licence, .. } => {

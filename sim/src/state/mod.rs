@@ -288,7 +288,21 @@ impl World {
     ) -> ObjectId {
         let id = self.allocate_object_id();
         let rotation = Fx::ZERO;
-        self.put_object(Object { id, kind, owner, name, shape, position, rotation, velocity, color, text, body });
+        let surface = None;
+        self.put_object(Object {
+            id,
+            kind,
+            owner,
+            name,
+            shape,
+            position,
+            rotation,
+            velocity,
+            color,
+            text,
+            body,
+            surface,
+        });
         id
     }
 
@@ -630,22 +644,36 @@ impl Object {
     /// Whether two objects agree on everything but their motion and colour (the part whose
     /// digest the state root keeps, [`Object::fixed_bytes`]).
     fn same_fixed_part(&self, other: &Object) -> bool {
-        let Object { id, kind, owner, name, shape, position: _, rotation: _, velocity: _, color: _, text, body } = self;
-        *id == other.id
-            && *kind == other.kind
-            && *owner == other.owner
-            && *shape == other.shape
-            && *name == other.name
-            && *text == other.text
-            && *body == other.body
+        self.fixed_part() == other.fixed_part()
+    }
+
+    /// The part of an object that seldom changes. Every field is named, so a new one must be
+    /// placed here or in the leaf ([`Object::motion`]).
+    #[allow(clippy::type_complexity)]
+    fn fixed_part(&self) -> (ObjectId, ObjectKind, &AccountId, &str, Shape, &str, BodyKind, Option<Surface>) {
+        let Object {
+            id,
+            kind,
+            owner,
+            name,
+            shape,
+            position: _,
+            rotation: _,
+            velocity: _,
+            color: _,
+            text,
+            body,
+            surface,
+        } = self;
+        (*id, *kind, owner, name, *shape, text, *body, *surface)
     }
 
     /// The bytes of the part of an object that seldom changes: id, kind, owner, name, shape,
-    /// text and body kind, as fixed-width little-endian fields and length-prefixed strings. The state
+    /// text, body kind and surface, as fixed-width little-endian fields and length-prefixed strings. The state
     /// root keeps their digest per slot, so a tick that only moves or recolours an object
     /// hashes one short leaf ([`Object::leaf_bytes`]) and reads none of its strings.
     pub fn fixed_bytes(&self, b: &mut Vec<u8>) {
-        let Object { id, kind, owner, name, shape, position: _, rotation: _, velocity: _, color: _, text, body } = self;
+        let (id, kind, owner, name, shape, text, body, surface) = self.fixed_part();
         let st = |b: &mut Vec<u8>, s: &str| {
             b.extend_from_slice(&(s.len() as u64).to_le_bytes());
             b.extend_from_slice(s.as_bytes());
@@ -657,7 +685,7 @@ impl Object {
         });
         b.extend_from_slice(&owner.0);
         st(b, name);
-        match *shape {
+        match shape {
             Shape::Circle { radius } => {
                 b.push(0);
                 b.extend_from_slice(&radius.to_bits().to_le_bytes());
@@ -674,6 +702,15 @@ impl Object {
             BodyKind::Kinematic => 1,
             BodyKind::Dynamic => 2,
         });
+        match surface {
+            None => b.push(0),
+            Some(Surface { friction, restitution, damping }) => {
+                b.push(1);
+                for v in [friction, restitution, damping] {
+                    b.extend_from_slice(&v.to_bits().to_le_bytes());
+                }
+            }
+        }
     }
 
     /// An object's Merkle leaf: its motion and colour, then the digest of its fixed part.
@@ -715,6 +752,7 @@ impl Object {
             color,
             text: _,
             body: _,
+            surface: _,
         } = self;
         ([position.x, position.y, *rotation, velocity.x, velocity.y], *color)
     }

@@ -95,6 +95,34 @@ impl BodyKind {
     }
 }
 
+/// How an object's surface meets others and how fast it slows: a property its owner may set
+/// (`None` on an object: the sim's physics defaults).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Surface {
+    /// 0 (ice) to 10.
+    pub friction: Fx,
+    /// 0 (no bounce) to 1 (all of it).
+    pub restitution: Fx,
+    /// Linear damping per second: 0 (none) to 100.
+    pub damping: Fx,
+}
+
+impl Surface {
+    /// Each value within its range, or the first that is not, named.
+    pub fn check(&self) -> Result<(), &'static str> {
+        let within = |v: Fx, hi: i64| v >= Fx::ZERO && v <= Fx::from_int(hi);
+        if !within(self.friction, 10) {
+            Err("friction (0 to 10)")
+        } else if !within(self.restitution, 1) {
+            Err("restitution (0 to 1)")
+        } else if !within(self.damping, 100) {
+            Err("damping (0 to 100)")
+        } else {
+            Ok(())
+        }
+    }
+}
+
 /// A thing in the world.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Object {
@@ -114,6 +142,7 @@ pub struct Object {
     /// Floating text.
     pub text: String,
     pub body: BodyKind,
+    pub surface: Option<Surface>,
 }
 
 /// A script's source record: content-addressed, readable by anyone (DESIGN §8).

@@ -538,9 +538,13 @@ fn an_owner_edits_an_object_and_others_cannot() {
         &sim,
         Payload::Edit { object: id, edit: ObjectEdit { name: Some("x".repeat(10_000)), ..ObjectEdit::default() } },
     );
-    let r = step(&mut sim, vec![theirs, outside, avatar_body, long]);
+    let bouncy = metatopia_sim::state::Surface { friction: Fx::ONE, restitution: Fx::from_int(2), damping: Fx::ZERO };
+    let too_bouncy = ann
+        .sign(&sim, Payload::Edit { object: id, edit: ObjectEdit { surface: Some(bouncy), ..ObjectEdit::default() } });
+    let r = step(&mut sim, vec![theirs, outside, avatar_body, long, too_bouncy]);
     let reasons: Vec<String> = r.rejected.iter().map(|x| x.reason.to_string()).collect();
-    assert_eq!(reasons.len(), 4, "{reasons:?}");
+    assert_eq!(reasons.len(), 5, "{reasons:?}");
+    assert!(reasons.iter().any(|x| x.contains("restitution (0 to 1)")), "{reasons:?}");
     assert!(reasons.iter().any(|x| x.contains("not owned by the author")), "{reasons:?}");
     assert!(reasons.iter().any(|x| x.contains("outside this sim")), "{reasons:?}");
     assert!(reasons.iter().any(|x| x.contains("an avatar walks")), "{reasons:?}");
