@@ -68,6 +68,7 @@ function encodeBody(payload) {
       option(w, e.shape, (v) => shape(w, v));
       option(w, e.at, (v) => { w.zigzag(fx(v[0])); w.zigzag(fx(v[1])); });
       option(w, e.body, (v) => w.varint(BODY[v]));
+      option(w, e.surface, (v) => { w.zigzag(fx(v.friction)); w.zigzag(fx(v.restitution)); w.zigzag(fx(v.damping)); });
       break;
     }
   }
@@ -169,7 +170,11 @@ function handle(msg) {
           if (v === null || k === "at_mm" || k === "vel_mm") continue;
           o[k] = v;
         }
-        if (u.at_mm) o.base = { at: u.at_mm, vel: u.vel_mm || o.base.vel, tick: m.tick };
+        if (u.at_mm) {
+          o.base = { at: u.at_mm, vel: u.vel_mm || o.base.vel, tick: m.tick };
+          // Placed or stopped objects too: the position is the one just sent.
+          o.position = u.at_mm.map((v) => String(v / 1000));
+        }
       }
       for (const id of m.leave) state.byId.delete(id);
       const rate = (state.status && state.status.tick_rate_hz) || 20;
@@ -261,6 +266,8 @@ function renderObjects() {
     const text = `${o.avatar ? "☺" : o.scripted ? "✎" : "□"} ${o.name}${o.text ? " — " + o.text : ""}`;
     if (li.dataset.name !== o.name) li.dataset.name = o.name;
     if (li.dataset.text !== o.text) li.dataset.text = o.text;
+    const at = `${Math.floor(+o.position[0])},${Math.floor(+o.position[1])}`;
+    if (li.dataset.at !== at) li.dataset.at = at;
     if (li.textContent !== text) li.textContent = text;
     const cls = o.id === state.selected ? "sel" : "";
     if (li.className !== cls) li.className = cls;
@@ -296,7 +303,10 @@ async function select(id) {
   $("sel-meta").textContent = `id ${o.id} · owner ${o.owner.slice(0, 16)}… · ${o.body || "?"}`;
   const mine = o.owner === state.account && !o.avatar;
   $("edit-form").hidden = !mine;
-  if (mine) { $("edit-text").value = o.text; $("edit-body").value = o.body || "static"; }
+  if (mine) {
+    $("edit-name").value = o.name; $("edit-text").value = o.text; $("edit-body").value = o.body || "static";
+    $("edit-color").value = "#" + o.color.slice(0, 6);
+  }
   $("fork").hidden = !o.script;
   $("new-script").hidden = !mine || !!o.script;
   const box = $("script");
@@ -381,7 +391,10 @@ function setupBuild() {
     if (!state.selected) return;
     const o = state.selectedView || {};
     const edit = {};
+    if ($("edit-name").value.trim() && $("edit-name").value.trim() !== o.name) edit.name = $("edit-name").value.trim();
     if ($("edit-text").value !== o.text) edit.text = $("edit-text").value;
+    const rgb = $("edit-color").value.slice(1);
+    if (rgb !== o.color.slice(0, 6)) edit.color = parseInt(rgb + o.color.slice(6, 8), 16) >>> 0;
     if ($("edit-body").value !== o.body) edit.body = $("edit-body").value;
     if (!Object.keys(edit).length) return notice("nothing to change");
     const id = state.selected;
@@ -430,6 +443,14 @@ function draw() {
   requestAnimationFrame(draw);
 }
 
+// Where an object is on the page (for tests driving the mouse).
+window.metatopiaScreenOf = (id) => {
+  const o = state.byId.get(id), c = $("map"), r = c.getBoundingClientRect();
+  if (!o) return null;
+  const { x, y, scale } = state.view;
+  return [r.left + c.width / 2 + (+o.position[0] - x) * scale, r.top + c.height / 2 - (+o.position[1] - y) * scale];
+};
+
 function worldAt(ev) {
   const c = $("map"), r = c.getBoundingClientRect();
   const { x, y, scale } = state.view;
@@ -439,16 +460,29 @@ function worldAt(ev) {
 function setupInput() {
   const c = $("map");
   c.addEventListener("wheel", (e) => { e.preventDefault(); state.view.scale = Math.min(64, Math.max(0.5, state.view.scale * (e.deltaY < 0 ? 1.2 : 1 / 1.2))); });
-  c.addEventListener("mousedown", (e) => { state.drag = { x: e.clientX, y: e.clientY, moved: false }; });
+  c.addEventListener("mousedown", (e) => {
+    // On one's own selected object, a drag moves it (an edit of its place); elsewhere it pans.
+    const [wx, wy] = worldAt(e);
+    const sel = state.selected && state.byId.get(state.selected);
+    const grab = sel && sel.owner === state.account && !sel.avatar && Math.hypot(+sel.position[0] - wx, +sel.position[1] - wy) < 1.5;
+    state.drag = { x: e.clientX, y: e.clientY, moved: false, object: grab ? sel.id : null };
+  });
   c.addEventListener("mousemove", (e) => {
     if (!state.drag) return;
+    if (state.drag.object) { state.drag.moved = true; state.drag.to = worldAt(e); return; }
     const dx = e.clientX - state.drag.x, dy = e.clientY - state.drag.y;
     if (Math.abs(dx) + Math.abs(dy) > 3) { state.drag.moved = true; $("follow").checked = false; }
     state.view.x -= dx / state.view.scale; state.view.y += dy / state.view.scale;
     state.drag.x = e.clientX; state.drag.y = e.clientY;
   });
   c.addEventListener("mouseup", (e) => {
-    const moved = state.drag && state.drag.moved; state.drag = null;
+    const drag = state.drag; state.drag = null;
+    if (drag && drag.object && drag.moved) {
+      const to = worldAt(e), id = drag.object;
+      act({ kind: "Edit", object: id, edit: { at: to } }).then(() => select(id)).catch((err) => notice(String(err.message || err)));
+      return;
+    }
+    const moved = drag && drag.moved;
     if (moved) return;
     const [wx, wy] = worldAt(e);
     // Click an object to select it; click the ground to walk there (3 m/s, for the distance).

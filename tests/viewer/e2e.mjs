@@ -52,6 +52,19 @@ try {
   await page.click("#edit-form button");
   await page.waitForFunction(
     () => document.querySelector('#objects li[data-name="my lamp"]')?.dataset.text === "unlit", null, { timeout: 30000 });
+  step("drag it to move it");
+  const lampId = await page.getAttribute('#objects li[data-name="my lamp"]', "data-id");
+  const before = await page.getAttribute('#objects li[data-name="my lamp"]', "data-at");
+  const [sx, sy] = await page.evaluate((id) => window.metatopiaScreenOf(id), lampId);
+  await page.mouse.move(sx, sy);
+  await page.mouse.down();
+  await page.mouse.move(sx, sy + 40, { steps: 5 });
+  await page.mouse.up();
+  await page.waitForFunction(([id, was]) => {
+    const li = document.querySelector(`#objects li[data-id="${id}"]`);
+    return li && li.dataset.at !== was;
+  }, [lampId, before], { timeout: 30000 });
+  console.log(`  moved from ${before} to ${await page.getAttribute('#objects li[data-name="my lamp"]', "data-at")}`);
   step("fork the door's script, edit it and deploy it to my lamp");
   await page.click('#objects li[data-name="door"]');
   await page.waitForSelector("#fork:not([hidden])", { timeout: 15000 });

@@ -151,6 +151,8 @@ struct Raw {
     shape: metatopia_sim::state::Shape,
     color: u32,
     scripted: bool,
+    body: metatopia_sim::state::BodyKind,
+    surface: Option<metatopia_sim::state::Surface>,
 }
 
 impl Raw {
@@ -163,6 +165,8 @@ impl Raw {
             shape: o.shape,
             color: o.color,
             scripted: w.script_source(o.id).is_some(),
+            body: o.body,
+            surface: o.surface,
         }
     }
 }
