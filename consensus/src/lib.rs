@@ -1,19 +1,27 @@
 //! Per-tick BFT agreement for a sim: Simplex (Chan & Pass, 2023), sans-IO.
 //!
 //! `n = 3f + 1` validators with ed25519 keys; quorum `q = 2f + 1`. Time is divided into
-//! **views**; view `v` has leader `v mod n`. Each block carries one tick's batch. Rules
-//! (cited in the code as `R1`…):
+//! **views**; view `v` has leader `v mod n`. Each block carries one batch of events for its
+//! tick, and covers a **span** of ticks: those after its parent's up to its own, the ones
+//! before its own empty. Rules (cited in the code as `R1`…):
 //!
 //! - **R1 (valid proposal).** A block for view `v` extends a parent at view `p < v` that is
 //!   genesis or notarized (the block embeds the parent's notarization), every view in `(p, v)`
-//!   is nullified, its tick is the parent's plus one, its BFT time is above the parent's and at
-//!   most `max_drift` ahead of the voter's clock, and its batch is within limits. The leader
+//!   is nullified, its BFT time is above the parent's and at most `max_drift` ahead of the
+//!   voter's clock, its batch is within limits, and its tick follows the parent's within a
+//!   span: at least one tick, at most `max_span_us` of them (one with the default), at most one
+//!   more than the whole periods of BFT time since the parent, and an epoch's last tick only
+//!   alone. So ticks are not bound to agreement rounds: a round trip longer than a period, or a
+//!   view lost to a dead leader, makes the next block cover the ticks due meanwhile, and the
+//!   sim keeps its rate on agreed time whatever the latency. A leader covers the ticks due on
+//!   its schedule (below), and no more than `max_span_us` of ticks past what its application
+//!   executed (when execution is what is slow, ticks come later: time dilation). The leader
 //!   proposes once it has such a parent and its clock reaches the tick's due time on its
 //!   schedule (one period after the tick before; the schedule follows the chain's BFT times,
 //!   see `Validator::due`), and never sooner than half a period after the parent: so the chain
 //!   advances one tick per period on average, never faster, and the delays of proposals sent
-//!   late do not add up (the pipeline: proposing tick `t+1` needs only the notarization of
-//!   tick `t`).
+//!   late do not add up (the pipeline: proposing the next block needs only the notarization
+//!   of its parent).
 //! - **R2 (notarize).** In its current view, a validator notarizes the first valid proposal,
 //!   unless it already nullified the view. The leader's proposal carries its own notarize vote.
 //! - **R3 (advance + finalize).** On `q` notarize votes for `(v, B)` (a notarization), a
@@ -43,6 +51,9 @@
 //!   differs from its peers', so only the copy embedded in the committed chain is unique; and
 //!   it is unknown to the leader of `t` when it proposes. The price: tick `t` is handed out
 //!   (as [`Commit`]) when block `t+1` is committed, one tick period after its own finality.
+//!   The empty ticks of a block's span are handed out just before it, each as a `filler`
+//!   [`Commit`] with a BFT time one period before the next and a seed derived from the block's
+//!   ([`span_seed`]).
 //! - Votes carry the voter's latest executed tick and state root; a mismatch with ours is an
 //!   [`Output::RootMismatch`] (divergence detected within a tick).
 //! - Conflicting votes from one signer are reported as [`Output::Evidence`].
@@ -98,6 +109,7 @@ pub use types::{
 };
 pub use validator::{
     Anchor, Commit, Config, Evidence, Output, ProposalError, Validator, epoch_digest, genesis_digest, seed_of,
+    span_seed,
 };
 
 /// Re-exported so callers build keys with the same ed25519 the core verifies with.

@@ -70,7 +70,8 @@ pub struct Block {
     pub view: View,
     pub leader: ValidatorIndex,
     pub parent: Parent,
-    /// The tick this block's batch is for: the parent's tick + 1 (genesis is tick 0's parent).
+    /// The tick this block's batch is for: after the parent's, at most a span (R1) past it; the
+    /// ticks between are empty (genesis is tick 0's parent).
     pub tick: u64,
     /// BFT time in milliseconds: above the parent's, at most `max_drift` ahead of voters' clocks.
     pub time_ms: u64,

@@ -10,7 +10,13 @@ const state = {
   status: null, objects: [], byId: new Map(), selected: null, chatSince: 0,
   key: null, account: null, nonce: 0, name: null, avatar: null,
   view: { x: 32, y: 32, scale: 8 }, drag: null, velocity: [0, 0],
+  // The own avatar, predicted: a walk key moves it on screen at once, before its input is
+  // agreed and executed (a few round trips away); `pred` is the walk being predicted, `drawn`
+  // where the avatar was last drawn (it eases onto the committed position, never snaps).
+  pred: null, drawn: null, keyAt: null,
 };
+// Key press to the own avatar's first move on screen, in ms (read by the browser test).
+window.metatopiaMoveLatency = [];
 
 // ---- postcard encoding (varints, zigzag, length-prefixed strings) ----
 class Writer {
@@ -430,8 +436,10 @@ function draw() {
     g.fillStyle = "#4a6"; g.font = "12px sans-serif";
     g.fillText(`sim ${s.sim}`, sx(ox) + 4, sy(oy + size) + 14);
   }
+  const now = performance.now();
   for (const o of state.objects) {
-    const px = sx(+o.position[0]), py = sy(+o.position[1]);
+    const [wx, wy] = o.id === state.avatar ? ownPosition(o, now) : [+o.position[0], +o.position[1]];
+    const px = sx(wx), py = sy(wy);
     const [kind, a, b] = o.shape.split(" ");
     g.fillStyle = "#" + o.color.slice(0, 6);
     if (kind === "circle") { g.beginPath(); g.arc(px, py, Math.max(2, +a * scale), 0, 7); g.fill(); }
@@ -442,6 +450,57 @@ function draw() {
   }
   requestAnimationFrame(draw);
 }
+
+// Where to draw the own avatar at `now`: while a walk is predicted, where it will be once its
+// input is executed (from where it was drawn at the key press, at the walk's velocity); then,
+// once the committed state has caught up (stopped after the release), eased onto the committed
+// position. A collision the prediction did not know of is corrected the same way.
+function ownPosition(o, now) {
+  const committed = [+o.position[0], +o.position[1]];
+  const p = state.pred;
+  let target = committed;
+  if (p) {
+    const t = ((p.until ?? now) - p.since) / 1000;
+    target = [p.from[0] + p.vel[0] * t, p.from[1] + p.vel[1] * t];
+    const stopped = !o.base || (o.base.vel[0] === 0 && o.base.vel[1] === 0);
+    if (p.until != null && ((stopped && now - p.until > 250) || now - p.until > 3000)) state.pred = null;
+  }
+  const d = state.drawnFor === o.id ? state.drawn : null;
+  let at = target;
+  if (!p && d) {
+    // Ease: a tenth of the way a frame (about 150 ms to settle at 60 frames a second).
+    at = [d[0] + (target[0] - d[0]) * 0.15, d[1] + (target[1] - d[1]) * 0.15];
+    if (Math.hypot(target[0] - at[0], target[1] - at[1]) < 0.005) at = target;
+  }
+  if (state.keyAt != null && d && (at[0] !== d[0] || at[1] !== d[1])) {
+    window.metatopiaMoveLatency.push(now - state.keyAt);
+    state.keyAt = null;
+  }
+  state.drawn = at;
+  state.drawnFor = o.id;
+  return at;
+}
+
+// Start (or stop, with a zero velocity) predicting the own avatar's walk.
+function predictWalk(vel) {
+  const now = performance.now();
+  const me = state.avatar && state.byId.get(state.avatar);
+  if (!me) return;
+  const from = (state.drawnFor === me.id && state.drawn) || [+me.position[0], +me.position[1]];
+  if (vel[0] === 0 && vel[1] === 0) {
+    if (state.pred && state.pred.until == null) state.pred.until = now;
+    return;
+  }
+  // A new walk starts where the avatar is drawn now (the last one's end, if it was one).
+  state.pred = { vel, since: now, from, until: null };
+  state.keyAt = now;
+}
+
+// The own avatar as drawn and as committed, and whether a walk is being predicted (for tests).
+window.metatopiaOwn = () => {
+  const me = state.avatar && state.byId.get(state.avatar);
+  return me && { drawn: state.drawn, committed: [+me.position[0], +me.position[1]], predicting: !!state.pred };
+};
 
 // Where an object is on the page (for tests driving the mouse).
 window.metatopiaScreenOf = (id) => {
@@ -492,15 +551,22 @@ function setupInput() {
     const me = state.avatar && state.byId.get(state.avatar);
     if (!me) return;
     const dx = wx - me.position[0], dy = wy - me.position[1], d = Math.hypot(dx, dy) || 1;
+    predictWalk([dx / d * 3, dy / d * 3]);
     act({ kind: "Move", object: state.avatar, velocity: [dx / d * 3, dy / d * 3] });
-    setTimeout(() => act({ kind: "Move", object: state.avatar, velocity: [0, 0] }), d / 3 * 1000);
+    setTimeout(() => { predictWalk([0, 0]); act({ kind: "Move", object: state.avatar, velocity: [0, 0] }); }, d / 3 * 1000);
   });
   const keys = { ArrowLeft: [-1, 0], ArrowRight: [1, 0], ArrowUp: [0, 1], ArrowDown: [0, -1] };
   c.addEventListener("keydown", (e) => {
     const k = keys[e.key]; if (!k || !state.avatar || e.repeat) return;
-    e.preventDefault(); act({ kind: "Move", object: state.avatar, velocity: [k[0] * 3, k[1] * 3] });
+    e.preventDefault();
+    predictWalk([k[0] * 3, k[1] * 3]);
+    act({ kind: "Move", object: state.avatar, velocity: [k[0] * 3, k[1] * 3] });
   });
-  c.addEventListener("keyup", (e) => { if (keys[e.key] && state.avatar) act({ kind: "Move", object: state.avatar, velocity: [0, 0] }); });
+  c.addEventListener("keyup", (e) => {
+    if (!keys[e.key] || !state.avatar) return;
+    predictWalk([0, 0]);
+    act({ kind: "Move", object: state.avatar, velocity: [0, 0] });
+  });
   $("chat-form").addEventListener("submit", (e) => {
     e.preventDefault();
     const input = $("chat-input"); let text = input.value.trim(); let channel = 0;

@@ -305,10 +305,13 @@ fn a_node_in_no_config_joins_through_a_join_address_from_a_certified_snapshot_an
 }
 
 #[test]
-fn a_killed_leader_costs_only_the_views_it_would_lead() {
-    use metatopia_node::api::http::{Client, Status};
-    // 20 Hz; leaders rotate every view, so a dead validator is the leader of one view in four.
-    // Counted in views and ticks, not in wall-clock time (a loaded machine stretches both).
+fn a_killed_validator_costs_the_sim_almost_none_of_its_tick_rate() {
+    use metatopia_node::api::http::{Client, GovernanceView, Status};
+    // 20 Hz; leaders rotate every view, so a dead validator is the leader of one view in four,
+    // and each of its views waits out the leader timeout (0.4 s, 8 periods). The blocks after
+    // cover the ticks due meanwhile (consensus' spans): the sim's agreed time still advances a
+    // period a tick. With a block a tick it advanced ~200 ms a tick. Counted in agreed time,
+    // not in the test's clock (a loaded machine can stretch that).
     let dirs = setup("leader", 4, 20);
     let roots: Roots = Arc::default();
     let mut nodes: Vec<Node> =
@@ -318,26 +321,26 @@ fn a_killed_leader_costs_only_the_views_it_would_lead() {
     nodes[1].child.wait().unwrap();
     let at_kill = highest(&roots, 0).unwrap();
     let node0 = Client::new(&http_of(&dirs[0]));
-    let agreement = || {
-        let s: Status = node0.get("/v1/status").unwrap().unwrap();
-        (s.view, s.agreed_tick.unwrap_or(0))
+    let view = || node0.get::<Status>("/v1/status").unwrap().unwrap().view;
+    let agreed = || {
+        let g: GovernanceView = node0.get("/v1/governance").unwrap().unwrap();
+        (g.tick, g.time_ms)
     };
     wait_for("5 ticks without node 1", Duration::from_secs(300), || highest(&roots, 0) >= Some(at_kill + 5));
-    let (view0, tick0) = agreement();
-    wait_for("40 more ticks without node 1", Duration::from_secs(300), || agreement().1 >= tick0 + 40);
-    let (view1, tick1) = agreement();
+    let ((tick0, ms0), view0) = (agreed(), view());
+    wait_for("80 more ticks without node 1", Duration::from_secs(300), || agreed().0 >= tick0 + 80);
+    let ((tick1, ms1), view1) = (agreed(), view());
     for (i, n) in nodes.iter_mut().enumerate() {
         if i != 1 {
             interrupt(n);
         }
     }
-    // Every view makes one tick, except the dead leader's (nullified after a leader timeout).
-    let (views, ticks) = (view1 - view0, tick1 - tick0);
-    let skipped = views - ticks.min(views);
-    // Its views did fail: about one in four...
-    assert!(skipped + 2 >= views / 4, "{skipped} of {views} views skipped ({ticks} ticks)");
-    // ...and no other did: a live leader's view is never lost to the dead one.
-    assert!(skipped <= views.div_ceil(4) + 1, "{skipped} of {views} views skipped ({ticks} ticks)");
+    // The dead leader's views were among them (each costs 0.4 s of waiting)...
+    assert!(view1 - view0 >= 8, "views {view0}..{view1}");
+    // ...and cost next to no ticks: at most a tenth more agreed time a tick than the 50 ms.
+    let per_tick = (ms1 - ms0) as f64 / (tick1 - tick0) as f64;
+    assert!(per_tick <= 55.0, "{per_tick:.1} ms of agreed time a tick at 20 Hz (ticks {tick0}..{tick1})");
+    assert!(assert_same_roots(&roots) > 3 * 60, "the three nodes' roots were compared");
 }
 
 /// The whole stdout of a run that stops by itself.
@@ -831,10 +834,16 @@ fn a_validator_that_took_a_certified_snapshot_restarts_in_step_after_ctrl_c_and_
     wait_for("tick 100 everywhere", Duration::from_secs(300), || (0..4).all(|i| highest(&roots, i) >= Some(99)));
     interrupt(&mut nodes[3]);
     let stopped = highest(&roots, 3).unwrap();
-    // The others go on past what they keep (64 bot events a tick: a megabyte is ~60 ticks).
-    wait_for("the others 300 ticks further", Duration::from_secs(300), || highest(&roots, 0) >= Some(stopped + 300));
+    // The others go on past what they keep (64 bot events a tick: a megabyte is ~60 ticks; the
+    // newest 64 blocks are kept whatever their size, and with a validator down a block in four
+    // covers the ticks its dead leader's view took, ~20).
+    wait_for("the others 900 ticks further", Duration::from_secs(300), || highest(&roots, 0) >= Some(stopped + 900));
     nodes[3] = start(3, &dirs[3], &roots, &[]);
-    wait_for("node 3 to take a certified snapshot", Duration::from_secs(120), || nodes[3].said().contains("resynced"));
+    // (Past an epoch boundary too: the node left behind its peers' epoch joins it again.)
+    let took = |s: &str| {
+        s.lines().any(|l| (l.starts_with("resynced") || l.starts_with("joined:")) && l.contains("state of tick "))
+    };
+    wait_for("node 3 to take a certified snapshot", Duration::from_secs(120), || took(&nodes[3].said()));
     let target = highest(&roots, 0).unwrap() + 40;
     wait_for("node 3 in step", Duration::from_secs(120), || highest(&roots, 3) >= Some(target));
     let segments: Vec<_> = std::fs::read_dir(dirs[3].join("log"))
@@ -843,7 +852,7 @@ fn a_validator_that_took_a_certified_snapshot_restarts_in_step_after_ctrl_c_and_
         .filter(|n| n.ends_with(".seg"))
         .collect();
     let said = nodes[3].said();
-    let line = said.lines().find(|l| l.starts_with("resynced")).unwrap();
+    let line = said.lines().find(|l| took(l)).unwrap();
     let at: u64 = line.split("state of tick ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(at > stopped + 100, "{line}");
     // The jump began a segment at the snapshot's tick (the one before it is pruned once the

@@ -97,6 +97,10 @@ fn the_viewer_in_headless_chromium_logs_in_chats_opens_the_door_and_builds() {
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.contains("viewer e2e passed"), "{stdout}\n{stderr}");
+    // The figures it measured (with --nocapture).
+    for line in stdout.lines().filter(|l| l.contains(" p50 ")) {
+        eprintln!("viewer: {}", line.trim());
+    }
     let png = std::fs::read(&shot).expect("a screenshot");
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a real screenshot: {} bytes", png.len());
 

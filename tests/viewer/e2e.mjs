@@ -23,6 +23,27 @@ try {
   await page.waitForSelector('#me[data-logged-in="true"]', { timeout: 30000 });
   if (!(await page.textContent("#me")).startsWith("ada (")) throw new Error(`not named: ${await page.textContent("#me")}`);
   await page.waitForSelector('#objects li[data-name="ada"]', { timeout: 30000 });
+  step("the own avatar moves on the key press, before its input is agreed, and settles where the sim put it");
+  await page.waitForFunction(() => window.metatopiaOwn()?.drawn, null, { timeout: 15000 });
+  const start = await page.evaluate(() => window.metatopiaOwn().committed);
+  await page.focus("#map");
+  for (let i = 0; i < 6; i++) {
+    await page.keyboard.down("ArrowRight");
+    await page.waitForTimeout(200);
+    await page.keyboard.up("ArrowRight");
+    await page.waitForTimeout(300);
+  }
+  const lat = (await page.evaluate(() => window.metatopiaMoveLatency.slice())).sort((a, b) => a - b);
+  if (lat.length < 6) throw new Error(`the avatar moved at once for ${lat.length} of 6 key presses`);
+  const p50 = lat[Math.floor((lat.length - 1) / 2)];
+  console.log(`  key press to the avatar's first move on screen: p50 ${p50.toFixed(1)} ms (${lat.map((x) => x.toFixed(0)).join(", ")})`);
+  if (p50 > 50) throw new Error(`key press to first move: p50 ${p50.toFixed(1)} ms`);
+  await page.waitForFunction(() => {
+    const o = window.metatopiaOwn();
+    return o && !o.predicting && Math.hypot(o.drawn[0] - o.committed[0], o.drawn[1] - o.committed[1]) < 0.01;
+  }, null, { timeout: 20000 });
+  const end = await page.evaluate(() => window.metatopiaOwn().committed);
+  if (!(end[0] - start[0] > 1)) throw new Error(`the walk was not executed: from ${start} to ${end}`);
   step("chat, and the echo bot's reply");
   await page.fill("#chat-input", "hello from the browser");
   await page.press("#chat-input", "Enter");

@@ -80,6 +80,12 @@ pub struct Config {
     /// signatures `period_us / 16` later, off the commit's path (`false`: every vote's signature
     /// is checked before it counts, as before; kept for comparison).
     pub vote_macs: bool,
+    /// A block may cover this much time of ticks (R1 spans): a leader whose proposal comes
+    /// later than one period after its parent (a network round trip longer than a period, a
+    /// view that timed out) claims every tick due by then, up to this, so the sim keeps its
+    /// rate whatever the latency; the ticks before the block's own are handed out empty. Below
+    /// one period (the default, 0): one tick per block.
+    pub max_span_us: Micros,
     /// Test-only planted bug: accept 2f votes as a quorum. The Byzantine suite must catch it.
     #[cfg(feature = "mocks")]
     pub planted_bug_weak_quorum: bool,
@@ -109,16 +115,20 @@ impl Default for Config {
             anchor: None,
             compact_proposals: true,
             vote_macs: true,
+            max_span_us: 0,
             #[cfg(feature = "mocks")]
             planted_bug_weak_quorum: false,
         }
     }
 }
 
-/// A committed block, ready to execute.
+/// A committed tick, ready to execute: a committed block, or one of the empty ticks of its span
+/// before its own (`filler`: the block's header with no events, the tick and a BFT time of its
+/// own, [`span_seed`]; the digest and certificates are the block's).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Commit {
     pub block: Block,
+    pub filler: bool,
     pub digest: Digest,
     /// The block's notarization as embedded in its committed child: unique in the chain.
     pub certificate: Certificate,
@@ -221,7 +231,9 @@ pub enum ProposalError {
     BadParent,
     #[error("parent block not known yet")]
     UnknownParent,
-    #[error("tick {got} does not follow the parent's ({expected})")]
+    #[error(
+        "tick {got} does not follow the parent's ({expected} is the first it may be) within the span its BFT time allows"
+    )]
     BadTick { expected: u64, got: u64 },
     #[error("BFT time {got} ms is not after the parent's {parent} ms or is more than the drift ahead of {now} ms")]
     BadTime { got: u64, parent: u64, now: u64 },
@@ -891,6 +903,15 @@ fn all_distinct(ids: &[Digest]) -> bool {
     let mut sorted = ids.to_vec();
     sorted.sort_unstable();
     sorted.windows(2).all(|w| w[0] != w[1])
+}
+
+/// The seed of an empty tick of a block's span (a tick before the block's own): derived from
+/// the block's seed, so just as unpredictable before the block is committed.
+pub fn span_seed(block_seed: &Digest, tick: u64) -> Digest {
+    let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/span/v1_____");
+    h.update(&block_seed.0);
+    h.update(&tick.to_le_bytes());
+    Digest(*h.finalize().as_bytes())
 }
 
 /// The seed of a committed tick's canonical order.

@@ -88,13 +88,20 @@ impl Validator {
         let keep_from = out.saturating_sub(self.cfg.keep_blocks).max(first_tick);
         let mut prev: Option<(u64, Certificate)> = None;
         let mut kept = 0;
-        for rec in logged {
-            let parent = if rec.tick == first_tick {
+        let mut logged = logged.into_iter().peekable();
+        while let Some(start) = logged.next() {
+            // A block's span: the empty ticks before its own share its notarization (R1 spans).
+            let from = start.tick;
+            let mut rec = start;
+            while let Some(next) = logged.next_if(|n| n.tick == rec.tick + 1 && n.notarization == rec.notarization) {
+                rec = next;
+            }
+            let parent = if from == first_tick {
                 let anchor = self.cfg.anchor.as_ref().map(|a| a.notarization.clone());
                 Some((Parent { view: View(0), digest: self.root_parent() }, anchor))
             } else {
                 prev.take()
-                    .filter(|(tick, _)| tick + 1 == rec.tick)
+                    .filter(|(tick, _)| tick + 1 == from)
                     .map(|(_, c)| (Parent { view: c.view, digest: c.digest }, Some(c)))
             };
             let n = rec.notarization;

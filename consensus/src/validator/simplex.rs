@@ -76,13 +76,70 @@ impl Validator {
         }
         if let Some(lag) = self.cfg.max_exec_lag {
             let executed = self.root.map_or(0, |r| r.tick + 1);
-            if tick > executed + lag {
+            if self.unexecuted(&parent, executed, lag) > lag {
                 return None; // wait for execution; the application's next report retries
             }
         }
         let after_parent = time_ms * 1_000;
         let due = self.due(tick).unwrap_or(after_parent + self.cfg.period_us);
         Some(due.max(after_parent + self.cfg.period_us / 2).max(self.view_started))
+    }
+
+    /// The blocks from `parent` back whose ticks reach `executed` (the next tick the application
+    /// executes), counted up to `limit + 1`: with a block a tick, the ticks execution trails.
+    fn unexecuted(&self, parent: &Parent, executed: u64, limit: u64) -> u64 {
+        let mut n = 0;
+        let mut d = parent.digest;
+        while n <= limit {
+            match self.blocks.get(&d) {
+                Some(s) if s.block.tick >= executed => {
+                    n += 1;
+                    d = s.block.parent.digest;
+                }
+                _ => break,
+            }
+        }
+        n
+    }
+
+    /// The most ticks one block may cover (R1 spans).
+    pub(super) fn max_span(&self) -> u64 {
+        (self.cfg.max_span_us / self.cfg.period_us.max(1)).max(1)
+    }
+
+    /// R1 spans: a block after a parent of BFT time `parent_ms` covering ticks `first..=tick`
+    /// with BFT time `time_ms` covers at least one tick, at most `max_span`, at most one more
+    /// than whole periods of BFT time passed since the parent (so its empty ticks have BFT
+    /// times from the parent's on), and an epoch's last tick only alone.
+    pub(super) fn span_ok(&self, first: u64, tick: u64, parent_ms: u64, time_ms: u64) -> bool {
+        if tick < first {
+            return false;
+        }
+        let span = tick - first + 1;
+        let periods = time_ms.saturating_sub(parent_ms).saturating_mul(1_000) / self.cfg.period_us.max(1);
+        span <= self.max_span() && span <= periods + 1 && (self.cfg.last_tick != Some(tick) || span == 1)
+    }
+
+    /// The last tick a leader's block covers: every tick due by `now` on its schedule from
+    /// `first`, within the span rules, and no more than `max_span` ticks past what this
+    /// validator has executed (when execution is slow, ticks come later, as with one tick a
+    /// block); an epoch's last tick in a block of its own.
+    pub(super) fn span_end(&self, now: Micros, first: u64, parent_ms: u64, time_ms: u64) -> u64 {
+        let max = self.max_span();
+        let period = self.cfg.period_us.max(1);
+        let Some(due) = self.due(first).filter(|&d| max > 1 && d <= now) else { return first };
+        let mut span = ((now - due) / period + 1).min(max);
+        span = span.min(time_ms.saturating_sub(parent_ms).saturating_mul(1_000) / period + 1);
+        if self.cfg.max_exec_lag.is_some() {
+            let executed = self.root.map_or(first.saturating_sub(1), |r| r.tick);
+            span = span.min((executed + max + 1).saturating_sub(first)).max(1);
+        }
+        let end = first + span.max(1) - 1;
+        match self.cfg.last_tick {
+            Some(last) if end >= last && first < last => last - 1,
+            Some(last) if end >= last => last,
+            _ => end,
+        }
     }
 
     /// When tick `tick` is due on this validator's schedule: one period after the tick before.
@@ -140,7 +197,9 @@ impl Validator {
         self.settle();
         let view = self.view;
         let parent = self.parent_for(view).expect("propose_at checked");
-        let (parent_time, tick) = self.parent_time_tick(&parent).expect("propose_at checked");
+        let (parent_time, first) = self.parent_time_tick(&parent).expect("propose_at checked");
+        let time_ms = (now / 1_000).max(parent_time + 1);
+        let tick = self.span_end(now, first, parent_time, time_ms);
         let (ancestors, exclude) = self.uncommitted(&parent);
         let mut batch = match self.prepared.take() {
             Some(p) if p.fits(&parent, &ancestors) => p.batch,
@@ -161,7 +220,7 @@ impl Validator {
             leader: me,
             parent,
             tick,
-            time_ms: (now / 1_000).max(parent_time + 1),
+            time_ms,
             events: Vec::new(),
             parent_certificate: if parent.view > View(0) {
                 self.notarized.get(&parent.view).cloned()
@@ -269,7 +328,7 @@ impl Validator {
         self.on_vote(now, vote);
     }
 
-    /// R1: the block extends a notarized parent over nullified views, with the next tick, a
+    /// R1: the block extends a notarized parent over nullified views, with a span of ticks, a
     /// bounded BFT time and a bounded batch.
     pub fn check_block(&self, now: Micros, b: &Block) -> Result<(), ProposalError> {
         let ids = event_ids(&b.events);
@@ -328,12 +387,12 @@ impl Validator {
         let Some((parent_time, tick)) = self.parent_time_tick(&p) else {
             return Err(ProposalError::UnknownParent);
         };
-        if b.tick != tick {
-            return Err(ProposalError::BadTick { expected: tick, got: b.tick });
-        }
         let now_ms = now / 1_000;
         if b.time_ms <= parent_time || b.time_ms > now_ms + self.cfg.max_drift_ms {
             return Err(ProposalError::BadTime { got: b.time_ms, parent: parent_time, now: now_ms });
+        }
+        if !self.span_ok(tick, b.tick, parent_time, b.time_ms) {
+            return Err(ProposalError::BadTick { expected: tick, got: b.tick });
         }
         let bytes: usize = b.events.iter().map(|e| e.len()).sum();
         if b.events.len() > self.cfg.max_batch_events

@@ -192,9 +192,33 @@ impl Validator {
             // The pool forgets these events with the held bulk work: at the next input, or
             // once the view in flight is finalized (see `schedule_bulk`).
             self.settle_later.push((block.tick, *digest, stored.ids.clone()));
+            // The empty ticks of the block's span first (R1 spans), each with a BFT time one
+            // period after the one before, ending at the block's.
+            let first = self.output_tick.map_or(0, |t| t + 1);
+            for tick in first..block.tick {
+                let before_us = (block.tick - tick).saturating_mul(self.cfg.period_us);
+                let filler = Block {
+                    view: block.view,
+                    leader: block.leader,
+                    parent: block.parent,
+                    tick,
+                    time_ms: block.time_ms.saturating_sub(before_us / 1_000),
+                    events: Vec::new(),
+                    parent_certificate: None,
+                };
+                self.out.push_back(Output::Committed(Box::new(Commit {
+                    block: filler,
+                    filler: true,
+                    digest: *digest,
+                    certificate: certificate.clone(),
+                    seed: span_seed(&seed, tick),
+                    finalization: fin.clone(),
+                })));
+            }
             self.output_tick = Some(block.tick);
             self.out.push_back(Output::Committed(Box::new(Commit {
                 block: (**block).clone(),
+                filler: false,
                 digest: *digest,
                 certificate,
                 seed,

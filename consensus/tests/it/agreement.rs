@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::common::{Checker, MS, Role, SEC, Setup, build, random_schedule, run_schedule, submit};
 use metatopia_consensus::mocks::Behaviour;
 use metatopia_consensus::{Message, SigCache};
-use metatopia_scenarios::{Fault, NetConfig, NodeId, Partition};
+use metatopia_scenarios::{Fault, NetConfig, NodeId, Partition, Time};
 
 /// Commits resume within this much virtual time after faults end.
 const RESUME_BOUND: u64 = 2 * SEC;
@@ -103,6 +103,142 @@ fn a_crashed_leader_costs_at_most_one_timeout_per_view() {
     assert!(worst_gap <= cfg.leader_timeout_us + cfg.period_us + 20 * MS, "gap {} ms", worst_gap / MS);
     // One view in four waits a leader timeout: about 3 ticks per 400 ms after the crash.
     assert!(checker.highest_tick().unwrap() >= 35, "{:?}", checker.highest_tick());
+}
+
+/// Runs 4 honest validators at 60 Hz for 10 s of virtual time on a network with these one-way
+/// delays, an event submitted every 50 ms, and `crash` (if any) crashed at 2 s. Returns the
+/// ticks node 0 committed from 3 s to 10 s, and the longest an event took from its submission
+/// to its commit there.
+fn rate_at(min_ms: u64, max_ms: u64, max_span_us: Option<u64>, crash: Option<NodeId>) -> (usize, u64) {
+    let (ticks, _, worst) = rate_and_time(min_ms, max_ms, max_span_us, crash, 0);
+    (ticks, worst)
+}
+
+/// As [`rate_at`], and the ticks whose BFT time is from 3 s to 10 s.
+fn rate_and_time(
+    min_ms: u64,
+    max_ms: u64,
+    max_span_us: Option<u64>,
+    crash: Option<NodeId>,
+    skew_us: i64,
+) -> (usize, usize, u64) {
+    let cache = Arc::new(SigCache::new());
+    let setup = Setup { period_us: Some(16_667), max_span_us, ..Setup::honest(4) };
+    let net = NetConfig { delay_min_us: min_ms * MS, delay_max_us: max_ms * MS, loss_ppm: 0, duplicate_ppm: 0 };
+    let mut cluster = build(&setup, 7, net, &cache);
+    let mut checker = Checker::new(4, &cache);
+    if let Some(node) = crash {
+        cluster.schedule_fault(2 * SEC, Fault::Crash(node));
+    }
+    if skew_us != 0 {
+        cluster.set_skew(2, skew_us);
+    }
+    let mut submitted = Vec::new();
+    for step in 0..200u64 {
+        let who = [0, 1, 3][(step % 3) as usize];
+        let e = format!("e{step}").into_bytes();
+        submit(&mut cluster, who, e.clone());
+        submitted.push((step * 50 * MS, e));
+        cluster.run_until((step + 1) * 50 * MS, |c| checker.check(c));
+    }
+    cluster.run_until(12 * SEC, |c| checker.check(c));
+    assert!(checker.violations.is_empty(), "{:?}", checker.violations);
+    let commits = &cluster.node(0).unwrap().commits;
+    let ticks = commits.iter().filter(|(at, _)| (3 * SEC..10 * SEC).contains(at)).count();
+    let timed = commits.iter().filter(|(_, c)| (3_000..10_000).contains(&c.block.time_ms)).count();
+    let mut took = Vec::new();
+    for (at, e) in &submitted {
+        let found: Vec<Time> =
+            commits.iter().filter(|(_, c)| c.block.events.iter().any(|x| x[..] == e[..])).map(|(t, _)| *t).collect();
+        assert_eq!(found.len(), 1, "event {:?} committed {} times", String::from_utf8_lossy(e), found.len());
+        took.push(found[0] - at);
+    }
+    took.sort_unstable();
+    let q = |p: usize| took[(took.len() - 1) * p / 100] / MS;
+    eprintln!(
+        "{min_ms}-{max_ms} ms one-way, span {max_span_us:?}, crash {crash:?}, skew {} ms: {ticks} ticks in 7 s; input to hand-out p50 {} ms, p99 {} ms",
+        skew_us / 1_000,
+        q(50),
+        q(99)
+    );
+    (ticks, timed, took[took.len() - 1])
+}
+
+/// Ticks are not bound to agreement rounds (R1 spans): at one-way delays of 20 to 120 ms, where
+/// a round trip takes up to 14 periods of 60 Hz, the sim commits its ticks at its rate, and
+/// every event once, within a few round trips. With one tick a block the same network gives
+/// a tick a round trip.
+#[test]
+fn a_sim_keeps_its_tick_rate_at_internet_latency() {
+    let expected = 7 * 60; // 3 s to 10 s at 60 Hz
+    for (min_ms, max_ms) in [(20, 30), (40, 60), (80, 120)] {
+        let (ticks, timed, worst) = rate_and_time(min_ms, max_ms, None, None, 0);
+        assert!(ticks * 100 >= expected * 97, "{min_ms}-{max_ms} ms: {ticks} ticks of {expected}");
+        // Never faster than the rate in agreed time (a block's ticks are committed together).
+        assert!(timed <= expected + 1, "{min_ms}-{max_ms} ms: {timed} ticks in 7 s of BFT time");
+        // Proposed in the next block, committed once its child is: about five one-way delays.
+        assert!(worst <= 8 * max_ms * MS, "{min_ms}-{max_ms} ms: an event took {} ms", worst / MS);
+        eprintln!("{min_ms}-{max_ms} ms one-way: {ticks} ticks of {expected}, slowest event {} ms", worst / MS);
+    }
+    let (one_a_block, _) = rate_at(40, 60, Some(0), None);
+    assert!(one_a_block * 2 < expected, "one tick a block: {one_a_block} ticks of {expected}");
+}
+
+/// An epoch's last tick is decided in a block of its own, whatever the spans before it: so the
+/// epoch hands out every tick before it (the next epoch, anchored on that block, hands it out),
+/// and no block goes beyond it.
+#[test]
+fn an_epoch_ends_on_its_last_tick_alone_at_internet_latency() {
+    let cache = Arc::new(SigCache::new());
+    let setup = Setup { period_us: Some(16_667), last_tick: Some(300), ..Setup::honest(4) };
+    let net = NetConfig { delay_min_us: 40 * MS, delay_max_us: 60 * MS, loss_ppm: 0, duplicate_ppm: 0 };
+    let mut cluster = build(&setup, 11, net, &cache);
+    let mut checker = Checker::new(4, &cache);
+    cluster.run_until(10 * SEC, |c| checker.check(c));
+    assert!(checker.violations.is_empty(), "{:?}", checker.violations);
+    for i in 0..4 {
+        let node = cluster.node(i).unwrap();
+        let (_, last) = node.commits.last().unwrap();
+        assert_eq!((last.block.tick, last.filler), (299, false), "node {i}: the last tick handed out");
+        let v = node.validator().unwrap();
+        assert!(v.finished(), "node {i}");
+        let (end, _) = v.final_block().unwrap();
+        assert_eq!((end.tick, end.parent.digest), (300, last.digest), "node {i}: the epoch's last block");
+    }
+    // Spans were taken before the end (a round trip is six periods here).
+    let spans = cluster.node(0).unwrap().commits.iter().filter(|(_, c)| c.filler).count();
+    assert!(spans > 100, "{spans} empty ticks of spans");
+}
+
+/// A validator whose clock runs ahead within the allowed drift (0.5 s) stamps its blocks ahead,
+/// and the honest leaders after it wait for their clocks to pass those times; with one tick a
+/// block that cost a sim most of its ticks. The blocks after a wait cover the ticks due, so it
+/// costs almost none; a clock beyond the drift (its proposals refused) costs a timed-out view in
+/// four, also covered.
+#[test]
+fn a_validator_with_a_skewed_clock_costs_almost_no_ticks() {
+    let expected = 7 * 60;
+    for skew_ms in [450i64, -450, 5_000, -5_000] {
+        let (ticks, timed, worst) = rate_and_time(1, 3, None, None, skew_ms * 1_000);
+        eprintln!("clock {skew_ms} ms off: {ticks} ticks of {expected}, slowest event {} ms", worst / MS);
+        assert!(ticks * 100 >= expected * 95, "clock {skew_ms} ms off: {ticks} ticks of {expected}");
+        assert!(timed <= expected + 1, "clock {skew_ms} ms off: {timed} ticks in 7 s of BFT time");
+        assert!(worst <= 700 * MS, "clock {skew_ms} ms off: an event took {} ms", worst / MS);
+    }
+    let (one_a_block, _, _) = rate_and_time(1, 3, Some(0), None, 450_000);
+    eprintln!("one tick a block, clock 450 ms ahead: {one_a_block} ticks of {expected}");
+    assert!(one_a_block * 100 < expected * 90, "one tick a block: {one_a_block} ticks of {expected}");
+}
+
+/// A crashed validator's views time out, but the blocks after them cover the ticks due
+/// meanwhile: at 20-30 ms one-way the sim keeps its rate with one validator of four dead.
+#[test]
+fn a_crashed_validator_costs_almost_no_ticks() {
+    let expected = 7 * 60;
+    let (ticks, worst) = rate_at(20, 30, None, Some(2));
+    assert!(ticks * 100 >= expected * 97, "{ticks} ticks of {expected}");
+    // An event sent to the dead leader's view waits out its timeout.
+    assert!(worst <= 600 * MS, "an event took {} ms", worst / MS);
 }
 
 /// A network slower than the view timeouts assume (one-way delays above the leader timeout):

@@ -223,8 +223,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         notarize_timeout_us: 2 * crate::config::LEADER_TIMEOUT_US,
         retry_us: 300_000,
         chain_id: u64::from(cfg.world.sim_id),
-        // Execution may trail agreement by at most this many ticks; then ticks slow down.
+        // Execution may trail agreement by at most this many blocks; then ticks slow down.
         max_exec_lag: Some(4),
+        max_span_us: crate::config::MAX_SPAN_US,
         max_event_bytes: crate::core::MAX_BLOCK_EVENT_BYTES as usize,
         keep_bytes: cfg.block_history_bytes(),
         ..Config::default()
@@ -449,7 +450,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut last_state = [0u8; 32];
     let mut chat = std::collections::VecDeque::new();
     let mut last_root = core.root();
-    let (mut last_report, mut last_report_tick) = (std::time::Instant::now(), core.sim().world().tick().0);
+    let (mut last_report_ms, mut last_report_tick) = (core.sim().world().time_ms(), core.sim().world().tick().0);
     // Clients' route questions waiting for a neighbour's answer, or for a Raynet lookup's.
     let mut locating: Vec<Locating> = Vec::new();
     let mut finding: Vec<Finding> = Vec::new();
@@ -680,13 +681,17 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     }
                     if (tick.0 + 1).is_multiple_of(report_every) {
                         let s = core.stats();
-                        // Time dilation: sim seconds per wall second since the last line (1.00
-                        // in lockstep at the rate; lower when commits are late).
-                        let wall = last_report.elapsed().as_secs_f64().max(1e-6);
+                        // Time dilation: sim seconds per agreed (BFT) second since the last line:
+                        // 1.00 at the rate, lower when ticks come late (slow execution, stalls
+                        // longer than a block may cover). Agreed time, not this node's clock: a
+                        // node catching up, or executing a block's span of ticks at once, is not
+                        // the sim running fast.
+                        let now_ms = core.sim().world().time_ms();
+                        let agreed = now_ms.saturating_sub(last_report_ms).max(1) as f64 / 1_000.0;
                         let dilation = (tick.0 + 1).saturating_sub(last_report_tick) as f64
                             / f64::from(meter.status.tick_rate_hz.max(1))
-                            / wall;
-                        (last_report, last_report_tick) = (std::time::Instant::now(), tick.0 + 1);
+                            / agreed;
+                        (last_report_ms, last_report_tick) = (now_ms, tick.0 + 1);
                         per_second(&mut meter, &times, dilation);
                         meter.status.clients = hub.clients.load(std::sync::atomic::Ordering::Relaxed);
                         reach.update_neighbours(neighbour_squares(core.sim().world()));
@@ -732,7 +737,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 CoreOutput::Resynced { tick, certified_by, snapshot, joined } => {
                     meter.status.desynced = None;
                     // Dilation counts ticks executed from here, not the ones the snapshot skipped.
-                    (last_report, last_report_tick) = (std::time::Instant::now(), tick);
+                    let w = core.sim().world();
+                    (last_report_ms, last_report_tick) = (w.time_ms(), w.tick().0.max(tick));
                     // The state the log replays on top of after a restart.
                     dir.write_snapshot(tick, &snapshot)?;
                     // A snapshot can bring a node to the tick it was asked to stop after.
