@@ -15,7 +15,9 @@
 //!   view lost to a dead leader, makes the next block cover the ticks due meanwhile, and the
 //!   sim keeps its rate on agreed time whatever the latency. A leader covers the ticks due on
 //!   its schedule (below), and no more than `max_span_us` of ticks past what its application
-//!   executed (when execution is what is slow, ticks come later: time dilation). The leader
+//!   executed (when execution is what is slow, ticks come later: time dilation). A block cut
+//!   short by its epoch's end is stamped when its ticks were due rather than now, so the blocks
+//!   after it cover the rest (a new epoch goes on with the schedule of the one before). The leader
 //!   proposes once it has such a parent and its clock reaches the tick's due time on its
 //!   schedule (one period after the tick before; the schedule follows the chain's BFT times,
 //!   see `Validator::due`), and never sooner than half a period after the parent: so the chain

@@ -29,7 +29,8 @@ fn the_viewer_in_headless_chromium_logs_in_chats_opens_the_door_and_builds() {
         assert!(ok.success(), "npm ci in tests/viewer failed");
     }
 
-    let cluster = support::Cluster::start("viewer", "plaza.toml");
+    // Its four nodes 50 ms apart one way: the own avatar must still move on the key press.
+    let cluster = support::Cluster::start_apart("viewer", "plaza.toml", 50);
     let http = cluster.http[0].clone();
     let client = Client::new(&http);
     // A terminal client in a pseudo-terminal (as a person runs it), through node 1.

@@ -89,9 +89,21 @@ impl Cluster {
         Cluster::world(name, scenario, 1)
     }
 
+    /// As [`Cluster::start`], with every frame between the nodes delayed `one_way_ms` (± 20 %)
+    /// by the mesh's test-only delay stage: four nodes as far apart as homes on one continent.
+    pub fn start_apart(name: &str, scenario: &str, one_way_ms: u32) -> Cluster {
+        let delay = one_way_ms.to_string();
+        Cluster::world_with(name, scenario, 1, &["--test-link-delay-ms", &delay, "--test-link-jitter-percent", "20"])
+    }
+
     /// `sims` sims of four validators each (sim k's are nodes 4(k-1) … 4k-1), on the world of a
     /// catalogue scenario with that many sims.
     pub fn world(name: &str, scenario: &str, sims: usize) -> Cluster {
+        Cluster::world_with(name, scenario, sims, &[])
+    }
+
+    /// As [`Cluster::world`], with `extra` arguments to every node's `metatopia run`.
+    pub fn world_with(name: &str, scenario: &str, sims: usize, extra: &[&str]) -> Cluster {
         use metatopia_node::config::{
             BotsConfig, NodeConfig, RaynetConfig, SimEntry, SimValidator, ValidatorEntry, WorldConfig,
         };
@@ -159,6 +171,7 @@ impl Cluster {
                     Command::new(bin())
                         .args(["run", "--data-dir"])
                         .arg(d)
+                        .args(extra)
                         .env("RUST_LOG", "warn")
                         .stdout(std::process::Stdio::null())
                         .spawn()

@@ -406,6 +406,11 @@ impl Validator {
             (Some(a), Some(d)) => epoch_digest(cfg.chain_id, a.epoch, &keys, &d),
             _ => genesis_digest(cfg.chain_id, &keys),
         };
+        // An epoch after the first goes on with the tick schedule from its anchor (the previous
+        // epoch's last block), or from the previous epoch's own if the caller hands it on
+        // ([`Validator::continue_schedule`]): a fresh one started from its first block, and lost
+        // the ticks due while the epochs changed hands.
+        let schedule = cfg.anchor.as_ref().map(|a| (a.block.tick, a.block.time_ms.saturating_mul(1_000)));
         let mut blocks = Blocks::default();
         let mut output_tick = None;
         if let (Some(a), Some(d)) = (&cfg.anchor, anchor_digest) {
@@ -447,7 +452,7 @@ impl Validator {
             view_started: now,
             patience: 0,
             calm: 0,
-            schedule: None,
+            schedule,
             views: BTreeMap::new(),
             blocks,
             notarized: BTreeMap::new(),
@@ -550,6 +555,13 @@ impl Validator {
     }
     pub fn genesis(&self) -> Digest {
         self.genesis
+    }
+    /// Go on with `previous`'s tick schedule (the epoch before this one, at its end), so the
+    /// ticks due while the epochs change hands are covered by this epoch's first block.
+    pub fn continue_schedule(&mut self, previous: &Validator) {
+        if previous.schedule.is_some() {
+            self.schedule = previous.schedule;
+        }
     }
     /// Events waiting in the pool (those of a block committed by the latest input still count
     /// until the next input).

@@ -121,7 +121,7 @@ impl Validator {
     }
 
     /// The last tick a leader's block covers: every tick due by `now` on its schedule from
-    /// `first`, within the span rules, and no more than `max_span` ticks past what this
+    /// `first`, within the span rules, and no more than two spans of ticks past what this
     /// validator has executed (when execution is slow, ticks come later, as with one tick a
     /// block); an epoch's last tick in a block of its own.
     pub(super) fn span_end(&self, now: Micros, first: u64, parent_ms: u64, time_ms: u64) -> u64 {
@@ -131,8 +131,10 @@ impl Validator {
         let mut span = ((now - due) / period + 1).min(max);
         span = span.min(time_ms.saturating_sub(parent_ms).saturating_mul(1_000) / period + 1);
         if self.cfg.max_exec_lag.is_some() {
+            // Two spans: the blocks in flight, not yet handed out for execution (about five
+            // one-way delays), may hold one long span already (after a view that failed).
             let executed = self.root.map_or(first.saturating_sub(1), |r| r.tick);
-            span = span.min((executed + max + 1).saturating_sub(first)).max(1);
+            span = span.min((executed + 2 * max + 1).saturating_sub(first)).max(1);
         }
         let end = first + span.max(1) - 1;
         match self.cfg.last_tick {
@@ -165,14 +167,17 @@ impl Validator {
     /// chain. A block earlier than its tick was due here (by more than the millisecond a BFT
     /// time is rounded down by) moves the schedule back to it; one later than that by more than [`MAX_DEBT_PERIODS`] moves it forward
     /// (the time lost, in a view change say, is not made up). Blocks timed ahead of this
-    /// validator's clock are not followed.
+    /// validator's clock are not followed. (With spans, "more than a span" rather than
+    /// [`MAX_DEBT_PERIODS`]: the ticks a span could not cover are covered by the next.)
     pub(super) fn note_schedule(&mut self, now: Micros, tick: u64, time_ms: u64) {
         let at = time_ms * 1_000;
         if at > now + 1_000 {
             return;
         }
-        // A BFT time is in whole milliseconds, rounded down: up to 1 ms early is on time.
-        let behind = MAX_DEBT_PERIODS * self.cfg.period_us;
+        // A BFT time is in whole milliseconds, rounded down: up to 1 ms early is on time. A block
+        // late by up to a span is followed: the next blocks cover the ticks it could not (an
+        // epoch's end, execution behind); more is time lost.
+        let behind = MAX_DEBT_PERIODS.max(self.max_span()) * self.cfg.period_us;
         match self.due(tick) {
             Some(due) if at + 1_000 > due && at <= due + behind => {}
             _ => self.schedule = Some((tick, at)),
@@ -198,8 +203,15 @@ impl Validator {
         let view = self.view;
         let parent = self.parent_for(view).expect("propose_at checked");
         let (parent_time, first) = self.parent_time_tick(&parent).expect("propose_at checked");
-        let time_ms = (now / 1_000).max(parent_time + 1);
+        let mut time_ms = (now / 1_000).max(parent_time + 1);
         let tick = self.span_end(now, first, parent_time, time_ms);
+        if self.cfg.last_tick.is_some_and(|last| tick + 1 >= last) {
+            // Cut short by the epoch's end (its last tick comes alone): stamped when its own
+            // ticks were due, not now, so the BFT time it could not cover is covered by the
+            // blocks after it (their spans reach back to their parent's time).
+            let span_ms = (tick - first + 1).saturating_mul(self.cfg.period_us).div_ceil(1_000);
+            time_ms = time_ms.min(parent_time + span_ms).max(parent_time + 1);
+        }
         let (ancestors, exclude) = self.uncommitted(&parent);
         let mut batch = match self.prepared.take() {
             Some(p) if p.fits(&parent, &ancestors) => p.batch,

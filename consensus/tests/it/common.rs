@@ -74,8 +74,8 @@ pub fn config(sig_cache: &Arc<SigCache>) -> Config {
         retry_us: 250 * MS,
         max_drift_ms: 500,
         sig_cache: sig_cache.clone(),
-        // As a node runs: a block covers up to a second of ticks.
-        max_span_us: SEC,
+        // As a node runs: a block covers up to two seconds of ticks.
+        max_span_us: 2 * SEC,
         ..Config::default()
     }
 }

@@ -16,10 +16,10 @@ pub const LEADER_TIMEOUT_US: u64 = 400_000;
 
 /// The most time of ticks one agreed block covers (consensus' `max_span_us`): a block that
 /// comes later than a tick period after its parent (a round trip longer than a period, a view
-/// lost to a dead leader) covers the ticks due meanwhile, so the sim keeps its rate at any
-/// latency up to about this; longer stalls slow the sim (time dilation) rather than make it
-/// run a burst of ticks.
-pub const MAX_SPAN_US: u64 = 1_000_000;
+/// lost to a dead leader, twice with the view timeouts raised) covers the ticks due meanwhile,
+/// so the sim keeps its rate at any latency up to about this; longer stalls slow the sim (time
+/// dilation) rather than make it run a burst of ticks longer than this.
+pub const MAX_SPAN_US: u64 = 2_000_000;
 
 /// The node's configuration file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -274,6 +274,7 @@ impl Epochs {
         };
         let c = Config { last_tick: Some(last_tick), anchor: Some(anchor), period_us, ..self.cfg.clone() };
         let mut validator = Validator::new(c, self.key.clone(), keys.clone(), now);
+        validator.continue_schedule(&self.current.validator);
         if let Some((tick, root)) = self.last_root {
             validator.report_root(tick, root);
         }
