@@ -552,6 +552,69 @@ fn one_seed_by_hand() {
     assert_all_safe_and_live(&results, n);
 }
 
+/// One seed of the latency sweep: n = 4 or 7, 20 or 60 Hz, one-way delays of 25, 50 or 100 ms
+/// (± 20 %) with 1 % loss, an event every 50 ms, and one validator crashed in the first 2 s or f
+/// of them cut off from 2 s to 4 s. Returns (n, rate, delay, fault, ticks whose BFT time is
+/// from 4 s to 10 s, ticks due then, violations).
+fn latency_seed(seed: u64, cache: &Arc<SigCache>) -> (u16, u64, u64, &'static str, usize, usize, Vec<String>) {
+    let mut rng = metatopia_sim::rng::DetRng::from_u64(seed ^ 0x1a7e);
+    let n: u16 = if rng.chance(1, 2) { 4 } else { 7 };
+    let hz: u64 = if rng.chance(1, 2) { 60 } else { 20 };
+    let delay = [25u64, 50, 100][rng.below(3) as usize];
+    let setup = Setup { period_us: Some(1_000_000 / hz), ..Setup::honest(n) };
+    let net = NetConfig { delay_min_us: delay * 800, delay_max_us: delay * 1_200, loss_ppm: 10_000, duplicate_ppm: 0 };
+    let mut cluster = build(&setup, seed, net, cache);
+    let mut checker = Checker::new(n, cache);
+    let f = (n - 1) / 3;
+    let (fault, hit): (&str, BTreeSet<NodeId>) = if rng.chance(1, 2) {
+        let node = rng.below(u64::from(n)) as NodeId;
+        cluster.schedule_fault(rng.below(2 * SEC), Fault::Crash(node));
+        ("crash", [node].into())
+    } else {
+        let cut: BTreeSet<NodeId> = (0..NodeId::from(f)).map(|i| n as NodeId - 1 - i).collect();
+        let rest: BTreeSet<NodeId> = (0..NodeId::from(n)).filter(|i| !cut.contains(i)).collect();
+        cluster.add_partition(Partition { from: 2 * SEC, until: 4 * SEC, groups: vec![cut.clone(), rest] });
+        ("partition", cut)
+    };
+    let live: Vec<NodeId> = (0..NodeId::from(n)).filter(|i| !hit.contains(i)).collect();
+    for step in 0..200u64 {
+        submit(&mut cluster, live[(step as usize) % live.len()], format!("e{step}").into_bytes());
+        cluster.run_until((step + 1) * 50 * MS, |c| checker.check(c));
+    }
+    cluster.run_until(12 * SEC, |c| checker.check(c));
+    let commits = &cluster.node(live[0]).unwrap().commits;
+    let timed = commits.iter().filter(|(_, c)| (4_000..10_000).contains(&c.block.time_ms)).count();
+    (n, hz, delay, fault, timed, 6 * hz as usize, checker.violations)
+}
+
+/// The latency sweep by hand: every seed keeps safety (the checker's invariants) and its tick
+/// rate (≥ 0.99 of the ticks due, in agreed time, from 4 s to 10 s), whatever the latency and
+/// the fault.
+#[test]
+#[ignore = "long: run by hand, SEEDS=1000 cargo test --release -p metatopia-consensus --test it -- --ignored agreement::latency_seeds_by_hand --nocapture"]
+fn latency_seeds_by_hand() {
+    let count: u64 = std::env::var("SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
+    let cache = Arc::new(SigCache::new());
+    let list: Vec<u64> = (0..count).collect();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let half = list.len().div_ceil(2).max(1);
+        let handles: Vec<_> = list
+            .chunks(half)
+            .map(|chunk| {
+                let cache = &cache;
+                s.spawn(move || chunk.iter().map(|&seed| (seed, latency_seed(seed, cache))).collect::<Vec<_>>())
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let worst = results.iter().map(|(_, r)| r.4 as f64 / r.5 as f64).fold(f64::MAX, f64::min);
+    eprintln!("{} seeds; the lowest share of ticks kept: {worst:.3}", results.len());
+    for (seed, (n, hz, delay, fault, timed, due, violations)) in &results {
+        assert!(violations.is_empty(), "seed {seed} (n={n}, {hz} Hz, {delay} ms, {fault}): {violations:?}");
+        assert!(timed * 100 >= due * 99, "seed {seed} (n={n}, {hz} Hz, {delay} ms, {fault}): {timed} ticks of {due}");
+    }
+}
+
 #[test]
 #[ignore = "long: run by hand, SEEDS=100000 cargo test --release -p metatopia-consensus --test agreement -- --ignored"]
 fn many_seeds_by_hand() {

@@ -450,7 +450,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut last_state = [0u8; 32];
     let mut chat = std::collections::VecDeque::new();
     let mut last_root = core.root();
-    let (mut last_report_ms, mut last_report_tick) = (core.sim().world().time_ms(), core.sim().world().tick().0);
+    // (agreed time, next tick) at the status lines of about the last 5 s of agreed time, for the
+    // dilation: a block's ticks come together, so one line's second alone swings around the rate.
+    let mut reports: std::collections::VecDeque<(u64, u64)> =
+        [(core.sim().world().time_ms(), core.sim().world().tick().0)].into();
     // Clients' route questions waiting for a neighbour's answer, or for a Raynet lookup's.
     let mut locating: Vec<Locating> = Vec::new();
     let mut finding: Vec<Finding> = Vec::new();
@@ -681,17 +684,22 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     }
                     if (tick.0 + 1).is_multiple_of(report_every) {
                         let s = core.stats();
-                        // Time dilation: sim seconds per agreed (BFT) second since the last line:
+                        // Time dilation: sim seconds per agreed (BFT) second over the last 5 s:
                         // 1.00 at the rate, lower when ticks come late (slow execution, stalls
                         // longer than a block may cover). Agreed time, not this node's clock: a
                         // node catching up, or executing a block's span of ticks at once, is not
                         // the sim running fast.
                         let now_ms = core.sim().world().time_ms();
-                        let agreed = now_ms.saturating_sub(last_report_ms).max(1) as f64 / 1_000.0;
-                        let dilation = (tick.0 + 1).saturating_sub(last_report_tick) as f64
+                        reports.push_back((now_ms, tick.0 + 1));
+                        while reports.len() > 32 || (reports.len() > 2 && now_ms.saturating_sub(reports[1].0) >= 5_000)
+                        {
+                            reports.pop_front();
+                        }
+                        let (from_ms, from_tick) = reports[0];
+                        let agreed = now_ms.saturating_sub(from_ms).max(1) as f64 / 1_000.0;
+                        let dilation = (tick.0 + 1).saturating_sub(from_tick) as f64
                             / f64::from(meter.status.tick_rate_hz.max(1))
                             / agreed;
-                        (last_report_ms, last_report_tick) = (now_ms, tick.0 + 1);
                         per_second(&mut meter, &times, dilation);
                         meter.status.clients = hub.clients.load(std::sync::atomic::Ordering::Relaxed);
                         reach.update_neighbours(neighbour_squares(core.sim().world()));
@@ -738,7 +746,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     meter.status.desynced = None;
                     // Dilation counts ticks executed from here, not the ones the snapshot skipped.
                     let w = core.sim().world();
-                    (last_report_ms, last_report_tick) = (w.time_ms(), w.tick().0.max(tick));
+                    reports.clear();
+                    reports.push_back((w.time_ms(), w.tick().0.max(tick)));
                     // The state the log replays on top of after a restart.
                     dir.write_snapshot(tick, &snapshot)?;
                     // A snapshot can bring a node to the tick it was asked to stop after.
