@@ -14,6 +14,8 @@ const state = {
   // agreed and executed (a few round trips away); `pred` is the walk being predicted, `drawn`
   // where the avatar was last drawn (it eases onto the committed position, never snaps).
   pred: null, drawn: null, keyAt: null,
+  // Where each object was last drawn, and the last tick message and when it came.
+  drawnAt: new Map(), tick: 0, tickAt: null, ticksSeen: 0,
 };
 // Key press to the own avatar's first move on screen, in ms (read by the browser test).
 window.metatopiaMoveLatency = [];
@@ -182,7 +184,7 @@ function handle(msg) {
           o.position = u.at_mm.map((v) => String(v / 1000));
         }
       }
-      for (const id of m.leave) state.byId.delete(id);
+      for (const id of m.leave) { state.byId.delete(id); state.drawnAt.delete(id); }
       const rate = (state.status && state.status.tick_rate_hz) || 20;
       for (const o of state.byId.values()) {
         const b = o.base;
@@ -192,6 +194,7 @@ function handle(msg) {
       }
       state.objects = Array.from(state.byId.values());
       state.dirty = true;
+      state.tick = m.tick; state.tickAt = performance.now(); state.ticksSeen = (state.ticksSeen || 0) + 1;
       document.body.dataset.tick = m.tick; $("st-tick").textContent = m.tick;
       break;
     case "chat": addChat(m); break;
@@ -437,8 +440,20 @@ function draw() {
     g.fillText(`sim ${s.sim}`, sx(ox) + 4, sy(oy + size) + 14);
   }
   const now = performance.now();
+  // Moving objects are drawn where they are now, between ticks: extrapolated from their last
+  // position and velocity by the time since the last tick arrived (at most half a second), so
+  // motion is smooth at the display's frame rate even when ticks arrive together.
+  const rate = (s && s.tick_rate_hz) || 20;
+  const ahead = state.tickAt != null ? Math.min(((now - state.tickAt) * rate) / 1000, rate / 2) : 0;
   for (const o of state.objects) {
-    const [wx, wy] = o.id === state.avatar ? ownPosition(o, now) : [+o.position[0], +o.position[1]];
+    let at;
+    if (o.id === state.avatar) at = ownPosition(o, now);
+    else if (o.base && (o.base.vel[0] !== 0 || o.base.vel[1] !== 0)) {
+      const dt = state.tick + ahead - o.base.tick;
+      at = [0, 1].map((i) => (o.base.at[i] + (o.base.vel[i] * dt) / rate) / 1000);
+    } else at = [+o.position[0], +o.position[1]];
+    state.drawnAt.set(o.id, at);
+    const [wx, wy] = at;
     const px = sx(wx), py = sy(wy);
     const [kind, a, b] = o.shape.split(" ");
     g.fillStyle = "#" + o.color.slice(0, 6);
@@ -501,6 +516,10 @@ window.metatopiaOwn = () => {
   const me = state.avatar && state.byId.get(state.avatar);
   return me && { drawn: state.drawn, committed: [+me.position[0], +me.position[1]], predicting: !!state.pred };
 };
+
+// Where an object was last drawn (world metres), and how many tick messages have come (for tests).
+window.metatopiaDrawnOf = (id) => state.drawnAt.get(id) || null;
+window.metatopiaTicksSeen = () => state.ticksSeen;
 
 // Where an object is on the page (for tests driving the mouse).
 window.metatopiaScreenOf = (id) => {

@@ -99,7 +99,7 @@ fn the_viewer_in_headless_chromium_logs_in_chats_opens_the_door_and_builds() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.contains("viewer e2e passed"), "{stdout}\n{stderr}");
     // The figures it measured (with --nocapture).
-    for line in stdout.lines().filter(|l| l.contains(" p50 ")) {
+    for line in stdout.lines().filter(|l| l.contains(" p50 ") || l.contains("positions in a second")) {
         eprintln!("viewer: {}", line.trim());
     }
     let png = std::fs::read(&shot).expect("a screenshot");

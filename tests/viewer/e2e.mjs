@@ -136,6 +136,31 @@ try {
   await old.press("#name-input", "Enter");
   await old.waitForSelector('#me[data-logged-in="true"]', { timeout: 30000 });
   if ((await old.getAttribute("#me", "data-signer")) !== "tweetnacl") throw new Error("expected the TweetNaCl fallback");
+  step("another player walking is drawn moving at the display's frame rate, between ticks");
+  await page.waitForSelector('#objects li[data-name="old-browser"]', { timeout: 30000 });
+  const otherId = await page.getAttribute('#objects li[data-name="old-browser"]', "data-id");
+  await old.focus("#map");
+  await old.keyboard.down("ArrowUp");
+  await page.waitForFunction((id) => {
+    const a = window.metatopiaDrawnOf(id);
+    window.__firstAt = window.__firstAt || a;
+    return a && window.__firstAt && a[1] > window.__firstAt[1] + 0.3;
+  }, otherId, { timeout: 30000 });
+  const smooth = await page.evaluate((id) => new Promise((done) => {
+    const seen = new Set(), t0 = performance.now(), ticks0 = window.metatopiaTicksSeen();
+    const frame = () => {
+      const a = window.metatopiaDrawnOf(id);
+      if (a) seen.add(a.join(","));
+      if (performance.now() - t0 < 1000) requestAnimationFrame(frame);
+      else done({ positions: seen.size, ticks: window.metatopiaTicksSeen() - ticks0 });
+    };
+    requestAnimationFrame(frame);
+  }), otherId);
+  await old.keyboard.up("ArrowUp");
+  console.log(`  a walking player drawn at ${smooth.positions} positions in a second, from ${smooth.ticks} tick messages`);
+  if (!(smooth.positions >= 30 && smooth.positions > 1.5 * smooth.ticks)) {
+    throw new Error(`not smooth: ${smooth.positions} positions from ${smooth.ticks} tick messages in a second`);
+  }
   await old.fill("#chat-input", "signed by tweetnacl");
   await old.press("#chat-input", "Enter");
   await old.waitForFunction(
