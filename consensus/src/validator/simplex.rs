@@ -116,8 +116,14 @@ impl Validator {
             return false;
         }
         let span = tick - first + 1;
-        let periods = time_ms.saturating_sub(parent_ms).saturating_mul(1_000) / self.cfg.period_us.max(1);
-        span <= self.max_span() && span <= periods + 1 && (self.cfg.last_tick != Some(tick) || span == 1)
+        span <= self.max_span()
+            && span <= self.periods_between(parent_ms, time_ms) + 1
+            && (self.cfg.last_tick != Some(tick) || span == 1)
+    }
+
+    /// Whole tick periods from BFT time `from_ms` to `to_ms`.
+    fn periods_between(&self, from_ms: u64, to_ms: u64) -> u64 {
+        to_ms.saturating_sub(from_ms).saturating_mul(1_000) / self.cfg.period_us.max(1)
     }
 
     /// The last tick a leader's block covers: every tick due by `now` on its schedule from
@@ -129,7 +135,7 @@ impl Validator {
         let period = self.cfg.period_us.max(1);
         let Some(due) = self.due(first).filter(|&d| max > 1 && d <= now) else { return first };
         let mut span = ((now - due) / period + 1).min(max);
-        span = span.min(time_ms.saturating_sub(parent_ms).saturating_mul(1_000) / period + 1);
+        span = span.min(self.periods_between(parent_ms, time_ms) + 1);
         if self.cfg.max_exec_lag.is_some() {
             // Two spans: the blocks in flight, not yet handed out for execution (about five
             // one-way delays), may hold one long span already (after a view that failed).
