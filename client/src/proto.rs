@@ -78,6 +78,26 @@ pub struct Status {
     /// The sim's genesis hash (hex).
     #[serde(default)]
     pub genesis: String,
+    /// Whether this node is reachable from the internet, as AutoNAT last found: "public",
+    /// "private" (behind a NAT or firewall) or "unknown".
+    #[serde(default)]
+    pub reachability: String,
+    /// Keys (hex) of the relays that hold a reservation for this node (when it is private).
+    #[serde(default)]
+    pub relays: Vec<String>,
+    /// Each connected peer's key (hex) and path: "quic", "tcp" (direct) or "relayed".
+    #[serde(default)]
+    pub peer_paths: std::collections::BTreeMap<String, String>,
+    /// Relayed connections upgraded to direct ones by hole punching, and attempts that failed.
+    #[serde(default)]
+    pub hole_punched: u64,
+    #[serde(default)]
+    pub hole_punch_failed: u64,
+    /// This node's relay: reservations and circuits it serves now; requests it refused.
+    #[serde(default)]
+    pub relay_serving: [u64; 2],
+    #[serde(default)]
+    pub relay_refused: u64,
     /// Clients connected to this node (QUIC and WebSocket).
     pub clients: u32,
     /// The tick this node diverged at, if it did (it then stops executing).

@@ -9,6 +9,7 @@ mod clients;
 mod config;
 mod devnet;
 mod fuzz_corpus;
+mod homes;
 mod house;
 mod ownership;
 mod processes;

@@ -4,27 +4,16 @@
 //! longest-standing recent player once the admin is away; a node joins with `init` + `run --join`
 //! and refuses a sim whose genesis is not the one its join address names.
 
-use crate::support::{Kill, cli, ok, refused};
+use crate::support::{Kill, cli, ok, refused, wait_for};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use metatopia_node::api::http::{Client, GovernanceView, Status};
 
 fn free_ports(n: usize) -> Vec<u16> {
     metatopia_node::net::free_ports(n).unwrap()
-}
-
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn governance(http: &str) -> Option<GovernanceView> {

@@ -96,6 +96,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
             join: None,
             sims: Vec::new(),
             raynet: Default::default(),
+            network: Default::default(),
             sim_workers: None,
             block_history_mib: None,
         };

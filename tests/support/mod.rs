@@ -63,6 +63,18 @@ pub fn refused(args: &[&str]) -> String {
     err
 }
 
+/// Poll `f` every 200 ms until it gives a value; fail the test (naming `what`) after `limit`.
+pub fn wait_for<T>(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
 /// A node process, killed when dropped.
 pub struct Kill(pub std::process::Child);
 
@@ -159,6 +171,7 @@ impl Cluster {
                     bootstrap: vec![format!("{}@{}", validators[0].key, validators[0].address)],
                     ..RaynetConfig::default()
                 },
+                network: Default::default(),
                 sim_workers: None,
                 block_history_mib: None,
             };

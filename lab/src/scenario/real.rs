@@ -200,6 +200,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
                 .collect(),
             // The other sims' nodes are found through Raynet, starting from sim 1's first node.
             raynet: RaynetConfig { bootstrap: seed.clone(), ..RaynetConfig::default() },
+            network: Default::default(),
             sim_workers: None,
             block_history_mib: None,
         };
@@ -283,6 +284,12 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     let mut last: BTreeMap<String, SignedEvent> = BTreeMap::new();
     let mut labelled: BTreeMap<String, EventId> = BTreeMap::new();
     let mut at_door: BTreeMap<String, String> = BTreeMap::new();
+    // Each account's last event still on its way, and since when: an account's next step waits
+    // (up to `IN_FLIGHT`) until its node has executed it, as a client waits for its outcome. A
+    // sim that runs a span of ticks at once (after a stall) would otherwise see a login and the
+    // act that needs it submitted to two nodes in the same instant, in either order.
+    let mut in_flight: BTreeMap<String, (EventId, Instant)> = BTreeMap::new();
+    const IN_FLIGHT: Duration = Duration::from_secs(5);
     // Roles seen at their tick: (account, tick) -> (role, where).
     let mut roles: BTreeMap<(String, u64), (String, String)> = BTreeMap::new();
     let mut submitted = 0;
@@ -331,6 +338,12 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             if st.tick + 1 < s.at_tick {
                 break;
             }
+            if let Some((id, since)) = in_flight.get(&s.by)
+                && since.elapsed() < IN_FLIGHT
+                && clients[via].get::<Outcome>(&format!("/v1/events/{id}"))?.is_none()
+            {
+                break;
+            }
             pending.pop_front();
             let key = account_key(&s.by);
             let event = if s.action == Action::Replay {
@@ -352,10 +365,16 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             last.insert(s.by.clone(), event.clone());
             // Refused at the door (a bad signature, a banned author) is an outcome too: it
             // never executes.
-            if let Err(e) = clients[via].submit(&metatopia_sim::codec::encode(&event))
-                && let Some(l) = &s.label
-            {
-                at_door.insert(l.clone(), format!("refused at the door: {e}"));
+            match clients[via].submit(&metatopia_sim::codec::encode(&event)) {
+                Ok(_) => {
+                    in_flight.insert(s.by.clone(), (event.id(), Instant::now()));
+                }
+                Err(e) => {
+                    in_flight.remove(&s.by);
+                    if let Some(l) = &s.label {
+                        at_door.insert(l.clone(), format!("refused at the door: {e}"));
+                    }
+                }
             }
             submitted += 1;
         }

@@ -74,7 +74,8 @@ pub fn render_stats(s: &Status) -> String {
          accounts           {}\n\
          events             {} accepted, {} refused by the sim, {} refused at the door, {} waiting\n\
          validators         {} of {} connected{}\n\
-         peers              {} (nodes of any sim)\n",
+         peers              {} (nodes of any sim){}\n\
+         reachability       {}\n",
         s.sim,
         s.node,
         s.validators,
@@ -105,8 +106,44 @@ pub fn render_stats(s: &Status) -> String {
             format!(" (unreachable: {})", s.validators_missing.join(", "))
         },
         s.peers,
+        paths(&s.peer_paths),
+        reachability(s),
     );
     text + neighbours.as_str()
+}
+
+/// ": 3 direct, 1 relayed (ab12…)" when some peers are reached through a relay.
+fn paths(p: &std::collections::BTreeMap<String, String>) -> String {
+    let relayed: Vec<&str> = p.iter().filter(|(_, v)| *v == "relayed").map(|(k, _)| &k[..k.len().min(8)]).collect();
+    if p.is_empty() {
+        return String::new();
+    }
+    let direct = p.len() - relayed.len();
+    if relayed.is_empty() {
+        format!(": {direct} direct")
+    } else {
+        format!(": {direct} direct, {} relayed ({}…)", relayed.len(), relayed.join("…, "))
+    }
+}
+
+/// "public" or "private, through relays ab12…, cd34…", with hole punching and the relay served.
+fn reachability(s: &Status) -> String {
+    let mut r = if s.reachability.is_empty() { "unknown".to_owned() } else { s.reachability.clone() };
+    if !s.relays.is_empty() {
+        let short: Vec<&str> = s.relays.iter().map(|k| &k[..k.len().min(8)]).collect();
+        r += &format!(", reachable through relays {}…", short.join("…, "));
+    }
+    if s.hole_punched + s.hole_punch_failed > 0 {
+        r += &format!("; hole punching {} direct, {} failed", s.hole_punched, s.hole_punch_failed);
+    }
+    let [reservations, circuits] = s.relay_serving;
+    if reservations + circuits + s.relay_refused > 0 {
+        r += &format!(
+            "; relaying for others: {reservations} reservations, {circuits} circuits, {} refused",
+            s.relay_refused
+        );
+    }
+    r
 }
 
 #[derive(Debug, clap::Args)]
@@ -391,5 +428,28 @@ mod tests {
             "{several}"
         );
         assert!(several.ends_with("crossings          2 left, 1 arrived, 1 in transit\n"), "{several}");
+    }
+
+    #[test]
+    fn stats_say_how_each_peer_is_reached_and_whether_the_node_is_behind_a_nat() {
+        let mut s = Status { peers: 2, reachability: "public".into(), ..Status::default() };
+        s.peer_paths = [("aa".repeat(32), "quic".to_owned()), ("bb".repeat(32), "quic".to_owned())].into();
+        let out = render_stats(&s);
+        assert!(out.contains("peers              2 (nodes of any sim): 2 direct\n"), "{out}");
+        assert!(out.contains("reachability       public\n"), "{out}");
+        s.peer_paths.insert("cc".repeat(32), "relayed".into());
+        s.reachability = "private".into();
+        s.relays = vec!["dd".repeat(32)];
+        (s.hole_punched, s.hole_punch_failed) = (1, 2);
+        let out = render_stats(&s);
+        assert!(out.contains("2 direct, 1 relayed (cccccccc…)"), "{out}");
+        assert!(
+            out.contains(
+                "reachability       private, reachable through relays dddddddd…; hole punching 1 direct, 2 failed\n"
+            ),
+            "{out}"
+        );
+        s.relay_serving = [2, 1];
+        assert!(render_stats(&s).contains("relaying for others: 2 reservations, 1 circuits, 0 refused"));
     }
 }

@@ -172,6 +172,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
                 .collect(),
             // The other sims' nodes are found through Raynet, starting from the first node.
             raynet: RaynetConfig { bootstrap: seed.clone(), ..RaynetConfig::default() },
+            network: Default::default(),
             sim_workers: None,
             block_history_mib: None,
         };

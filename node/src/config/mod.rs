@@ -79,6 +79,103 @@ pub struct NodeConfig {
     /// The Raynet overlay: how this node finds the nodes of other sims.
     #[serde(default, skip_serializing_if = "RaynetConfig::is_default")]
     pub raynet: RaynetConfig,
+    /// Reachability behind NAT routers: relays and hole punching.
+    #[serde(default, skip_serializing_if = "NetworkConfig::is_default")]
+    pub network: NetworkConfig,
+}
+
+/// `[network]`: how a node at home is reached. A node finds out whether it is publicly
+/// reachable (AutoNAT: its peers dial it back); one that is not holds reservations on two
+/// publicly reachable nodes of the world and is reached through them (Circuit Relay v2), and a
+/// relayed connection becomes a direct one by hole punching where the NATs allow it. A publicly
+/// reachable node relays for the world's nodes within the limits below.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// `"auto"` (AutoNAT decides), `"public"` (the listen address is reachable from the
+    /// internet) or `"private"` (behind a NAT or firewall: take reservations at once).
+    #[serde(default = "default_reachability")]
+    pub reachability: String,
+    /// Upgrade relayed connections to direct ones by hole punching (DCUtR).
+    #[serde(default = "yes")]
+    pub hole_punching: bool,
+    /// Reservations this node's relay holds at once (nodes of the world only).
+    #[serde(default = "default_relay_reservations")]
+    pub relay_reservations: u32,
+    /// Circuits this node's relay carries at once (8 per peer, 30 new ones a minute per peer).
+    #[serde(default = "default_relay_circuits")]
+    pub relay_circuits: u32,
+    /// Bytes one relayed circuit carries before it is closed (and dialed again), MiB.
+    #[serde(default = "default_relay_circuit_mib")]
+    pub relay_circuit_mib: u64,
+    /// How long one relayed circuit lasts before it is closed (and dialed again), seconds.
+    #[serde(default = "default_relay_circuit_secs")]
+    pub relay_circuit_secs: u64,
+}
+
+fn default_reachability() -> String {
+    "auto".to_owned()
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_relay_reservations() -> u32 {
+    64
+}
+
+fn default_relay_circuits() -> u32 {
+    128
+}
+
+fn default_relay_circuit_mib() -> u64 {
+    1024
+}
+
+fn default_relay_circuit_secs() -> u64 {
+    3600
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            reachability: default_reachability(),
+            hole_punching: true,
+            relay_reservations: default_relay_reservations(),
+            relay_circuits: default_relay_circuits(),
+            relay_circuit_mib: default_relay_circuit_mib(),
+            relay_circuit_secs: default_relay_circuit_secs(),
+        }
+    }
+}
+
+impl NetworkConfig {
+    fn is_default(&self) -> bool {
+        *self == NetworkConfig::default()
+    }
+
+    /// The mesh's options from this section (and the test-only delay stage).
+    pub fn mesh_options(&self, delay: crate::net::LinkDelay) -> crate::net::MeshOptions {
+        use crate::net::reach::{Reachability, RelayLimits};
+        let reachability = match self.reachability.as_str() {
+            "public" => Some(Reachability::Public),
+            "private" => Some(Reachability::Private),
+            _ => None,
+        };
+        crate::net::MeshOptions {
+            delay,
+            relay: RelayLimits {
+                reservations: self.relay_reservations as usize,
+                circuits: self.relay_circuits as usize,
+                circuit_bytes: self.relay_circuit_mib.saturating_mul(1 << 20),
+                circuit_duration: std::time::Duration::from_secs(self.relay_circuit_secs),
+                ..RelayLimits::default()
+            },
+            reachability,
+            no_hole_punching: !self.hole_punching,
+        }
+    }
 }
 
 /// Another sim of the world, and its validators' keys (its genesis validator set, which this
@@ -309,6 +406,15 @@ impl NodeConfig {
             "bots sign as a demo world's players: they need world.demo = true"
         );
         anyhow::ensure!(self.validators.len() <= 100, "validators: at most 100");
+        anyhow::ensure!(
+            ["auto", "public", "private"].contains(&self.network.reachability.as_str()),
+            "network.reachability must be \"auto\", \"public\" or \"private\", not {:?}",
+            self.network.reachability
+        );
+        anyhow::ensure!(
+            self.network.relay_circuit_mib >= 1 && self.network.relay_circuit_secs >= 10,
+            "network.relay_circuit_mib must be at least 1 and network.relay_circuit_secs at least 10"
+        );
         anyhow::ensure!(!self.world.demo || self.world.players >= 1, "world.players must be at least 1");
         for (i, v) in self.validators.iter().enumerate() {
             parse_public(&v.key).with_context(|| format!("validators[{i}].key"))?;

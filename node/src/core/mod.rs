@@ -487,16 +487,18 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// lacks are gone everywhere.) A node whose agreement keeps up while its execution lags
     /// is not stranded: its commits are all here. A node left in a validator epoch that f+1 of
     /// its set have left (peers answer only for their current and previous epochs) joins
-    /// theirs instead, as a new node does, from a snapshot 2f+1 certify.
+    /// theirs instead, as a new node does, from a snapshot 2f+1 certify; so does a node that is
+    /// still getting a certified snapshot (joining or resyncing) when its set moves on to the
+    /// next epoch (the roots that would certify it are reported in the epoch it cannot follow).
     fn check_stranded(&mut self, now: Micros) {
         let executed = self.sim.world().tick().0;
         let at = executed.max(self.agreement.position().2.map_or(0, |t| t + 1));
         // (A node that executed all it was asked to, `execute_until`, is not behind: it waits.)
         let running =
             self.resync.is_none() && self.desynced.is_none() && self.exec_limit.is_none_or(|last| executed <= last);
-        let behind_epoch = running && self.agreement.behind_epoch();
+        let behind_epoch = (running || self.resync.is_some()) && self.agreement.behind_epoch();
         let behind =
-            running && (behind_epoch || self.agreement.peers_executed().is_some_and(|t| t > at + STRANDED_TICKS));
+            behind_epoch || running && self.agreement.peers_executed().is_some_and(|t| t > at + STRANDED_TICKS);
         if !behind {
             self.behind_since = None;
             return;

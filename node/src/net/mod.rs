@@ -12,6 +12,7 @@
 
 pub mod card;
 pub mod frames;
+pub mod reach;
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,7 +25,7 @@ use futures::StreamExt;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{Multiaddr, PeerId, StreamProtocol, identify, identity, noise, ping, tcp, yamux};
+use libp2p::{Multiaddr, PeerId, StreamProtocol, autonat, dcutr, identify, identity, noise, ping, relay, tcp, yamux};
 use metatopia_consensus::{SigningKey, ValidatorIndex, VerifyingKey};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -32,6 +33,7 @@ use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt};
 
 pub use crate::net::frames::MAX_FRAME;
 use crate::net::frames::{read_frame, write_frames};
+use crate::net::reach::{NetInfo, Path, Reach, RelayLimits};
 use crate::net::wire::NodeMsg;
 
 /// The sim's messages between nodes. The version changes with the messages' meaning (2: block
@@ -44,6 +46,10 @@ pub const MAX_UNLISTED: usize = 64;
 /// Peer indices stay below this (the agreement numbers senders outside a validator set from
 /// 0x8000 up).
 const MAX_INDEX: usize = 0x4000;
+/// How often each connection is pinged, and how long a ping may take before the connection
+/// is taken for dead and closed.
+const PING_EVERY: Duration = Duration::from_secs(2);
+const PING_TIMEOUT: Duration = Duration::from_secs(6);
 /// How often listed nodes that are not connected are dialed again.
 const REDIAL: Duration = Duration::from_millis(500);
 
@@ -138,6 +144,10 @@ struct Behaviour {
     identify: identify::Behaviour,
     ping: ping::Behaviour,
     stream: libp2p_stream::Behaviour,
+    autonat: autonat::Behaviour,
+    relay: relay::Behaviour,
+    relay_client: relay::client::Behaviour,
+    dcutr: libp2p::swarm::behaviour::toggle::Toggle<dcutr::Behaviour>,
 }
 
 /// Who is who: peer index <-> key <-> peer id.
@@ -153,6 +163,9 @@ struct Book {
     via: BTreeMap<PeerId, &'static str>,
     /// Indices of nodes of other sims (neighbour sims' validators): messaged, not broadcast to.
     outsiders: BTreeSet<u16>,
+    /// Nodes of the world: keys from the config, the genesis or a card (not a node that just
+    /// connected). Only they may hold a reservation on this node's relay.
+    members: BTreeSet<PeerId>,
 }
 
 impl Book {
@@ -168,6 +181,7 @@ impl Book {
         let i = self.keys.len() as u16;
         self.keys.push(key);
         self.by_peer.insert(id, i);
+        self.members.insert(id);
         Some(i)
     }
 
@@ -201,6 +215,21 @@ struct Shared {
     writers: Mutex<Writers>,
     streams: std::sync::atomic::AtomicU64,
     delay: LinkDelay,
+    reach: Mutex<Reach>,
+}
+
+/// How a mesh is started besides its key, addresses and peers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MeshOptions {
+    /// A delay stage on every frame sent (tests and measurements).
+    pub delay: LinkDelay,
+    /// What this node's relay serves.
+    pub relay: RelayLimits,
+    /// Reachability as the operator states it, instead of AutoNAT's finding (a node known to be
+    /// behind a NAT takes reservations from the start).
+    pub reachability: Option<reach::Reachability>,
+    /// Never upgrade a relayed connection by hole punching (it then stays relayed).
+    pub no_hole_punching: bool,
 }
 
 /// A delay added to every frame this node sends, for tests and measurements of the protocol at
@@ -289,9 +318,47 @@ impl Mesh {
         peers: Vec<PeerAddr>,
         delay: LinkDelay,
     ) -> anyhow::Result<(Mesh, mpsc::UnboundedReceiver<MeshEvent>)> {
+        Mesh::start_with(key, tcp, quic, peers, MeshOptions { delay, ..MeshOptions::default() }).await
+    }
+
+    /// [`Mesh::start`], with these options.
+    pub async fn start_with(
+        key: &SigningKey,
+        tcp: SocketAddr,
+        quic: Option<SocketAddr>,
+        peers: Vec<PeerAddr>,
+        options: MeshOptions,
+    ) -> anyhow::Result<(Mesh, mpsc::UnboundedReceiver<MeshEvent>)> {
         let keypair = identity::Keypair::ed25519_from_bytes(key.to_bytes())
             .map_err(|e| anyhow::anyhow!("the node key as a libp2p identity: {e}"))?;
         let me = keypair.public().to_peer_id();
+        let book = Book {
+            keys: peers.iter().map(|p| p.key).collect(),
+            by_peer: peers.iter().enumerate().map(|(i, p)| (peer_id(&p.key), i as u16)).collect(),
+            listed: peers.len(),
+            me,
+            connected: BTreeSet::new(),
+            via: BTreeMap::new(),
+            outsiders: BTreeSet::new(),
+            members: peers.iter().map(|p| peer_id(&p.key)).collect(),
+        };
+        let shared = Arc::new(Shared {
+            book: Mutex::new(book),
+            writers: Mutex::default(),
+            streams: std::sync::atomic::AtomicU64::new(0),
+            delay: options.delay,
+            reach: Mutex::new(Reach {
+                reachability: options.reachability.unwrap_or_default(),
+                fixed: options.reachability.is_some(),
+                ..Reach::default()
+            }),
+        });
+        let (member, numbered) = (shared.clone(), shared.clone());
+        let relay_config = reach::relay_config(
+            options.relay,
+            move |p| lock(&member.book).members.contains(p),
+            move |p| lock(&numbered.book).by_peer.contains_key(p),
+        );
         let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
             .with_tokio()
             .with_tcp(tcp::Config::new().nodelay(true), noise::Config::new, yamux::Config::default)?
@@ -299,12 +366,19 @@ impl Mesh {
                 c.handshake_timeout = Duration::from_secs(2);
                 c
             })
-            .with_behaviour(|k| Behaviour {
+            .with_relay_client(noise::Config::new, yamux::Config::default)?
+            .with_behaviour(|k, relay_client| Behaviour {
                 identify: identify::Behaviour::new(
                     identify::Config::new("/metatopia/1".into(), k.public()).with_agent_version(AGENT.into()),
                 ),
-                ping: ping::Behaviour::new(ping::Config::new().with_interval(Duration::from_secs(5))),
+                // A connection that misses its pings for PING_TIMEOUT is closed (and dialed
+                // again): a dead peer or relay is noticed in seconds, not at an idle timeout.
+                ping: ping::Behaviour::new(ping::Config::new().with_interval(PING_EVERY).with_timeout(PING_TIMEOUT)),
                 stream: libp2p_stream::Behaviour::new(),
+                autonat: autonat::Behaviour::new(me, reach::autonat_config()),
+                relay: relay::Behaviour::new(me, relay_config),
+                relay_client,
+                dcutr: (!options.no_hole_punching).then(|| dcutr::Behaviour::new(me)).into(),
             })?
             .with_swarm_config(|c| {
                 c.with_idle_connection_timeout(Duration::from_secs(3600))
@@ -312,6 +386,14 @@ impl Mesh {
                     .with_dial_concurrency_factor(NonZeroU8::MIN)
             })
             .build();
+        // A node relays for the world's nodes (within its limits) while it is publicly
+        // reachable: a private node refuses reservations (they would be of no use).
+        let public = options.reachability == Some(reach::Reachability::Public);
+        swarm.behaviour_mut().relay.set_status(Some(if public {
+            relay::Status::Enable
+        } else {
+            relay::Status::Disable
+        }));
         swarm.listen_on(Multiaddr::from(tcp.ip()).with(Protocol::Tcp(tcp.port())))?;
         if let Some(q) = quic {
             swarm.listen_on(Multiaddr::from(q.ip()).with(Protocol::Udp(q.port())).with(Protocol::QuicV1))?;
@@ -330,22 +412,14 @@ impl Mesh {
                 Err(_) => anyhow::bail!("the listeners on {tcp} and {quic:?} did not come up within 5 s"),
             }
         }
+        if public {
+            // Stated public: its listening addresses are where the internet reaches it (a
+            // relay's reservations name them).
+            for a in &listening {
+                swarm.add_external_address(a.clone());
+            }
+        }
 
-        let book = Book {
-            keys: peers.iter().map(|p| p.key).collect(),
-            by_peer: peers.iter().enumerate().map(|(i, p)| (peer_id(&p.key), i as u16)).collect(),
-            listed: peers.len(),
-            me,
-            connected: BTreeSet::new(),
-            via: BTreeMap::new(),
-            outsiders: BTreeSet::new(),
-        };
-        let shared = Arc::new(Shared {
-            book: Mutex::new(book),
-            writers: Mutex::default(),
-            streams: std::sync::atomic::AtomicU64::new(0),
-            delay,
-        });
         let (tx, rx) = mpsc::unbounded_channel();
         let (commands, command_rx) = mpsc::unbounded_channel();
         let mut control = swarm.behaviour().stream.new_control();
@@ -363,6 +437,15 @@ impl Mesh {
     /// This node's libp2p identity.
     pub fn local_peer_id(&self) -> PeerId {
         lock(&self.shared.book).me
+    }
+
+    /// These keys are nodes of the world (the sim's current validators, say): they may hold a
+    /// reservation on this node's relay.
+    pub fn add_members(&self, keys: &[VerifyingKey]) {
+        let mut book = lock(&self.shared.book);
+        for k in keys {
+            book.members.insert(peer_id(k));
+        }
     }
 
     /// Keep connections to these nodes too (after the ones the mesh started with).
@@ -451,6 +534,24 @@ impl Mesh {
         book.via.iter().filter_map(|(p, v)| book.by_peer.get(p).map(|i| (*i, *v))).collect()
     }
 
+    /// Reachability, relays and each connected peer's path, for `stats`.
+    pub fn net_info(&self) -> NetInfo {
+        let reach = lock(&self.shared.reach);
+        let book = lock(&self.shared.book);
+        let hex =
+            |p: &PeerId| peer_key(p).map(|k| metatopia_sim::ids::hex(k.as_bytes())).unwrap_or_else(|| p.to_string());
+        NetInfo {
+            reachability: reach.reachability,
+            relays: reach.reservations.keys().map(hex).collect(),
+            paths: book.connected.iter().filter_map(|p| reach.path(p).map(|path| (hex(p), path.as_str()))).collect(),
+            hole_punched: reach.hole_punched,
+            hole_punch_failed: reach.hole_punch_failed,
+            serving_reservations: reach.serving_reservations.len() as u64,
+            serving_circuits: reach.serving_circuits,
+            relay_refused: reach.relay_refused,
+        }
+    }
+
     /// Peers this node has a stream to now.
     pub fn connected(&self) -> usize {
         lock(&self.shared.writers).len()
@@ -483,7 +584,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The swarm's loop: connections, dialing, identify and ping; a writer for each connected peer.
+/// The swarm's loop: connections, dialing (directly, then through relays), identify and ping,
+/// reachability and reservations (see [`reach`]); a writer for each connected peer.
 async fn drive(
     mut swarm: libp2p::Swarm<Behaviour>,
     control: libp2p_stream::Control,
@@ -513,10 +615,35 @@ async fn drive(
                 None => return,
             },
             _ = redial.tick() => {
+                let now = std::time::Instant::now();
+                let mut reach = lock(&shared.reach);
+                // A private node listens through relays, up to its count.
+                while let Some((relay, addr)) = reach.next_relay(now) {
+                    match swarm.listen_on(reach::reservation_addr(&addr, relay)) {
+                        Ok(l) => {
+                            tracing::info!(%relay, "behind a NAT: asking for a reservation on a relay");
+                            reach.reservations.insert(relay, l);
+                        }
+                        Err(e) => {
+                            tracing::debug!(%relay, "a reservation: {e}");
+                            reach.refused.insert(relay, now);
+                        }
+                    }
+                }
                 for p in &peers {
                     let id = peer_id(&p.key);
-                    let addrs = p.multiaddrs();
-                    if id == me || addrs.is_empty() || swarm.is_connected(&id) {
+                    let direct = p.multiaddrs();
+                    if id == me || swarm.is_connected(&id) {
+                        continue;
+                    }
+                    // Directly first; through relays after (or first, once a dial failed).
+                    let relayed = reach.circuits_to(id);
+                    let addrs: Vec<Multiaddr> = if reach.failures.contains_key(&id) {
+                        relayed.into_iter().chain(direct).collect()
+                    } else {
+                        direct.into_iter().chain(relayed).collect()
+                    };
+                    if addrs.is_empty() {
                         continue;
                     }
                     let opts = DialOpts::peer_id(id)
@@ -529,38 +656,155 @@ async fn drive(
                 }
             }
             ev = swarm.select_next_some() => match ev {
-                SwarmEvent::ConnectionEstablished { peer_id, num_established, endpoint, .. } => {
+                SwarmEvent::ConnectionEstablished { peer_id, connection_id, num_established, endpoint, .. } => {
                     let Some(index) = number(&shared, &peer_id, &events, true) else {
                         tracing::debug!(%peer_id, "refusing a peer: not an ed25519 identity, or too many unlisted peers");
                         let _ = swarm.disconnect_peer_id(peer_id);
                         continue;
                     };
                     let addr = endpoint.get_remote_address();
-                    let via = if addr.iter().any(|p| matches!(p, Protocol::QuicV1)) { "quic" } else { "tcp" };
-                    lock(&shared.book).via.insert(peer_id, via);
+                    // An inbound relayed connection's remote address is only `/p2p/PEER`.
+                    let path = if endpoint.is_relayed() { Path::Relayed } else { Path::of(addr) };
+                    // Where to reach it directly (for a reservation on its relay): the address
+                    // dialed, or the one it is listed at.
+                    let bare: Multiaddr = addr.iter().filter(|p| !matches!(p, Protocol::P2p(_))).collect();
+                    let listed = match path {
+                        Path::Relayed => None,
+                        _ if endpoint.is_dialer() => Some(bare),
+                        _ => peers.iter().find(|p| peer_id_of(p) == peer_id).and_then(|p| p.multiaddrs().into_iter().next()),
+                    };
+                    let stale = {
+                        let mut reach = lock(&shared.reach);
+                        reach.failures.remove(&peer_id);
+                        reach.conns.entry(peer_id).or_default().insert(connection_id, (path, listed));
+                        // A direct connection makes the relayed ones redundant.
+                        if path == Path::Relayed { Vec::new() } else { reach.relayed(&peer_id) }
+                    };
+                    for c in stale {
+                        tracing::info!(%peer_id, "a direct connection: closing the relayed one");
+                        swarm.close_connection(c);
+                    }
+                    lock(&shared.book).via.insert(peer_id, path.as_str());
                     tracing::debug!(%peer_id, index, %addr, "connected");
                     if num_established.get() == 1 {
                         tokio::spawn(write_stream(control.clone(), shared.clone(), peer_id, index));
                     }
                 }
-                SwarmEvent::ConnectionClosed { peer_id, num_established: 0, cause, .. } => {
-                    tracing::debug!(%peer_id, "disconnected: {cause:?}");
+                SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, cause, .. } => {
+                    let best = {
+                        let mut reach = lock(&shared.reach);
+                        if let Some(cs) = reach.conns.get_mut(&peer_id) {
+                            cs.remove(&connection_id);
+                            if cs.is_empty() {
+                                reach.conns.remove(&peer_id);
+                            }
+                        }
+                        reach.path(&peer_id)
+                    };
                     let mut book = lock(&shared.book);
-                    book.connected.remove(&peer_id);
-                    book.via.remove(&peer_id);
+                    if num_established == 0 {
+                        tracing::debug!(%peer_id, "disconnected: {cause:?}");
+                        book.connected.remove(&peer_id);
+                        book.via.remove(&peer_id);
+                    } else if let Some(p) = best {
+                        book.via.insert(peer_id, p.as_str());
+                    }
+                }
+                SwarmEvent::ListenerClosed { listener_id, reason, .. } => {
+                    let mut reach = lock(&shared.reach);
+                    let gone: Vec<PeerId> =
+                        reach.reservations.iter().filter(|(_, l)| **l == listener_id).map(|(r, _)| *r).collect();
+                    for r in gone {
+                        tracing::info!(relay = %r, "a relay's reservation ended ({:?}); taking another", reason.as_ref().err());
+                        reach.reservations.remove(&r);
+                        reach.refused.insert(r, std::time::Instant::now());
+                    }
+                }
+                SwarmEvent::NewListenAddr { address, .. } if Path::of(&address) == Path::Relayed => {
+                    tracing::info!(%address, "reachable through a relay");
                 }
                 SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event { result: Ok(rtt), .. })) => {
                     metrics::histogram!("metatopia_peer_rtt_seconds").record(rtt.as_secs_f64());
                 }
+                SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event { peer, connection, result: Err(e) })) => {
+                    tracing::debug!(%peer, "a connection missed its ping ({e}): closing it");
+                    swarm.close_connection(connection);
+                }
                 SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
-                    tracing::debug!(%peer_id, agent = info.agent_version, addrs = ?info.listen_addrs, "identified");
+                    tracing::debug!(%peer_id, agent = info.agent_version, addrs = ?info.listen_addrs, observed = %info.observed_addr, "identified");
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::Autonat(autonat::Event::StatusChanged { old, new })) => {
+                    let r = reach::Reachability::of(&new);
+                    tracing::info!(was = reach::Reachability::of(&old).as_str(), now = r.as_str(), "reachability");
+                    let mut reach = lock(&shared.reach);
+                    if reach.fixed {
+                        continue;
+                    }
+                    reach.reachability = r;
+                    let serve = if r == reach::Reachability::Public { relay::Status::Enable } else { relay::Status::Disable };
+                    swarm.behaviour_mut().relay.set_status(Some(serve));
+                    if r == reach::Reachability::Public {
+                        for (_, l) in std::mem::take(&mut reach.reservations) {
+                            swarm.remove_listener(l);
+                        }
+                    }
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::Relay(e)) => served(&mut lock(&shared.reach), e),
+                SwarmEvent::Behaviour(BehaviourEvent::RelayClient(relay::client::Event::ReservationReqAccepted {
+                    relay_peer_id, renewal: false, ..
+                })) => {
+                    tracing::info!(relay = %relay_peer_id, "a relay holds a reservation for this node");
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::Dcutr(dcutr::Event { remote_peer_id, result })) => {
+                    let mut reach = lock(&shared.reach);
+                    match result {
+                        Ok(_) => {
+                            tracing::info!(peer = %remote_peer_id, "hole punched: a direct connection");
+                            reach.hole_punched += 1;
+                        }
+                        Err(e) => {
+                            tracing::info!(peer = %remote_peer_id, "hole punching failed, staying relayed: {e}");
+                            reach.hole_punch_failed += 1;
+                        }
+                    }
                 }
                 SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                     tracing::trace!(?peer_id, "dial failed: {error}");
+                    if let Some(p) = peer_id {
+                        *lock(&shared.reach).failures.entry(p).or_default() += 1;
+                    }
                 }
                 _ => {}
             },
         }
+    }
+}
+
+fn peer_id_of(p: &PeerAddr) -> PeerId {
+    peer_id(&p.key)
+}
+
+/// What this node's relay served: counted for `stats`.
+#[allow(deprecated)]
+fn served(reach: &mut Reach, e: relay::Event) {
+    match e {
+        relay::Event::ReservationReqAccepted { src_peer_id, .. } => {
+            reach.serving_reservations.insert(src_peer_id);
+        }
+        relay::Event::ReservationClosed { src_peer_id } | relay::Event::ReservationTimedOut { src_peer_id } => {
+            reach.serving_reservations.remove(&src_peer_id);
+        }
+        relay::Event::CircuitReqAccepted { .. } => reach.serving_circuits += 1,
+        relay::Event::CircuitClosed { .. } => reach.serving_circuits = reach.serving_circuits.saturating_sub(1),
+        relay::Event::ReservationReqDenied { src_peer_id, .. } => {
+            tracing::debug!(peer = %src_peer_id, "refused a reservation");
+            reach.relay_refused += 1;
+        }
+        relay::Event::CircuitReqDenied { src_peer_id, dst_peer_id, .. } => {
+            tracing::debug!(from = %src_peer_id, to = %dst_peer_id, "refused a circuit");
+            reach.relay_refused += 1;
+        }
+        _ => {}
     }
 }
 
@@ -656,172 +900,4 @@ async fn read_streams(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(i: u8) -> SigningKey {
-        SigningKey::from_bytes(&[i; 32])
-    }
-
-    fn loopback(port: u16) -> SocketAddr {
-        ([127, 0, 0, 1], port).into()
-    }
-
-    fn addrs(n: usize) -> Vec<(SocketAddr, SocketAddr)> {
-        let tcp = free_ports(n).unwrap();
-        let udp = free_udp_ports(n).unwrap();
-        tcp.into_iter().zip(udp).map(|(t, u)| (loopback(t), loopback(u))).collect()
-    }
-
-    /// The next message from `rx` within 10 s (skipping announcements).
-    async fn next(rx: &mut mpsc::UnboundedReceiver<MeshEvent>) -> (ValidatorIndex, NodeMsg) {
-        loop {
-            match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("a message within 10 s") {
-                Some(MeshEvent::Message(i, m)) => return (i, m),
-                Some(MeshEvent::Joined { .. }) => {}
-                None => panic!("the mesh stopped"),
-            }
-        }
-    }
-
-    async fn until_connected(m: &Mesh, n: usize) {
-        let t0 = std::time::Instant::now();
-        while m.connected() < n {
-            assert!(t0.elapsed() < Duration::from_secs(15), "{} of {n} peers connected", m.connected());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    #[test]
-    fn peer_ids_are_the_node_keys() {
-        let k = key(7).verifying_key();
-        let id = peer_id(&k);
-        assert_eq!(peer_key(&id), Some(k));
-        assert_eq!(peer_key(&PeerId::random()), None, "not an ed25519 identity");
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn listed_nodes_connect_over_quic_and_are_numbered_by_their_keys() {
-        let a = addrs(3);
-        let peers: Vec<PeerAddr> = (0..3)
-            .map(|i| PeerAddr { key: key(i as u8 + 1).verifying_key(), tcp: Some(a[i].0), quic: Some(a[i].1) })
-            .collect();
-        let mut meshes = Vec::new();
-        for (i, (tcp, quic)) in a.iter().enumerate() {
-            meshes.push(Mesh::start(&key(i as u8 + 1), *tcp, Some(*quic), peers.clone()).await.unwrap());
-        }
-        for (m, _) in &meshes {
-            until_connected(m, 2).await;
-        }
-        assert!(meshes[0].0.transports().values().all(|v| *v == "quic"), "{:?}", meshes[0].0.transports());
-        meshes[0].0.broadcast(&NodeMsg::SnapshotRequest);
-        for (_, rx) in &mut meshes[1..] {
-            assert_eq!(next(rx).await, (ValidatorIndex(0), NodeMsg::SnapshotRequest));
-        }
-        let m = NodeMsg::Snapshot { tick: 9, bytes: vec![7; 300_000] };
-        meshes[2].0.send(1, &m);
-        assert_eq!(next(&mut meshes[1].1).await, (ValidatorIndex(2), m));
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_delay_stage_holds_each_frame_and_keeps_their_order() {
-        let a = addrs(2);
-        let peers: Vec<PeerAddr> = (0..2)
-            .map(|i| PeerAddr { key: key(i as u8 + 1).verifying_key(), tcp: Some(a[i].0), quic: Some(a[i].1) })
-            .collect();
-        let delay = LinkDelay { one_way: Duration::from_millis(40), jitter_percent: 50 };
-        let (m0, _rx0) = Mesh::start_delayed(&key(1), a[0].0, Some(a[0].1), peers.clone(), delay).await.unwrap();
-        let (m1, mut rx1) = Mesh::start(&key(2), a[1].0, Some(a[1].1), peers).await.unwrap();
-        until_connected(&m0, 1).await;
-        until_connected(&m1, 1).await;
-        let frame = |tick| NodeMsg::Snapshot { tick, bytes: vec![tick as u8; 100] };
-        m0.send(1, &frame(0));
-        assert_eq!(next(&mut rx1).await.1, frame(0), "the stream is open");
-        let t0 = std::time::Instant::now();
-        for t in 1..=40 {
-            m0.send(1, &frame(t));
-        }
-        assert_eq!(next(&mut rx1).await.1, frame(1));
-        // At least the delay less its jitter (a loaded machine can only add to it).
-        assert!(t0.elapsed() >= Duration::from_millis(20), "{:?}", t0.elapsed());
-        // In order, whatever each frame's jitter.
-        for t in 2..=40 {
-            assert_eq!(next(&mut rx1).await.1, frame(t));
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn without_quic_the_nodes_fall_back_to_tcp() {
-        let a = addrs(2);
-        // Node 1 listens on TCP only; node 0 is told of a QUIC address where nothing answers.
-        let peers = vec![
-            PeerAddr { key: key(1).verifying_key(), tcp: Some(a[0].0), quic: Some(a[0].1) },
-            PeerAddr { key: key(2).verifying_key(), tcp: Some(a[1].0), quic: Some(a[1].1) },
-        ];
-        let (m0, _rx0) = Mesh::start(&key(1), a[0].0, Some(a[0].1), peers.clone()).await.unwrap();
-        // (Node 1 does not dial: only node 0's dial, QUIC first, makes the connection.)
-        let unknown = vec![PeerAddr { tcp: None, quic: None, ..peers[0].clone() }, peers[1].clone()];
-        let (m1, mut rx1) = Mesh::start(&key(2), a[1].0, None, unknown).await.unwrap();
-        until_connected(&m0, 1).await;
-        until_connected(&m1, 1).await;
-        m0.send(1, &NodeMsg::SnapshotRequest);
-        assert_eq!(next(&mut rx1).await, (ValidatorIndex(0), NodeMsg::SnapshotRequest));
-        assert_eq!(m0.transports().get(&1), Some(&"tcp"), "{:?}", m0.transports());
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_node_is_known_by_its_key_not_its_address() {
-        let a = addrs(2);
-        let (k1, k2, impostor) = (key(1), key(2), key(3));
-        // Node 0 expects key 2 at node 1's address, but the impostor listens there.
-        let expected = vec![
-            PeerAddr { key: k1.verifying_key(), tcp: Some(a[0].0), quic: Some(a[0].1) },
-            PeerAddr { key: k2.verifying_key(), tcp: Some(a[1].0), quic: Some(a[1].1) },
-        ];
-        let (m0, mut rx0) = Mesh::start(&k1, a[0].0, Some(a[0].1), expected.clone()).await.unwrap();
-        // The impostor dials node 0 itself, and says it is validator 1 by sending as it would.
-        let theirs = vec![expected[0].clone(), PeerAddr { key: impostor.verifying_key(), tcp: None, quic: None }];
-        let (m1, _rx1) = Mesh::start(&impostor, a[1].0, Some(a[1].1), theirs).await.unwrap();
-        until_connected(&m1, 1).await;
-        m1.send(0, &NodeMsg::SnapshotRequest);
-        // Node 0 numbers it as a node outside its list, under its real key.
-        let t0 = std::time::Instant::now();
-        loop {
-            match tokio::time::timeout(Duration::from_secs(10), rx0.recv()).await.unwrap().unwrap() {
-                MeshEvent::Joined { index, key } => {
-                    assert_eq!((index, key), (2, impostor.verifying_key()));
-                }
-                MeshEvent::Message(from, m) => {
-                    assert_eq!((from, m), (ValidatorIndex(2), NodeMsg::SnapshotRequest));
-                    break;
-                }
-            }
-            assert!(t0.elapsed() < Duration::from_secs(10));
-        }
-        assert_eq!(m0.key_of(2), Some(impostor.verifying_key()));
-        // And its dials to "validator 1" at that address never connect as validator 1.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(m0.transports().keys().copied().collect::<Vec<_>>(), vec![2]);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn garbage_on_the_port_harms_nothing() {
-        use tokio::io::AsyncWriteExt as _;
-        let a = addrs(2);
-        let peers: Vec<PeerAddr> = (0..2)
-            .map(|i| PeerAddr { key: key(i as u8 + 1).verifying_key(), tcp: Some(a[i].0), quic: Some(a[i].1) })
-            .collect();
-        let (m0, _rx0) = Mesh::start(&key(1), a[0].0, Some(a[0].1), peers.clone()).await.unwrap();
-        for len in [0usize, 1, 40, 5_000] {
-            let mut s = tokio::net::TcpStream::connect(a[0].0).await.unwrap();
-            let _ = s.write_all(&vec![0xa5; len]).await;
-        }
-        let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        u.send_to(&[0xff; 1200], a[0].1).unwrap();
-        let (m1, mut rx1) = Mesh::start(&key(2), a[1].0, Some(a[1].1), peers).await.unwrap();
-        until_connected(&m0, 1).await;
-        until_connected(&m1, 1).await;
-        m0.send(1, &NodeMsg::SnapshotRequest);
-        assert_eq!(next(&mut rx1).await, (ValidatorIndex(0), NodeMsg::SnapshotRequest));
-    }
-}
+mod tests;

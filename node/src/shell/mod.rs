@@ -364,7 +364,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             args.test_link_delay_ms, delay.jitter_percent
         );
     }
-    let (mesh, mut inbox) = Mesh::start_delayed(&key, cfg.listen, cfg.quic, peers, delay)
+    let (mesh, mut inbox) = Mesh::start_with(&key, cfg.listen, cfg.quic, peers, cfg.network.mesh_options(delay))
         .await
         .with_context(|| format!("listening for peers on tcp {} and quic {:?}", cfg.listen, cfg.quic))?;
     println!(
@@ -857,7 +857,10 @@ fn watch_validators(
     key: &metatopia_consensus::SigningKey,
     tag: &str,
 ) {
-    let set: Vec<[u8; 32]> = core.agreement().keys().iter().map(|k| k.to_bytes()).collect();
+    let keys = core.agreement().keys();
+    // The current validators (an admitted node too) may hold reservations on this node's relay.
+    mesh.add_members(keys);
+    let set: Vec<[u8; 32]> = keys.iter().map(|k| k.to_bytes()).collect();
     let me = key.verifying_key().to_bytes();
     let r = watch.look(crate::unix_ms(), &set, &me, &mesh.connected_keys());
     for (k, down_ms) in &r.warn {
@@ -875,6 +878,15 @@ fn watch_validators(
     }
     meter.status.validators_connected = r.connected;
     meter.status.validators_missing = r.missing.iter().map(|k| metatopia_sim::ids::hex(k)).collect();
+    let net = mesh.net_info();
+    let st = &mut meter.status;
+    st.reachability = net.reachability.as_str().to_owned();
+    st.relays = net.relays;
+    st.peer_paths = net.paths.into_iter().map(|(k, p)| (k, p.to_owned())).collect();
+    st.hole_punched = net.hole_punched;
+    st.hole_punch_failed = net.hole_punch_failed;
+    st.relay_serving = [net.serving_reservations, net.serving_circuits];
+    st.relay_refused = net.relay_refused;
     metrics::gauge!("metatopia_validators_connected", "sim" => meter.sim.clone()).set(f64::from(r.connected));
 }
 

@@ -128,6 +128,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
                 join: None,
                 sims: Vec::new(),
                 raynet: Default::default(),
+                network: Default::default(),
                 sim_workers: None,
                 block_history_mib: None,
             },

@@ -113,6 +113,7 @@ mod tests {
             join: None,
             sims: Vec::new(),
             raynet: Default::default(),
+            network: Default::default(),
             sim_workers: None,
             block_history_mib: None,
         };
@@ -157,6 +158,7 @@ mod tests {
             join: None,
             sims: Vec::new(),
             raynet: Default::default(),
+            network: Default::default(),
             sim_workers: None,
             block_history_mib: None,
         };
