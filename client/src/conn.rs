@@ -165,6 +165,18 @@ pub struct Client {
     /// When the session was last refreshed (a `Login` while logged in): a client that stops
     /// refreshing has its avatar removed after the sim's grace period.
     refreshed: Option<tokio::time::Instant>,
+    /// A player's client uses the nearest node of its sim ([`crate::nearest`]); bots, many on
+    /// one machine, spread by account without measuring.
+    nearest: bool,
+    /// The last round trips measured to `nodes` (same order), and when.
+    rtts: Vec<Option<Duration>>,
+    probed: Option<tokio::time::Instant>,
+    /// A measurement running in the background.
+    probing: Option<tokio::task::JoinHandle<Vec<Option<Duration>>>>,
+    /// Times it moved to a clearly nearer node of its sim.
+    pub nearer_moves: u32,
+    /// How often it measures the sim's nodes again.
+    probe_every: Duration,
 }
 
 /// `Link` without a `Debug` of its streams.
@@ -206,7 +218,7 @@ impl Client {
         at: Option<[i64; 2]>,
     ) -> Result<Client, ClientError> {
         let endpoint = Client::endpoint_for(bootstrap)?;
-        Client::connect_on_at(endpoint, bootstrap, key, at).await
+        Client::connect_as(endpoint, bootstrap, key, at, true).await
     }
 
     /// A QUIC endpoint (one UDP socket) for reaching `node`; many clients may share one.
@@ -217,21 +229,24 @@ impl Client {
         quinn::Endpoint::client(bind).map_err(ClientError::Socket)
     }
 
-    /// [`Client::connect`] on a given endpoint (bots share a few).
+    /// [`Client::connect`] on a given endpoint, for bots (many share a few endpoints on one
+    /// machine): they spread over the sim's nodes by account, without measuring round trips.
     pub async fn connect_on(
         endpoint: quinn::Endpoint,
         bootstrap: &NodeAddr,
         key: SigningKey,
     ) -> Result<Client, ClientError> {
-        Client::connect_on_at(endpoint, bootstrap, key, None).await
+        Client::connect_as(endpoint, bootstrap, key, None, false).await
     }
 
-    /// [`Client::connect_at`] on a given endpoint.
-    pub async fn connect_on_at(
+    /// [`Client::connect_at`] on a given endpoint; `nearest`: measure the sim's nodes and use
+    /// the nearest (a player), or spread by account (a bot).
+    pub async fn connect_as(
         endpoint: quinn::Endpoint,
         bootstrap: &NodeAddr,
         key: SigningKey,
         at: Option<[i64; 2]>,
+        nearest: bool,
     ) -> Result<Client, ClientError> {
         let account = account_of(&key).to_string();
         let mut c = Client {
@@ -251,6 +266,12 @@ impl Client {
             moving: None,
             closed: None,
             refreshed: None,
+            nearest,
+            rtts: Vec::new(),
+            probed: None,
+            probing: None,
+            nearer_moves: 0,
+            probe_every: crate::nearest::PROBE_EVERY,
         };
         c.link = Some(LinkBox(c.dial(bootstrap).await?));
         let route = c
@@ -268,9 +289,11 @@ impl Client {
         }
         c.sim = sim;
         c.nodes = nodes;
-        // Clients spread over the sim's nodes by account (all of a sim's nodes serve the same
-        // state); a bootstrap that does not serve the sim is always left. The keys come from
-        // the pinned bootstrap, so the next connection is pinned too.
+        // A player's client takes the nearest node; nodes as near share clients by account
+        // (all of a sim's nodes serve the same state); a bootstrap that does not serve the sim
+        // is always left. The keys come from the pinned bootstrap, so the next connection is
+        // pinned too.
+        c.measure().await;
         let pick = c.pick();
         if c.nodes[pick].key != bootstrap.key {
             let node = c.nodes[pick].clone();
@@ -284,10 +307,60 @@ impl Client {
         Ok(c)
     }
 
-    /// This account's node among the sim's (clients spread over a sim's nodes by account).
+    /// This account's node among the sim's: the nearest (as [`crate::nearest::choose`]), or by
+    /// account when nothing was measured.
     fn pick(&self) -> usize {
-        let a = account_of(&self.key).0;
-        u64::from_le_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]) as usize % self.nodes.len().max(1)
+        let hash = crate::nearest::spread_hash(&account_of(&self.key).0);
+        crate::nearest::choose(&self.rtts, hash).unwrap_or(hash as usize % self.nodes.len().max(1))
+    }
+
+    /// Measure the round trip to every node of the sim now (a player's client only).
+    async fn measure(&mut self) {
+        if let Some(p) = self.probing.take() {
+            p.abort();
+        }
+        self.rtts =
+            if self.nearest { crate::nearest::probe_all(&self.endpoint, &self.nodes).await } else { Vec::new() };
+        self.probed = Some(tokio::time::Instant::now());
+    }
+
+    /// Every [`crate::nearest::PROBE_EVERY`], measure the nodes again in the background; when
+    /// the answers are in and another node is clearly nearer, move there.
+    async fn maybe_move_nearer(&mut self) {
+        if !self.nearest || self.moving.is_some() {
+            return;
+        }
+        if self.probing.as_ref().is_some_and(|p| p.is_finished()) {
+            let Some(p) = self.probing.take() else { return };
+            let Ok(rtts) = p.await else { return };
+            if rtts.len() != self.nodes.len() {
+                return; // the sim's nodes changed meanwhile
+            }
+            self.rtts = rtts;
+            self.probed = Some(tokio::time::Instant::now());
+            let current = self.link.as_ref().and_then(|l| self.nodes.iter().position(|n| n.key == l.0.node.key));
+            let to = self.pick();
+            if let Some(cur) = current
+                && cur != to
+                && crate::nearest::clearly_nearer(&self.rtts, cur, to)
+            {
+                let node = self.nodes[to].clone();
+                if let Ok(link) = self.dial(&node).await {
+                    tracing::info!(from = %self.nodes[cur], to = %node, "moving to a nearer node of the sim");
+                    self.link = Some(LinkBox(link));
+                    self.view = View::default();
+                    if self.follow().await.is_ok() {
+                        self.nearer_moves += 1;
+                    }
+                }
+            }
+            return;
+        }
+        let due = self.probed.is_none_or(|t| t.elapsed() >= self.probe_every);
+        if due && self.probing.is_none() {
+            let (endpoint, nodes) = (self.endpoint.clone(), self.nodes.clone());
+            self.probing = Some(tokio::spawn(async move { crate::nearest::probe_all(&endpoint, &nodes).await }));
+        }
     }
 
     /// The avatar crossed into `sim`: leave this node for one of that sim's and follow the avatar
@@ -301,6 +374,7 @@ impl Client {
         // The nonce is per sim: ask the new sim for the account's last one.
         self.nonce = 0;
         self.link = None;
+        self.measure().await;
         let node = self.nodes[self.pick()].clone();
         match self.dial(&node).await {
             Ok(link) => self.link = Some(LinkBox(link)),
@@ -348,13 +422,19 @@ impl Client {
 
     /// Move to the next node of the sim that answers (after the one in use died).
     async fn reconnect(&mut self) -> Result<(), ClientError> {
-        let start =
-            self.link.as_ref().and_then(|l| self.nodes.iter().position(|n| n.key == l.0.node.key)).map_or(0, |i| i + 1);
+        let current = self.link.as_ref().and_then(|l| self.nodes.iter().position(|n| n.key == l.0.node.key));
         self.link = None;
+        // Nearest first when measured; else the next ones in order.
+        let order: Vec<usize> = if self.rtts.len() == self.nodes.len() {
+            crate::nearest::failover_order(&self.rtts, current, self.nodes.len())
+        } else {
+            let start = current.map_or(0, |i| i + 1);
+            (0..self.nodes.len()).map(|i| (start + i) % self.nodes.len()).collect()
+        };
         let mut last = None;
         for round in 0..3u64 {
-            for i in 0..self.nodes.len() {
-                let node = self.nodes[(start + i) % self.nodes.len()].clone();
+            for &i in &order {
+                let node = self.nodes[i].clone();
                 match self.dial(&node).await {
                     Ok(link) => {
                         self.link = Some(LinkBox(link));
@@ -417,6 +497,7 @@ impl Client {
             return None;
         }
         self.refresh_session().await;
+        self.maybe_move_nearer().await;
         if let Some(m) = self.pending.pop_front() {
             return self.handle(m).await;
         }
@@ -506,6 +587,16 @@ impl Client {
     /// The node in use.
     pub fn node(&self) -> Option<&NodeAddr> {
         self.link.as_ref().map(|l| &l.0.node)
+    }
+
+    /// Measure the sim's nodes this often (default [`crate::nearest::PROBE_EVERY`]).
+    pub fn set_probe_every(&mut self, every: Duration) {
+        self.probe_every = every;
+    }
+
+    /// The last round trips measured to [`Client::nodes`] (same order; `None`: no answer).
+    pub fn round_trips(&self) -> &[Option<Duration>] {
+        &self.rtts
     }
 
     /// The nodes of the sim this client may use.
@@ -695,7 +786,7 @@ pub fn parse_object(s: &str) -> Option<ObjectId> {
     Some(ObjectId::new(a.parse().ok()?, b.parse().ok()?))
 }
 
-fn resolve(addr: &str) -> Result<SocketAddr, ClientError> {
+pub(crate) fn resolve(addr: &str) -> Result<SocketAddr, ClientError> {
     use std::net::ToSocketAddrs;
     addr.to_socket_addrs()
         .map_err(|e| ClientError::Address(format!("resolving {addr}: {e}")))?

@@ -11,6 +11,7 @@ pub mod conn;
 pub mod error;
 pub mod fork;
 pub mod keys;
+pub mod nearest;
 pub mod proto;
 pub mod quic;
 pub mod tui;

@@ -5,7 +5,8 @@
 //!
 //! Client → node ([`ClientMsg`]): `route` (which nodes serve the sim of an account's avatar),
 //! `interest` (the area of interest: follow an avatar, a radius), `submit` (a signed event, hex
-//! of its postcard bytes), `object` (one object with its script's source), `account`.
+//! of its postcard bytes), `object` (one object with its script's source), `account`, `ping`
+//! (a round-trip probe, answered `pong`).
 //!
 //! Node → client ([`ServerMsg`]): on connect `status`, a `tick` with every object of the area
 //! of interest in `enter` and the recent `chat`; then every tick a `tick` delta (objects that
@@ -483,6 +484,11 @@ pub enum ClientMsg {
         account: String,
         at: [i64; 2],
     },
+    /// A round-trip probe: answered with `pong` at once (clients measure the nodes of their
+    /// sim with it and use the nearest).
+    Ping {
+        r#ref: u64,
+    },
 }
 
 /// Node → client.
@@ -525,6 +531,9 @@ pub enum ServerMsg {
     Error {
         r#ref: Option<u64>,
         message: String,
+    },
+    Pong {
+        r#ref: u64,
     },
 }
 

@@ -104,6 +104,19 @@ impl Net {
         Host { ns, ip }
     }
 
+    /// This test process on the internet too (10.200.0.250), so an in-process client can reach
+    /// the public hosts; removed with the internet's namespace.
+    pub fn attach_here(&mut self) {
+        let inet = format!("{}-inet", self.prefix);
+        let dev = format!("{}x", self.prefix);
+        let _ = Command::new("ip").args(["link", "del", &dev]).output();
+        sh(&["ip", "link", "add", &dev, "type", "veth", "peer", "name", "here", "netns", &inet]);
+        sh(&["ip", "-n", &inet, "link", "set", "here", "master", "br0"]);
+        sh(&["ip", "-n", &inet, "link", "set", "here", "up"]);
+        sh(&["ip", "addr", "add", "10.200.0.250/24", "dev", &dev]);
+        sh(&["ip", "link", "set", &dev, "up"]);
+    }
+
     /// Home `j` (1..): a router at 10.200.0.(100 + j) masquerading for a host at 192.168.j.2.
     pub fn home(&mut self, j: u8, nat: Nat) -> Host {
         let router = self.namespace(&format!("r{j}"));
@@ -336,6 +349,63 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
     });
     assert!(s2.iter().all(|t| t.desynced.is_none()), "{s2:?}");
     drop(s);
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A player's client given any node of the world ends on the node of its sim with the lowest
+/// round trip (the nodes answer its probes 80, 5, 40 and 60 ms late), moves to the next
+/// nearest when that node dies, and back once it returns and is clearly nearer.
+#[test]
+fn a_client_uses_the_nearest_node_of_its_sim_and_moves_when_it_dies_and_returns() {
+    needs_namespaces!();
+    let mut net = Net::new("b");
+    let hosts: Vec<Host> = (1..=4).map(|i| net.public(i)).collect();
+    net.attach_here();
+    let refs: Vec<&Host> = hosts.iter().collect();
+    let root = std::env::temp_dir().join(format!("metatopia-nearest-{}", std::process::id()));
+    let dirs = make_sim(&root, &refs);
+    let keys: Vec<String> = dirs.iter().map(|d| key_of(d)).collect();
+    let delays = ["80", "5", "40", "60"];
+    let start = |i: usize| run_in(&hosts[i], &dirs[i], &["--test-client-delay-ms", delays[i]]);
+    let mut nodes: Vec<Option<Kill>> = (0..4).map(|i| Some(start(i))).collect();
+    wait_for("four ticking nodes", Duration::from_secs(60), || {
+        statuses(&refs).filter(|s| s.iter().all(|s| s.tick > 20))
+    });
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let bootstrap =
+            metatopia_client::proto::NodeAddr { key: keys[0].clone(), addr: format!("{}:7100", hosts[0].ip) };
+        let key = ed25519_dalek::SigningKey::from_bytes(&[42; 32]);
+        let mut c = metatopia_client::Client::connect(&bootstrap, key).await.unwrap();
+        c.set_probe_every(Duration::from_secs(2));
+        let on = |c: &metatopia_client::Client| c.node().map(|n| n.key.clone()).unwrap_or_default();
+        assert_eq!(on(&c), keys[1], "the nearest node: {:?}", c.round_trips());
+        let rtt = |i: usize| c.round_trips()[i].unwrap_or(Duration::MAX);
+        assert!(rtt(1) < rtt(2) && rtt(2) < rtt(3) && rtt(3) < rtt(0), "{:?}", c.round_trips());
+
+        // Its node dies: it moves to the next nearest (as soon as a probe goes unanswered, or
+        // when the connection times out, whichever comes first).
+        drop(nodes[1].take());
+        let t0 = std::time::Instant::now();
+        while on(&c) == keys[1] {
+            assert!(t0.elapsed() < Duration::from_secs(30), "still on the dead node");
+            c.run_until(Duration::from_millis(500), |_, _| false).await;
+        }
+        eprintln!("left the dead node after {:?}", t0.elapsed());
+        assert_eq!(on(&c), keys[2], "the next nearest after the nearest died: {:?}", c.round_trips());
+        let moves = c.nearer_moves;
+
+        // It comes back: the client measures again and moves to it.
+        nodes[1] = Some(start(1));
+        let t0 = std::time::Instant::now();
+        while on(&c) != keys[1] {
+            assert!(t0.elapsed() < Duration::from_secs(60), "back on the nearest node: {:?}", c.round_trips());
+            c.run_until(Duration::from_millis(500), |_, _| false).await;
+        }
+        assert!(c.nearer_moves > moves);
+    });
     drop(nodes);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -403,7 +403,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             .map(|v| metatopia_client::proto::NodeAddr { key: v.key.to_ascii_lowercase(), addr: v.address.to_string() })
             .collect()
     };
-    let hub = std::sync::Arc::new(Hub::new(cfg.world.sim_id, node_addrs(&cfg.validators)));
+    let mut hub = Hub::new(cfg.world.sim_id, node_addrs(&cfg.validators));
+    hub.test_pong_delay = Duration::from_millis(args.test_client_delay_ms);
+    let hub = std::sync::Arc::new(hub);
     let mut reach = reach(&cfg, &key, &mesh, core.sim().world(), &contacts, hub.clone())?;
     if let Some(n) = Some(reach.neighbour_counts()).filter(|n| !n.is_empty()) {
         let names: Vec<String> = n.keys().map(ToString::to_string).collect();

@@ -92,6 +92,10 @@ pub struct RunArgs {
     /// every directory of the process.
     #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub test_link_delay_ms: u64,
+    /// Tests only: this node answers clients' round-trip probes (`ping`) this many milliseconds
+    /// late, as if it were that much further away from them.
+    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub test_client_delay_ms: u64,
     /// With `--test-link-delay-ms`: each frame's delay varies by up to this percent of it.
     #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub test_link_jitter_percent: u32,
