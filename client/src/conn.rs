@@ -27,7 +27,7 @@ use crate::proto::{
     AccountView, ChatView, ClientMsg, MAX_SERVER_FRAME, NodeAddr, ObjectUpdate, ObjectView, Outcome, ServerMsg, Status,
     decimal_of_mm, hex, read_frame, write_frame,
 };
-use crate::quic::{SERVER_NAME, client_config, parse_public};
+use crate::quic::{SERVER_NAME, client_config, parse_public, resolve};
 
 /// How long a request waits for its answer.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
@@ -784,12 +784,4 @@ fn outcome_of(m: ServerMsg) -> Result<u64, ActError> {
 pub fn parse_object(s: &str) -> Option<ObjectId> {
     let (a, b) = s.split_once('v')?;
     Some(ObjectId::new(a.parse().ok()?, b.parse().ok()?))
-}
-
-pub(crate) fn resolve(addr: &str) -> Result<SocketAddr, ClientError> {
-    use std::net::ToSocketAddrs;
-    addr.to_socket_addrs()
-        .map_err(|e| ClientError::Address(format!("resolving {addr}: {e}")))?
-        .next()
-        .ok_or_else(|| ClientError::Address(format!("{addr} resolves to no address")))
 }

@@ -26,7 +26,7 @@ pub const NEAR_ENOUGH_MS: u64 = 5;
 /// second of two, so the session's start is not counted). `None` when it does not answer.
 pub async fn probe(endpoint: &quinn::Endpoint, node: &NodeAddr) -> Option<Duration> {
     let run = async {
-        let addr = crate::conn::resolve(&node.addr).ok()?;
+        let addr = crate::quic::resolve(&node.addr).ok()?;
         let cfg = client_config(parse_public(&node.key).ok()?).ok()?;
         let conn = endpoint.connect_with(cfg, addr, SERVER_NAME).ok()?.await.ok()?;
         let (mut send, mut recv) = conn.open_bi().await.ok()?;

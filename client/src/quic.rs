@@ -141,6 +141,15 @@ impl ServerCertVerifier for Pinned {
 
 pub use crate::keys::parse_public;
 
+/// The first address `HOST:PORT` resolves to.
+pub(crate) fn resolve(addr: &str) -> Result<std::net::SocketAddr, ClientError> {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .map_err(|e| ClientError::Address(format!("resolving {addr}: {e}")))?
+        .next()
+        .ok_or_else(|| ClientError::Address(format!("{addr} resolves to no address")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

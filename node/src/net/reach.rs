@@ -29,6 +29,9 @@ use libp2p::{Multiaddr, PeerId, autonat, relay};
 
 /// Reservations a private node holds at once.
 pub const RESERVATIONS: usize = 2;
+/// A relay that refused or dropped a reservation is not asked again for this long (a node
+/// that just started may not know yet that it is public).
+pub const REFUSED_FOR: Duration = Duration::from_secs(10);
 /// Relays a dial through relays tries at most.
 pub const RELAYS_PER_DIAL: usize = 3;
 
@@ -216,14 +219,14 @@ impl Reach {
     }
 
     /// Where to listen next for a reservation: a candidate not used, not refused in the last
-    /// 30 s, as long as fewer than [`RESERVATIONS`] are held.
+    /// [`REFUSED_FOR`], as long as fewer than [`RESERVATIONS`] are held.
     pub fn next_relay(&self, now: std::time::Instant) -> Option<(PeerId, Multiaddr)> {
         if self.reachability != Reachability::Private || self.reservations.len() >= RESERVATIONS {
             return None;
         }
         self.relay_candidates().into_iter().find(|(p, _)| {
             !self.reservations.contains_key(p)
-                && self.refused.get(p).is_none_or(|t| now.duration_since(*t) > Duration::from_secs(30))
+                && self.refused.get(p).is_none_or(|t| now.duration_since(*t) > REFUSED_FOR)
         })
     }
 
