@@ -139,11 +139,31 @@ const waiting = new Map();   // event id -> resolve(outcome)
 const early = new Map();     // outcomes that came before their waiter
 const replies = { object: [], account: [] };
 
+// What the viewer tells the player about the sim's health, over the map: the node is
+// unreachable (it reconnects, with a growing pause) or the sim is paused (too few of its
+// validators reach each other to agree on ticks; it resumes by itself). Tests read
+// `body[data-banner]`.
+let attempts = 0;
+function banner(kind, text) {
+  const b = $("banner");
+  b.hidden = !kind;
+  b.dataset.kind = kind || "";
+  b.textContent = text || "";
+  document.body.dataset.banner = kind || "";
+}
+
 function connect() {
   ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/ws`);
   ws.onmessage = (e) => handle(JSON.parse(e.data));
-  ws.onclose = () => { notice("disconnected from the node; reconnecting"); setTimeout(connect, 1000); };
+  ws.onclose = () => {
+    attempts += 1;
+    const wait = Math.min(1000 * attempts, 5000);
+    banner("unreachable", `The node serving this page is unreachable. Reconnecting in ${wait / 1000} s (attempt ${attempts})…`);
+    setTimeout(connect, wait);
+  };
   ws.onopen = () => {
+    attempts = 0;
+    banner("", "");
     notice("");
     // A returning visitor (a name kept with the key) enters at once; a new one chooses a name.
     if (state.account && !state.avatar && localStorage.getItem("metatopia-name")) login().catch((e) => notice(String(e.message || e)));
@@ -238,8 +258,23 @@ async function act(payload) {
 
 function notice(text) { $("notice").textContent = text; }
 
+// The sim is paused when fewer validators reach each other than a quorum (2f + 1 of n), or
+// when no tick has come for 3 s.
+function checkPaused(s) {
+  const n = s.validators || 0, f = Math.floor((n - 1) / 3), quorum = 2 * f + 1;
+  const stale = s.last_executed_unix_ms && Date.now() - s.last_executed_unix_ms > 3000;
+  if (n > 0 && s.validators_connected < quorum) {
+    banner("paused", `The sim is paused: ${s.validators_connected} of its ${n} validators are reachable and it needs ${quorum} to go on. It resumes by itself when they are back.`);
+  } else if (stale) {
+    banner("paused", `The sim is paused: no tick for ${Math.round((Date.now() - s.last_executed_unix_ms) / 1000)} s. It resumes by itself.`);
+  } else if (document.body.dataset.banner === "paused") {
+    banner("", "");
+  }
+}
+
 function applyStatus(s) {
   state.status = s;
+  checkPaused(s);
   document.body.dataset.tick = s.tick;
   $("st-sim").textContent = s.sim;
   $("st-node").textContent = `${s.node} of ${s.validators}`;

@@ -4,7 +4,8 @@
 //! script source shows, touching opens the door; then the build mode: rez an object, edit its
 //! text, fork the door's script in the editor, deploy it to the new object, see its provenance
 //! and a touch's effect, and a compile error shown at (and selected on) its line; a screenshot
-//! is saved under target/.
+//! is saved under target/. Then the banners: two validators killed (the sim pauses: no quorum)
+//! and the node serving the page killed (unreachable, reconnecting), each said over the map.
 use crate::support;
 
 use std::path::{Path, PathBuf};
@@ -30,7 +31,7 @@ fn the_viewer_in_headless_chromium_logs_in_chats_opens_the_door_and_builds() {
     }
 
     // Its four nodes 50 ms apart one way: the own avatar must still move on the key press.
-    let cluster = support::Cluster::start_apart("viewer", "plaza.toml", 50);
+    let mut cluster = support::Cluster::start_apart("viewer", "plaza.toml", 50);
     let http = cluster.http[0].clone();
     let client = Client::new(&http);
     // A terminal client in a pseudo-terminal (as a person runs it), through node 1.
@@ -118,4 +119,60 @@ fn the_viewer_in_headless_chromium_logs_in_chats_opens_the_door_and_builds() {
         assert!(t0.elapsed() < grace * 3, "avatars still there after {:?}: {left:?}", t0.elapsed());
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
+
+    // The banners: two of the four validators die, so the sim has no quorum and pauses; the
+    // page says so (over the map) while it waits. Then the node serving the page dies: the page
+    // says the node is unreachable and keeps reconnecting.
+    drop(cluster.nodes[2].take());
+    drop(cluster.nodes[3].take());
+    let shot = repo().join("target").join("viewer-paused.png");
+    let _ = std::fs::remove_file(&shot);
+    let mut page = Command::new("node")
+        .arg(e2e.join("banner.mjs"))
+        .arg(format!("http://{http}/"))
+        .arg(&shot)
+        .env("CHROMIUM", &chromium)
+        .current_dir(&e2e)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = page.stdout.take().unwrap();
+    let mut err_pipe = page.stderr.take().unwrap();
+    let errors = std::thread::spawn(move || {
+        let mut e = String::new();
+        let _ = std::io::Read::read_to_string(&mut err_pipe, &mut e);
+        e
+    });
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    let t0 = std::time::Instant::now();
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(90).saturating_sub(t0.elapsed())) {
+            Ok(line) if line.starts_with("paused banner seen") => break,
+            Ok(_) => {}
+            Err(_) => {
+                let _ = page.kill();
+                panic!("no paused banner: {}\n{}", reader.join().unwrap(), errors.join().unwrap());
+            }
+        }
+    }
+    drop(cluster.nodes[0].take());
+    let status = page.wait().unwrap();
+    let stdout = reader.join().unwrap();
+    assert!(status.success() && stdout.contains("viewer banners passed"), "{stdout}\n{}", errors.join().unwrap());
+    for line in stdout.lines().filter(|l| l.contains("banner seen")) {
+        eprintln!("viewer: {line}");
+    }
+    let png = std::fs::read(&shot).expect("a screenshot of the paused banner");
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a real screenshot: {} bytes", png.len());
 }

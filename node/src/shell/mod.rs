@@ -547,6 +547,11 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             _ = rounds.tick() => {
                 reach.round();
                 watch_validators(&mut watch, &mut meter, &core, &mesh, &key, &tag);
+                // A paused sim executes no tick, so nothing else sends its status: clients
+                // (the viewer's banner) learn from this that it is paused, and why.
+                if hub.listened() && crate::unix_ms().saturating_sub(meter.status.last_executed_unix_ms) > 2_000 {
+                    hub.publish(Feed::Status(Box::new(meter.status.clone())));
+                }
             }
             // Commits execute once the votes that committed them have gone out (below).
             _ = std::future::ready(()), if core.has_deferred() => core.execute_deferred(now_us()),
