@@ -21,6 +21,8 @@ try {
   await page.waitForFunction(() => /2 of its 4 validators .* needs 3/.test(document.querySelector("#banner").textContent),
     null, { timeout: 30000 });
   const paused = await page.textContent("#banner");
+  // A page opened while the sim is paused still shows the world as it stands.
+  await page.waitForSelector('#objects li[data-name="door"]', { timeout: 15000 });
   const box = await page.$eval("#banner", (b) => { const r = b.getBoundingClientRect(); return [r.top, r.height]; });
   const mapTop = await page.$eval("#map", (m) => m.getBoundingClientRect().top);
   if (!(box[1] > 0 && box[0] >= mapTop)) throw new Error(`the banner is not over the map: ${box} vs ${mapTop}`);

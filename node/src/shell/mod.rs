@@ -551,6 +551,16 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 // (the viewer's banner) learn from this that it is paused, and why.
                 if hub.listened() && crate::unix_ms().saturating_sub(meter.status.last_executed_unix_ms) > 2_000 {
                     hub.publish(Feed::Status(Box::new(meter.status.clone())));
+                    // The area index is kept only while someone listens, and refilled at the
+                    // next tick: a client that came while the sim is paused sees the world now.
+                    let w = core.sim().world();
+                    let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
+                    if index.is_empty() && !w.objects().is_empty() {
+                        let tick = w.tick().0;
+                        let changed = index.update_world(tick, w, |o| object_view(w, o, false));
+                        drop(index);
+                        hub.publish(Feed::Tick { tick, changed: std::sync::Arc::new(changed) });
+                    }
                 }
             }
             // Commits execute once the votes that committed them have gone out (below).
