@@ -422,6 +422,18 @@ pub enum Outcome {
 pub struct NodeAddr {
     pub key: String,
     pub addr: String,
+    /// Its HTTP service (`HOST:PORT`: the web viewer and its WebSocket), where known.
+    #[serde(default)]
+    pub http: Option<String>,
+}
+
+impl NodeAddr {
+    /// A node at `addr` whose HTTP service is where a node serves it by default (the port +
+    /// 1000).
+    pub fn at(key: String, addr: std::net::SocketAddr) -> NodeAddr {
+        let http = std::net::SocketAddr::new(addr.ip(), addr.port().saturating_add(1000)).to_string();
+        NodeAddr { key, addr: addr.to_string(), http: Some(http) }
+    }
 }
 
 impl std::fmt::Display for NodeAddr {
@@ -445,7 +457,7 @@ impl std::str::FromStr for NodeAddr {
         if !addr.contains(':') {
             return Err(format!("{addr:?}: the address needs a port, like 127.0.0.1:7400"));
         }
-        Ok(NodeAddr { key: key.to_ascii_lowercase(), addr: addr.to_string() })
+        Ok(NodeAddr { key: key.to_ascii_lowercase(), addr: addr.to_string(), http: None })
     }
 }
 
@@ -620,7 +632,10 @@ mod tests {
                 leave: vec!["2v1".into()],
             },
             ServerMsg::Outcome { id: "ab".into(), outcome: Outcome::Refused { tick: 3, reason: "banned".into() } },
-            ServerMsg::Route { sim: 2, nodes: vec![NodeAddr { key: "c".repeat(64), addr: "127.0.0.1:1".into() }] },
+            ServerMsg::Route {
+                sim: 2,
+                nodes: vec![NodeAddr { key: "c".repeat(64), addr: "127.0.0.1:1".into(), http: None }],
+            },
         ];
         let mut buf = Vec::new();
         for m in &msgs {

@@ -152,19 +152,88 @@ function banner(kind, text) {
   document.body.dataset.banner = kind || "";
 }
 
+// ---- the nearest node: the page's node says which nodes serve the sim (`route`, with each
+// one's HTTP address); the viewer measures the round trip to each (two `ping`s on a WebSocket
+// to each, at once) and uses the nearest, as the native client does: nodes within 25 % and
+// 5 ms of the nearest count as equally near and viewers spread over them by account. It
+// measures again every 20 s and moves to a clearly nearer node; when its node dies it tries
+// the others nearest first. ----
+const scheme = location.protocol === "https:" ? "wss" : "ws";
+let wsHost = location.host;
+const near = { nodes: [], rtts: [], timer: null };
+
+function probeNode(http) {
+  return new Promise((resolve) => {
+    let best = null, t0 = 0, sent = 0, w;
+    const done = () => { clearTimeout(timer); try { w.close(); } catch (_) {} resolve(best); };
+    const timer = setTimeout(done, 2000);
+    const send = () => { sent += 1; t0 = performance.now(); w.send(JSON.stringify({ ping: { ref: sent } })); };
+    try { w = new WebSocket(`${scheme}://${http}/v1/ws`); } catch (_) { return done(); }
+    w.onopen = send;
+    w.onerror = done;
+    w.onmessage = (e) => {
+      const m = JSON.parse(e.data);
+      if (!m.pong) return;
+      const rtt = performance.now() - t0;
+      best = best === null ? rtt : Math.min(best, rtt);
+      if (sent >= 2) done(); else send();
+    };
+  });
+}
+
+function asNear(rtt, best) { return rtt <= best * 1.25 + 5; }
+
+function chooseNode(rtts) {
+  const answered = rtts.filter((r) => r !== null);
+  if (!answered.length) return -1;
+  const best = Math.min(...answered);
+  const close = rtts.map((r, i) => [r, i]).filter(([r]) => r !== null && asNear(r, best)).map(([, i]) => i);
+  const hash = parseInt((state.account || "0").slice(0, 8), 16) || 0;
+  return close[hash % close.length];
+}
+
+async function measureNodes() {
+  const nodes = near.nodes;
+  const rtts = await Promise.all(nodes.map((n) => (n.http ? probeNode(n.http) : Promise.resolve(null))));
+  if (nodes !== near.nodes) return;
+  near.rtts = rtts;
+  window.metatopiaRoundTrips = rtts;
+  const to = chooseNode(rtts);
+  if (to < 0) return;
+  const cur = nodes.findIndex((n) => n.http === wsHost);
+  const clearly = cur < 0 || rtts[cur] === null || (rtts[to] < rtts[cur] && !asNear(rtts[cur], rtts[to]));
+  if (nodes[to].http !== wsHost && clearly) moveTo(nodes[to].http);
+}
+
+function moveTo(http) {
+  wsHost = http;
+  document.body.dataset.node = http;
+  if (ws) { ws.onclose = null; ws.close(); }
+  connect();
+}
+
+// After the node in use died: the others, nearest first.
+function nextNode() {
+  const order = near.nodes.map((n, i) => i).filter((i) => near.nodes[i].http && near.nodes[i].http !== wsHost);
+  order.sort((a, b) => (near.rtts[a] ?? Infinity) - (near.rtts[b] ?? Infinity));
+  return order.length ? near.nodes[order[(attempts - 1) % order.length]].http : wsHost;
+}
+
 function connect() {
-  ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/ws`);
+  document.body.dataset.node = wsHost;
+  ws = new WebSocket(`${scheme}://${wsHost}/v1/ws`);
   ws.onmessage = (e) => handle(JSON.parse(e.data));
   ws.onclose = () => {
     attempts += 1;
     const wait = Math.min(1000 * attempts, 5000);
-    banner("unreachable", `The node serving this page is unreachable. Reconnecting in ${wait / 1000} s (attempt ${attempts})…`);
-    setTimeout(connect, wait);
+    banner("unreachable", `The node ${wsHost} is unreachable. Reconnecting in ${wait / 1000} s (attempt ${attempts})…`);
+    setTimeout(() => { if (near.nodes.length > 1) wsHost = nextNode(); connect(); }, wait);
   };
   ws.onopen = () => {
     attempts = 0;
     banner("", "");
     notice("");
+    if (!near.nodes.length) ws.send(JSON.stringify({ route: { account: state.account || "0".repeat(64) } }));
     // A returning visitor (a name kept with the key) enters at once; a new one chooses a name.
     if (state.account && !state.avatar && localStorage.getItem("metatopia-name")) login().catch((e) => notice(String(e.message || e)));
     else if (state.account && !state.avatar) askName();
@@ -228,6 +297,12 @@ function handle(msg) {
       break;
     case "object": replies.object.shift()?.(m.object); break;
     case "account": replies.account.shift()?.(m.account); break;
+    case "route":
+      near.nodes = m.nodes.filter((n) => n.http);
+      measureNodes();
+      if (!near.timer) near.timer = setInterval(measureNodes, 20000);
+      break;
+    case "pong": break;
   }
 }
 

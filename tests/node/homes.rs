@@ -396,8 +396,11 @@ fn a_client_uses_the_nearest_node_of_its_sim_and_moves_when_it_dies_and_returns(
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let bootstrap =
-            metatopia_client::proto::NodeAddr { key: keys[0].clone(), addr: format!("{}:7100", hosts[0].ip) };
+        let bootstrap = metatopia_client::proto::NodeAddr {
+            key: keys[0].clone(),
+            addr: format!("{}:7100", hosts[0].ip),
+            http: None,
+        };
         let key = ed25519_dalek::SigningKey::from_bytes(&[42; 32]);
         let mut c = metatopia_client::Client::connect(&bootstrap, key).await.unwrap();
         c.set_probe_every(Duration::from_secs(2));

@@ -76,6 +76,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
                 key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
                 address: ([127, 0, 0, 1], *p).into(),
                 quic: Some(([127, 0, 0, 1], quic[i]).into()),
+                http: None,
                 observer: i >= n - observers,
             }
         })

@@ -17,6 +17,73 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A browser script (`node SCRIPT ARGS…`) run beside the test: its lines as they come, so the
+/// test can act (kill a node) when the page says so.
+struct Page {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    out: Option<std::thread::JoinHandle<String>>,
+    err: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Page {
+    fn start(e2e: &Path, chromium: &str, script: &str, args: &[&str]) -> Page {
+        let mut child = Command::new("node")
+            .arg(e2e.join(script))
+            .args(args)
+            .env("CHROMIUM", chromium)
+            .current_dir(e2e)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        let out = std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut all = String::new();
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line.clone());
+                all += &line;
+                all.push('\n');
+            }
+            all
+        });
+        let mut stderr = child.stderr.take().unwrap();
+        let err = std::thread::spawn(move || {
+            let mut e = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut e);
+            e
+        });
+        Page { child, lines, out: Some(out), err: Some(err) }
+    }
+
+    /// The first line starting with `prefix` (within 90 s; else the test fails with the output).
+    fn line(&mut self, prefix: &str) -> String {
+        let t0 = std::time::Instant::now();
+        loop {
+            match self.lines.recv_timeout(std::time::Duration::from_secs(90).saturating_sub(t0.elapsed())) {
+                Ok(line) if line.starts_with(prefix) => return line,
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = self.child.kill();
+                    let joined =
+                        |h: Option<std::thread::JoinHandle<String>>| h.map(|h| h.join().unwrap()).unwrap_or_default();
+                    let (out, err) = (joined(self.out.take()), joined(self.err.take()));
+                    panic!("no line {prefix:?} from the page:\n{out}\n{err}");
+                }
+            }
+        }
+    }
+
+    /// Wait for the script to end: whether it succeeded, and what it printed.
+    fn finish(mut self) -> (bool, String, String) {
+        let ok = self.child.wait().unwrap().success();
+        let joined = |h: Option<std::thread::JoinHandle<String>>| h.map(|h| h.join().unwrap()).unwrap_or_default();
+        (ok, joined(self.out.take()), joined(self.err.take()))
+    }
+}
+
 #[test]
 fn the_viewer_in_headless_chromium_logs_in_chats_opens_the_door_and_builds() {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
@@ -127,52 +194,46 @@ fn the_viewer_in_headless_chromium_logs_in_chats_opens_the_door_and_builds() {
     drop(cluster.nodes[3].take());
     let shot = repo().join("target").join("viewer-paused.png");
     let _ = std::fs::remove_file(&shot);
-    let mut page = Command::new("node")
-        .arg(e2e.join("banner.mjs"))
-        .arg(format!("http://{http}/"))
-        .arg(&shot)
-        .env("CHROMIUM", &chromium)
-        .current_dir(&e2e)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let out = page.stdout.take().unwrap();
-    let mut err_pipe = page.stderr.take().unwrap();
-    let errors = std::thread::spawn(move || {
-        let mut e = String::new();
-        let _ = std::io::Read::read_to_string(&mut err_pipe, &mut e);
-        e
-    });
-    let reader = std::thread::spawn(move || {
-        use std::io::BufRead;
-        let mut all = String::new();
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line.clone());
-            all += &line;
-            all.push('\n');
-        }
-        all
-    });
-    let t0 = std::time::Instant::now();
-    loop {
-        match rx.recv_timeout(std::time::Duration::from_secs(90).saturating_sub(t0.elapsed())) {
-            Ok(line) if line.starts_with("paused banner seen") => break,
-            Ok(_) => {}
-            Err(_) => {
-                let _ = page.kill();
-                panic!("no paused banner: {}\n{}", reader.join().unwrap(), errors.join().unwrap());
-            }
-        }
-    }
-    drop(cluster.nodes[0].take());
-    let status = page.wait().unwrap();
-    let stdout = reader.join().unwrap();
-    assert!(status.success() && stdout.contains("viewer banners passed"), "{stdout}\n{}", errors.join().unwrap());
-    for line in stdout.lines().filter(|l| l.contains("banner seen")) {
+    let url = format!("http://{http}/");
+    let mut page = Page::start(&e2e, &chromium, "banner.mjs", &[&url, shot.to_str().unwrap()]);
+    let line = page.line("paused banner seen on ");
+    let used = line["paused banner seen on ".len()..].split(':').take(2).collect::<Vec<_>>().join(":");
+    let i = cluster.http.iter().position(|h| *h == used).unwrap_or_else(|| panic!("the viewer uses {used:?}"));
+    assert!(i < 2, "the viewer uses a live node, not {i}");
+    drop(cluster.nodes[i].take());
+    let (ok, stdout, stderr) = page.finish();
+    assert!(ok && stdout.contains("viewer banners passed"), "{stdout}\n{stderr}");
+    for line in stdout.lines().filter(|l| l.contains("banner seen") || l.starts_with("moved to")) {
         eprintln!("viewer: {line}");
     }
     let png = std::fs::read(&shot).expect("a screenshot of the paused banner");
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a real screenshot: {} bytes", png.len());
+}
+
+/// The viewer on the nearest node: the four nodes answer pings 60, 40, 5 and 80 ms late
+/// (`--test-client-delay-ms`, a test-only stage: the kernel here has no netem); the page comes
+/// from node 0, the viewer measures all four and moves to node 2; node 2 killed, it goes on
+/// from node 1, the next nearest.
+#[test]
+fn the_viewer_uses_the_nearest_node_of_its_sim_and_the_next_nearest_when_it_dies() {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(Path::new(&chromium).exists(), "the viewer test needs Chromium at {chromium} (.ci/setup installs it)");
+    let e2e = repo().join("tests").join("viewer");
+    if !e2e.join("node_modules").join("playwright-core").exists() {
+        let ok = Command::new("npm").args(["ci", "--no-audit", "--no-fund"]).current_dir(&e2e).status().unwrap();
+        assert!(ok.success(), "npm ci in tests/viewer failed");
+    }
+    let delays = ["60", "40", "5", "80"];
+    let mut cluster = support::Cluster::world_each("viewer-nearest", "plaza.toml", 1, &|i| {
+        vec!["--test-client-delay-ms".to_string(), delays[i].to_string()]
+    });
+    let url = format!("http://{}/", cluster.http[0]);
+    let mut page = Page::start(&e2e, &chromium, "nearest.mjs", &[&url, &cluster.http[2], &cluster.http[1]]);
+    page.line("on the nearest node");
+    drop(cluster.nodes[2].take());
+    let (ok, stdout, stderr) = page.finish();
+    assert!(ok && stdout.contains("viewer nearest passed"), "{stdout}\n{stderr}");
+    for line in stdout.lines().filter(|l| l.starts_with("on the") || l.starts_with("moved")) {
+        eprintln!("viewer: {line}");
+    }
 }

@@ -116,6 +116,12 @@ impl Cluster {
 
     /// As [`Cluster::world`], with `extra` arguments to every node's `metatopia run`.
     pub fn world_with(name: &str, scenario: &str, sims: usize, extra: &[&str]) -> Cluster {
+        let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        Cluster::world_each(name, scenario, sims, &|_| extra.clone())
+    }
+
+    /// As [`Cluster::world`], with `extra(i)` arguments to node `i`'s `metatopia run`.
+    pub fn world_each(name: &str, scenario: &str, sims: usize, extra: &dyn Fn(usize) -> Vec<String>) -> Cluster {
         use metatopia_node::config::{
             BotsConfig, NodeConfig, RaynetConfig, SimEntry, SimValidator, ValidatorEntry, WorldConfig,
         };
@@ -135,6 +141,7 @@ impl Cluster {
                 key: metatopia_sim::ids::hex(DataDir::open(d).unwrap().key().unwrap().verifying_key().as_bytes()),
                 address: ([127, 0, 0, 1], *p).into(),
                 quic: Some(([127, 0, 0, 1], quic[i]).into()),
+                http: Some(([127, 0, 0, 1], ports[n + i]).into()),
                 observer: false,
             })
             .collect();
@@ -179,12 +186,13 @@ impl Cluster {
         }
         let nodes = dirs
             .iter()
-            .map(|d| {
+            .enumerate()
+            .map(|(i, d)| {
                 Some(Kill(
                     Command::new(bin())
                         .args(["run", "--data-dir"])
                         .arg(d)
-                        .args(extra)
+                        .args(extra(i))
                         .env("RUST_LOG", "warn")
                         .stdout(std::process::Stdio::null())
                         .spawn()

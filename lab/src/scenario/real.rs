@@ -144,6 +144,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
             address: ([127, 0, 0, 1], ports[i]).into(),
             quic: Some(([127, 0, 0, 1], quic[i]).into()),
+            http: None,
             observer: i % per >= validators_n,
         });
     }

@@ -134,6 +134,7 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
             key: metatopia_sim::ids::hex(key.verifying_key().as_bytes()),
             address,
             quic: Some(std::net::SocketAddr::from(([127, 0, 0, 1], args.port + 2000 + i as u16))),
+            http: None,
             observer: false,
         });
     }
@@ -320,10 +321,8 @@ pub fn run(args: DevnetArgs) -> anyhow::Result<()> {
         children.push((name, child));
     }
     if args.clients > 0 {
-        let joins: Vec<metatopia_client::proto::NodeAddr> = validators
-            .iter()
-            .map(|v| metatopia_client::proto::NodeAddr { key: v.key.clone(), addr: v.address.to_string() })
-            .collect();
+        let joins: Vec<metatopia_client::proto::NodeAddr> =
+            validators.iter().map(|v| metatopia_client::proto::NodeAddr::at(v.key.clone(), v.address)).collect();
         println!("client bots: {} over QUIC, spread over the nodes (`--clients 0` for none)", args.clients);
         std::thread::spawn(move || client_bots(joins, args.clients));
     }

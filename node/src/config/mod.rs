@@ -343,6 +343,10 @@ pub struct ValidatorEntry {
     /// Its QUIC address for peers (libp2p, UDP); without one, peers reach it over TCP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<SocketAddr>,
+    /// Its HTTP service (the web viewer), which viewers are sent to when it is their nearest
+    /// node. Default: its address with the port + 1000 (a node's own default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<SocketAddr>,
     /// A node of the sim that starts as an observer: it executes every tick and serves clients
     /// but does not vote, until the admin admits its key (`admit-validator`; it votes from the
     /// next epoch boundary on).

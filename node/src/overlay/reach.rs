@@ -263,10 +263,7 @@ impl Reach {
                         all.sort_by_key(|(k, n)| (!n.genesis, **k));
                         let addrs = all
                             .into_iter()
-                            .map(|(k, n)| metatopia_client::proto::NodeAddr {
-                                key: metatopia_sim::ids::hex(k),
-                                addr: n.addr.to_string(),
-                            })
+                            .map(|(k, n)| metatopia_client::proto::NodeAddr::at(metatopia_sim::ids::hex(k), n.addr))
                             .collect();
                         hub.set_sim_nodes(sim, addrs);
                     }

@@ -397,10 +397,21 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let (status_tx, status_rx) = tokio::sync::watch::channel(meter.status.clone());
     let (query_tx, mut queries) = tokio::sync::mpsc::channel::<Query>(1024);
     let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    // The client service: the nodes of this sim clients may use (QUIC on each one's listen port).
+    // The client service: the nodes of this sim clients may use (QUIC on each one's listen port;
+    // the viewer's HTTP where its `[[validators]]` entry says, by default its port + 1000).
+    let own_key = metatopia_sim::ids::hex(key.verifying_key().as_bytes());
+    let own_http = cfg.http_addr().to_string();
     let node_addrs = |vs: &[crate::config::ValidatorEntry]| -> Vec<metatopia_client::proto::NodeAddr> {
         vs.iter()
-            .map(|v| metatopia_client::proto::NodeAddr { key: v.key.to_ascii_lowercase(), addr: v.address.to_string() })
+            .map(|v| {
+                let mut n = metatopia_client::proto::NodeAddr::at(v.key.to_ascii_lowercase(), v.address);
+                if n.key == own_key {
+                    n.http = Some(own_http.clone());
+                } else if let Some(h) = v.http {
+                    n.http = Some(h.to_string());
+                }
+                n
+            })
             .collect()
     };
     let mut hub = Hub::new(cfg.world.sim_id, node_addrs(&cfg.validators));
@@ -584,10 +595,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         while let Some(found) = reach.poll_found() {
             let (query, answer) = match found {
                 crate::overlay::OverlayEvent::Found { query, card } => {
-                    let node = metatopia_client::proto::NodeAddr {
-                        key: metatopia_sim::ids::hex(&card.body.key),
-                        addr: card.body.addr.to_string(),
-                    };
+                    let node =
+                        metatopia_client::proto::NodeAddr::at(metatopia_sim::ids::hex(&card.body.key), card.body.addr);
                     (query, Some((card.body.sim, node)))
                 }
                 crate::overlay::OverlayEvent::Lost { query } => (query, None),

@@ -189,6 +189,7 @@ pub fn install_genesis(dir: &DataDir, cfg: &mut NodeConfig, g: &Genesis) -> anyh
                 key: metatopia_sim::ids::hex(&c.key),
                 address: if own { cfg.listen } else { c.address },
                 quic: if own { cfg.quic } else { c.quic },
+                http: None,
                 observer: false,
             }
         })

@@ -107,6 +107,7 @@ mod tests {
                     key: metatopia_sim::ids::hex(k.as_bytes()),
                     address: ([127, 0, 0, 1], 7000 + i as u16).into(),
                     quic: None,
+                    http: None,
                     observer: i == 4,
                 })
                 .collect(),
@@ -133,6 +134,7 @@ mod tests {
                     ),
                     address: ([127, 0, 0, 1], 7000 + u16::from(i)).into(),
                     quic: None,
+                    http: None,
                     observer: false,
                 })
                 .collect()
