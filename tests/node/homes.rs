@@ -188,6 +188,48 @@ fn status(host: &Host) -> Option<Status> {
     serde_json::from_slice(&out.stdout).ok()
 }
 
+/// Wait until every host answers and `ok` holds for their statuses; on a timeout the test fails
+/// with what each host said last (tick, vote, reachability, relays, paths).
+fn wait_all(what: &str, limit: Duration, hosts: &[&Host], ok: impl Fn(&[Status]) -> bool) -> Vec<Status> {
+    let t0 = std::time::Instant::now();
+    let mut last: Vec<Option<Status>> = vec![None; hosts.len()];
+    loop {
+        let now: Vec<Option<Status>> = hosts.iter().map(|h| status(h)).collect();
+        for (l, n) in last.iter_mut().zip(&now) {
+            if n.is_some() {
+                l.clone_from(n);
+            }
+        }
+        if let Some(all) = now.into_iter().collect::<Option<Vec<Status>>>()
+            && ok(&all)
+        {
+            return all;
+        }
+        if t0.elapsed() > limit {
+            let said: Vec<String> = hosts
+                .iter()
+                .zip(&last)
+                .map(|(h, s)| match s {
+                    None => format!("{}: no answer", h.ns),
+                    Some(s) => format!(
+                        "{}: tick {} voting {} validators {}/{} {} relays {} paths {:?}",
+                        h.ns,
+                        s.tick,
+                        s.voting,
+                        s.validators_connected,
+                        s.validators,
+                        s.reachability,
+                        s.relays.len(),
+                        s.peer_paths.iter().map(|(k, p)| format!("{}:{p}", &k[..6])).collect::<Vec<_>>()
+                    ),
+                })
+                .collect();
+            panic!("timed out after {limit:?} waiting for {what}; last seen:\n{}", said.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 fn key_of(dir: &Path) -> String {
     let key = metatopia_node::store::read_key(&dir.join("node.key")).unwrap().unwrap();
     metatopia_sim::ids::hex(key.verifying_key().as_bytes())
@@ -251,22 +293,20 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
     let mut nodes: Vec<Option<Kill>> = hosts.iter().zip(&dirs).map(|(h, d)| Some(run_in(h, d, &[]))).collect();
 
     // All four tick together: every one a voter, all on one root at some tick.
-    let s = wait_for("four voting nodes past tick 100", Duration::from_secs(90), || {
-        statuses(&hosts).filter(|s| s.iter().all(|s| s.voting && s.tick > 100 && s.validators_connected == 4))
+    let s = wait_all("four voting nodes past tick 100", Duration::from_secs(90), &hosts, |s| {
+        s.iter().all(|s| s.voting && s.tick > 100 && s.validators_connected == 4)
     });
     assert!(s.iter().all(|s| s.validators == 4), "{s:?}");
     // Reachability: the public ones public, the homes private with reservations on relays.
-    let s = wait_for("reachability found and reservations held", Duration::from_secs(60), || {
-        statuses(&hosts).filter(|s| {
-            s[0].reachability == "public"
-                && s[1].reachability == "public"
-                && s[2].reachability == "private"
-                && s[3].reachability == "private"
-                && !s[2].relays.is_empty()
-                && !s[3].relays.is_empty()
-                && s[2].peer_paths.contains_key(&keys[3])
-                && s[0].relay_serving[1] + s[1].relay_serving[1] >= 1
-        })
+    let s = wait_all("reachability found and reservations held", Duration::from_secs(60), &hosts, |s| {
+        s[0].reachability == "public"
+            && s[1].reachability == "public"
+            && s[2].reachability == "private"
+            && s[3].reachability == "private"
+            && !s[2].relays.is_empty()
+            && !s[3].relays.is_empty()
+            && s[2].peer_paths.contains_key(&keys[3])
+            && s[0].relay_serving[1] + s[1].relay_serving[1] >= 1
     });
     for home in &s[2..] {
         assert!(home.relays.iter().all(|r| *r == keys[0] || *r == keys[1]), "relays are the public nodes: {home:?}");
@@ -316,14 +356,13 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
         .unwrap();
     assert!(out.status.success(), "admit: {}", String::from_utf8_lossy(&out.stderr));
     let all = [&p1, &p2, &cone, &sym, &joiner];
-    let s = wait_for("the joiner admitted, voting, punched through to the cone home", Duration::from_secs(60), || {
-        statuses(&all).filter(|s| {
-            s[4].voting
-                && s.iter().all(|s| s.validators == 5)
-                && s[4].reachability == "private"
-                && s[2].peer_paths.get(&jkey).is_some_and(|p| p == "quic")
-                && s[4].peer_paths.get(&keys[2]).is_some_and(|p| p == "quic")
-        })
+    let what = "the joiner admitted, voting, punched through to the cone home";
+    let s = wait_all(what, Duration::from_secs(60), &all, |s| {
+        s[4].voting
+            && s.iter().all(|s| s.validators == 5)
+            && s[4].reachability == "private"
+            && s[2].peer_paths.get(&jkey).is_some_and(|p| p == "quic")
+            && s[4].peer_paths.get(&keys[2]).is_some_and(|p| p == "quic")
     });
     assert!(s[2].hole_punched + s[4].hole_punched >= 1, "the direct path came from a hole punch: {:?}", &s[2..]);
     assert_eq!(s[4].peer_paths.get(&keys[3]).map(String::as_str), Some("relayed"), "{:?}", s[4].peer_paths);
@@ -337,8 +376,8 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
     ok(&["init", "--data-dir", d3.to_str().unwrap(), "--listen", &format!("{}:7100", p3.ip)]);
     nodes.push(Some(run_in(&p3, &d3, &["--join", &format!("{}@{}:7100", keys[1], p2.ip)])));
     let k3 = key_of(&d3);
-    wait_for("the homes to reach the public follower", Duration::from_secs(60), || {
-        statuses(&[&cone, &sym, &joiner]).filter(|s| s.iter().all(|h| h.peer_paths.contains_key(&k3)))
+    wait_all("the homes to reach the public follower", Duration::from_secs(60), &[&cone, &sym, &joiner], |s| {
+        s.iter().all(|h| h.peer_paths.contains_key(&k3))
     });
 
     // Kill a relay of the symmetric home: each home that held a reservation there takes one
@@ -354,17 +393,15 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
         .map(|(_, h)| h)
         .collect();
     let before = statuses(&alive).unwrap().iter().map(|s| s.tick).max().unwrap();
-    let s = wait_for("the homes' reservations replaced", Duration::from_secs(45), || {
-        statuses(&alive).filter(|s| {
-            let homes: Vec<&Status> = s.iter().filter(|s| s.reachability == "private").collect();
-            homes.len() == 3
-                && homes.iter().all(|h| !h.relays.contains(&keys[dead]) && h.relays.len() == 2)
-                && homes[0].peer_paths.get(&keys[3]).is_some_and(|p| p == "relayed")
-        })
+    let s = wait_all("the homes' reservations replaced", Duration::from_secs(45), &alive, |s| {
+        let homes: Vec<&Status> = s.iter().filter(|s| s.reachability == "private").collect();
+        homes.len() == 3
+            && homes.iter().all(|h| !h.relays.contains(&keys[dead]) && h.relays.len() == 2)
+            && homes[0].peer_paths.get(&keys[3]).is_some_and(|p| p == "relayed")
     });
     eprintln!("reservations replaced {:?} after the relay was killed", killed.elapsed());
-    let s2 = wait_for("ticks committed after the relay died", Duration::from_secs(30), || {
-        statuses(&alive).filter(|t| t.iter().all(|t| t.tick > before + 100))
+    let s2 = wait_all("ticks committed after the relay died", Duration::from_secs(30), &alive, |t| {
+        t.iter().all(|t| t.tick > before + 100)
     });
     assert!(s2.iter().all(|t| t.desynced.is_none()), "{s2:?}");
     drop(s);
@@ -390,9 +427,7 @@ fn a_client_uses_the_nearest_node_of_its_sim_and_moves_when_it_dies_and_returns(
     let delays = ["80", "5", "40", "60"];
     let start = |i: usize| run_in(&hosts[i], &dirs[i], &["--test-client-delay-ms", delays[i]]);
     let mut nodes: Vec<Option<Kill>> = (0..4).map(|i| Some(start(i))).collect();
-    wait_for("four ticking nodes", Duration::from_secs(60), || {
-        statuses(&refs).filter(|s| s.iter().all(|s| s.tick > 20))
-    });
+    wait_all("four ticking nodes", Duration::from_secs(60), &refs, |s| s.iter().all(|s| s.tick > 20));
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
