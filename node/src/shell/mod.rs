@@ -560,6 +560,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 watch_validators(&mut watch, &mut meter, &core, &mesh, &key, &tag);
                 // A paused sim executes no tick, so nothing else sends its status: clients
                 // (the viewer's banner) learn from this that it is paused, and why.
+                // No tick for 2 s: the sim is not running, whatever the last second's rate was.
+                if crate::unix_ms().saturating_sub(meter.status.last_executed_unix_ms) > 2_000 {
+                    meter.status.dilation = 0.0;
+                }
                 if hub.listened() && crate::unix_ms().saturating_sub(meter.status.last_executed_unix_ms) > 2_000 {
                     hub.publish(Feed::Status(Box::new(meter.status.clone())));
                     // The area index is kept only while someone listens, and refilled at the
