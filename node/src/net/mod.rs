@@ -159,8 +159,6 @@ struct Book {
     me: PeerId,
     /// Peers with at least one open connection.
     connected: BTreeSet<PeerId>,
-    /// How each connected peer was last reached ("quic" or "tcp").
-    via: BTreeMap<PeerId, &'static str>,
     /// Indices of nodes of other sims (neighbour sims' validators): messaged, not broadcast to.
     outsiders: BTreeSet<u16>,
     /// Nodes of the world: keys from the config, the genesis or a card (not a node that just
@@ -338,7 +336,6 @@ impl Mesh {
             listed: peers.len(),
             me,
             connected: BTreeSet::new(),
-            via: BTreeMap::new(),
             outsiders: BTreeSet::new(),
             members: peers.iter().map(|p| peer_id(&p.key)).collect(),
         };
@@ -528,16 +525,18 @@ impl Mesh {
         metrics::counter!("metatopia_net_bytes_out_total").increment((frame.len() as u64 + 4) * sent);
     }
 
-    /// The connected peers by index, each with how it was reached ("quic" or "tcp").
+    /// The connected peers by index, each with its best path ("quic", "tcp" or "relayed").
     pub fn transports(&self) -> BTreeMap<u16, &'static str> {
         let book = lock(&self.shared.book);
-        book.via.iter().filter_map(|(p, v)| book.by_peer.get(p).map(|i| (*i, *v))).collect()
+        let reach = lock(&self.shared.reach);
+        book.connected.iter().filter_map(|p| Some((*book.by_peer.get(p)?, reach.path(p)?.as_str()))).collect()
     }
 
     /// Reachability, relays and each connected peer's path, for `stats`.
     pub fn net_info(&self) -> NetInfo {
-        let reach = lock(&self.shared.reach);
+        // Book before reach, everywhere both are held.
         let book = lock(&self.shared.book);
+        let reach = lock(&self.shared.reach);
         let hex =
             |p: &PeerId| peer_key(p).map(|k| metatopia_sim::ids::hex(k.as_bytes())).unwrap_or_else(|| p.to_string());
         NetInfo {
@@ -684,14 +683,13 @@ async fn drive(
                         tracing::info!(%peer_id, "a direct connection: closing the relayed one");
                         swarm.close_connection(c);
                     }
-                    lock(&shared.book).via.insert(peer_id, path.as_str());
                     tracing::debug!(%peer_id, index, %addr, "connected");
                     if num_established.get() == 1 {
                         tokio::spawn(write_stream(control.clone(), shared.clone(), peer_id, index));
                     }
                 }
                 SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, cause, .. } => {
-                    let best = {
+                    {
                         let mut reach = lock(&shared.reach);
                         if let Some(cs) = reach.conns.get_mut(&peer_id) {
                             cs.remove(&connection_id);
@@ -699,15 +697,10 @@ async fn drive(
                                 reach.conns.remove(&peer_id);
                             }
                         }
-                        reach.path(&peer_id)
-                    };
-                    let mut book = lock(&shared.book);
+                    }
                     if num_established == 0 {
                         tracing::debug!(%peer_id, "disconnected: {cause:?}");
-                        book.connected.remove(&peer_id);
-                        book.via.remove(&peer_id);
-                    } else if let Some(p) = best {
-                        book.via.insert(peer_id, p.as_str());
+                        lock(&shared.book).connected.remove(&peer_id);
                     }
                 }
                 SwarmEvent::ListenerClosed { listener_id, reason, .. } => {

@@ -558,13 +558,14 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             _ = rounds.tick() => {
                 reach.round();
                 watch_validators(&mut watch, &mut meter, &core, &mesh, &key, &tag);
-                // A paused sim executes no tick, so nothing else sends its status: clients
-                // (the viewer's banner) learn from this that it is paused, and why.
-                // No tick for 2 s: the sim is not running, whatever the last second's rate was.
-                if crate::unix_ms().saturating_sub(meter.status.last_executed_unix_ms) > 2_000 {
+                // No tick for 2 s: the sim is paused, whatever the last second's rate was, and
+                // executes nothing that would send its status: clients (the viewer's banner)
+                // learn from this that it is paused, and why.
+                let paused = crate::unix_ms().saturating_sub(meter.status.last_executed_unix_ms) > 2_000;
+                if paused {
                     meter.status.dilation = 0.0;
                 }
-                if hub.listened() && crate::unix_ms().saturating_sub(meter.status.last_executed_unix_ms) > 2_000 {
+                if paused && hub.listened() {
                     hub.publish(Feed::Status(Box::new(meter.status.clone())));
                     // The area index is kept only while someone listens, and refilled at the
                     // next tick: a client that came while the sim is paused sees the world now.
