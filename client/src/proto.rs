@@ -501,6 +501,8 @@ pub enum ClientMsg {
     Ping {
         r#ref: u64,
     },
+    /// Who governs the sim (its admin, temp admin and validators): answered with `governance`.
+    Governance {},
 }
 
 /// Node → client.
@@ -547,6 +549,7 @@ pub enum ServerMsg {
     Pong {
         r#ref: u64,
     },
+    Governance(Box<GovernanceView>),
 }
 
 /// Why a frame could not be read.

@@ -36,9 +36,10 @@ const objectBits = (id) => { const [slot, gen] = id.split("v").map(BigInt); retu
 const hex = (b) => Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
 const unhex = (s) => Uint8Array.from(s.match(/../g).map((h) => parseInt(h, 16)));
 
-// Payloads, in the order of `sim::event::Payload`'s variants.
+// Payloads, in the order of `sim::event::Payload`'s variants; chat ranges in `ChatRange`'s.
 const PAYLOAD = { Login: 0, Logout: 1, Move: 2, Chat: 3, Touch: 4, Rez: 5, Derez: 6, DeployScript: 7, Edit: 11 };
 const BODY = { static: 0, kinematic: 1, dynamic: 2 };
+const RANGE = { whisper: 0, say: 1, shout: 2 };
 // `Shape`: a box of half sizes, or a circle of a radius (metres).
 function shape(w, s) {
   if (s.circle != null) { w.varint(0); w.zigzag(fx(s.circle)); } else { w.varint(1); w.zigzag(fx(s.box[0])); w.zigzag(fx(s.box[1])); }
@@ -55,7 +56,7 @@ function encodeBody(payload) {
     case "Login": w.string(payload.name); break;
     case "Logout": break;
     case "Move": w.varint(objectBits(payload.object)); w.zigzag(fx(payload.velocity[0])); w.zigzag(fx(payload.velocity[1])); break;
-    case "Chat": w.zigzag(payload.channel); w.varint(1 /* say */); w.string(payload.text); break;
+    case "Chat": w.zigzag(payload.channel); w.varint(payload.range ?? 1); w.string(payload.text); break;
     case "Touch": w.varint(objectBits(payload.object)); break;
     case "Rez":
       w.string(payload.name); shape(w, payload.shape);
@@ -234,6 +235,7 @@ function connect() {
     banner("", "");
     notice("");
     if (!near.nodes.length) ws.send(JSON.stringify({ route: { account: state.account || "0".repeat(64) } }));
+    if (state.status) ws.send(JSON.stringify({ governance: {} }));
     // A returning visitor (a name kept with the key) enters at once; a new one chooses a name.
     if (state.account && !state.avatar && localStorage.getItem("metatopia-name")) login().catch((e) => notice(String(e.message || e)));
     else if (state.account && !state.avatar) askName();
@@ -303,6 +305,7 @@ function handle(msg) {
       if (!near.timer) near.timer = setInterval(measureNodes, 20000);
       break;
     case "pong": break;
+    case "governance": state.governance = m; showPlace(); break;
   }
 }
 
@@ -347,11 +350,32 @@ function checkPaused(s) {
   }
 }
 
+// The header's place: the sim and who owns it (its admin; and a temp admin while one acts).
+function showPlace() {
+  const s = state.status, gv = state.governance;
+  const sim = s ? `sim ${s.sim}` : "?";
+  let owner = "";
+  if (gv) {
+    owner = `owned by ${gv.admin_name || short(gv.admin)}`;
+    if (gv.temp_admin) owner += ` · temp admin ${gv.temp_admin_name || short(gv.temp_admin)}`;
+  }
+  if ($("st-sim").textContent !== sim) $("st-sim").textContent = sim;
+  if ($("st-owner").textContent !== owner) $("st-owner").textContent = owner;
+}
+
+// A long id (a 64-digit key or hash) as its first 8 digits; short ones as they are.
+const short = (id) => (id && id.length > 16 ? id.slice(0, 8) + "…" : id || "");
+
 function applyStatus(s) {
   state.status = s;
   checkPaused(s);
   document.body.dataset.tick = s.tick;
-  $("st-sim").textContent = s.sim;
+  if (state.placeSim !== s.sim && ws && ws.readyState === 1) {
+    // Another sim (or the first status): ask who governs it.
+    state.placeSim = s.sim; state.governance = null;
+    ws.send(JSON.stringify({ governance: {} }));
+  }
+  showPlace();
   $("st-node").textContent = `${s.node} of ${s.validators}`;
   $("st-tick").textContent = s.tick;
   $("st-dilation").textContent = s.dilation.toFixed(2);
@@ -364,51 +388,128 @@ async function ping() {
   $("st-latency").textContent = (performance.now() - t0).toFixed(0);
 }
 
+// The objects list: grouped (avatars, mine, scripted, others), each in name order, filtered by
+// the search box (name, floating text or id), at most GROUP_MAX shown a group.
+const GROUPS = [["avatars", "avatars"], ["mine", "mine"], ["scripted", "scripted"], ["others", "others"]];
+const GROUP_MAX = 200;
+const byName = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" });
+function groupOf(o) {
+  if (o.avatar) return "avatars";
+  if (state.account && o.owner === state.account) return "mine";
+  return o.scripted ? "scripted" : "others";
+}
+
 function renderObjects() {
-  if (!state.dirty) return;
-  state.dirty = false;
+  const query = $("obj-search").value.trim().toLowerCase();
+  if (!state.dirty && query === state.query) return;
+  state.dirty = false; state.query = query;
   const list = state.objects;
   const me = state.avatar && state.byId.get(state.avatar);
   if (me && $("follow").checked) { state.view.x = +me.position[0]; state.view.y = +me.position[1]; }
-  const ul = $("objects");
-  const named = list.filter((o) => !o.name.startsWith("prim-")).concat(list.filter((o) => o.name.startsWith("prim-")).slice(0, 200));
-  // Keep each object's <li> across renders (keyed by id) and touch the DOM only where something
-  // changed: a list rebuilt every tick swallows clicks landing while it is rebuilt.
-  const have = new Map(Array.from(ul.children, (li) => [li.dataset.id, li]));
-  const items = named.map((o) => {
-    let li = have.get(String(o.id));
-    if (!li) {
-      li = document.createElement("li");
-      li.dataset.id = o.id;
-      li.onclick = () => select(o.id);
+  const box = $("objects");
+  if (!box.children.length) {
+    for (const [key, title] of GROUPS) {
+      const h = document.createElement("h3"), ul = document.createElement("ul");
+      h.dataset.group = key; h.textContent = title; ul.dataset.group = key;
+      h.onclick = () => { ul.hidden = !ul.hidden; };
+      box.append(h, ul);
     }
-    const text = `${o.avatar ? "☺" : o.scripted ? "✎" : "□"} ${o.name}${o.text ? " — " + o.text : ""}`;
-    if (li.dataset.name !== o.name) li.dataset.name = o.name;
-    if (li.dataset.text !== o.text) li.dataset.text = o.text;
-    const at = `${Math.floor(+o.position[0])},${Math.floor(+o.position[1])}`;
-    if (li.dataset.at !== at) li.dataset.at = at;
-    if (li.textContent !== text) li.textContent = text;
-    const cls = o.id === state.selected ? "sel" : "";
-    if (li.className !== cls) li.className = cls;
-    return li;
-  });
-  if (items.length !== ul.children.length || items.some((li, i) => ul.children[i] !== li)) ul.replaceChildren(...items);
+  }
+  const groups = new Map(GROUPS.map(([k]) => [k, []]));
+  for (const o of list) {
+    if (query && !o.name.toLowerCase().includes(query) && !(o.text || "").toLowerCase().includes(query) && o.id !== query) continue;
+    groups.get(groupOf(o)).push(o);
+  }
+  let total = 0;
+  for (const [key, title] of GROUPS) {
+    const ul = box.querySelector(`ul[data-group="${key}"]`), h = box.querySelector(`h3[data-group="${key}"]`);
+    const all = groups.get(key).sort((p, q) => byName.compare(p.name, q.name) || byName.compare(p.id, q.id));
+    total += all.length;
+    const head = `${title} (${all.length})`;
+    if (h.textContent !== head) h.textContent = head;
+    h.hidden = all.length === 0;
+    // Keep each object's <li> across renders (keyed by id) and touch the DOM only where something
+    // changed: a list rebuilt every tick swallows clicks landing while it is rebuilt.
+    const have = new Map(Array.from(ul.children, (li) => [li.dataset.id, li]));
+    const items = all.slice(0, GROUP_MAX).map((o) => objectItem(o, have.get(String(o.id))));
+    if (all.length > GROUP_MAX) {
+      const more = have.get("more") || Object.assign(document.createElement("li"), { className: "more" });
+      more.dataset.id = "more";
+      more.textContent = `and ${all.length - GROUP_MAX} more: search to narrow`;
+      items.push(more);
+    }
+    if (items.length !== ul.children.length || items.some((li, i) => ul.children[i] !== li)) ul.replaceChildren(...items);
+  }
+  const count = query ? `${total} of ${list.length}` : `${list.length}`;
+  if ($("obj-count").textContent !== count) $("obj-count").textContent = count;
   if (state.selected) {
     const o = state.byId.get(state.selected);
     if (o) { $("sel-text").textContent = o.text; $("sel-text").dataset.text = o.text; }
   }
 }
 
+function objectItem(o, li) {
+  if (!li) {
+    li = document.createElement("li");
+    li.dataset.id = o.id;
+    li.onclick = () => { select(o.id); lookAt(o); };
+  }
+  const text = `${o.avatar ? "☺" : o.scripted ? "✎" : "□"} ${o.name}${o.text ? " — " + o.text : ""}`;
+  if (li.dataset.name !== o.name) li.dataset.name = o.name;
+  if (li.dataset.text !== o.text) li.dataset.text = o.text;
+  const at = `${Math.floor(+o.position[0])},${Math.floor(+o.position[1])}`;
+  if (li.dataset.at !== at) li.dataset.at = at;
+  if (li.textContent !== text) li.textContent = text;
+  const cls = o.id === state.selected ? "sel" : "";
+  if (li.className !== cls) li.className = cls;
+  return li;
+}
+
+// Bring an object into view (picked from the list): the map looks at it unless it is on screen.
+function lookAt(o) {
+  const c = $("map"), { x, y, scale } = state.view;
+  const dx = (+o.position[0] - x) * scale, dy = (+o.position[1] - y) * scale;
+  if (Math.abs(dx) < c.clientWidth / 2 - 20 && Math.abs(dy) < c.clientHeight / 2 - 20) return;
+  $("follow").checked = false;
+  state.view.x = +o.position[0]; state.view.y = +o.position[1];
+}
+
+// A chat line: who (ids shortened), how far it carried (whispers in italics, shouts in bold),
+// the channel if not 0, and private lines (one's scripts' errors) marked and in red.
 function addChat(l) {
   const ul = $("chat-log");
   const key = `${l.tick}|${l.name}|${l.channel}|${l.text}`;
   if (Array.from(ul.children).some((li) => li.dataset.key === key)) return;
   const li = document.createElement("li");
   li.dataset.key = key;
-  li.textContent = `${l.channel ? `[${l.channel}] ` : ""}${l.name}: ${l.text}`;
+  const range = l.range_m <= 10 ? "whisper" : l.range_m >= 100 ? "shout" : "say";
+  li.dataset.range = range;
+  li.className = l.to ? "private" : range === "say" ? "" : range;
+  const who = document.createElement("span");
+  who.className = "who";
+  who.textContent = /^[0-9a-f]{40,}$/i.test(l.name) ? short(l.name) : l.name;
+  who.title = l.name;
+  const verb = l.to ? " (to you only)" : range === "whisper" ? " whispers" : range === "shout" ? " shouts" : "";
+  li.append(`${l.to ? "[debug] " : l.channel ? `[${l.channel}] ` : ""}`, who, `${verb}: ${l.text}`);
   ul.appendChild(li);
   while (ul.children.length > 300) ul.firstChild.remove();
   ul.scrollTop = ul.scrollHeight;
+}
+
+// A copy button for a long id: copies it whole (the text shows it shortened).
+function copyButton(id) {
+  const b = document.createElement("button");
+  b.type = "button"; b.className = "copy"; b.textContent = "copy"; b.title = id; b.dataset.copy = id;
+  b.onclick = async () => {
+    try { await navigator.clipboard.writeText(id); } catch (_) {
+      // No clipboard permission (an old browser, plain http elsewhere than localhost).
+      const t = Object.assign(document.createElement("textarea"), { value: id });
+      document.body.append(t); t.select(); document.execCommand("copy"); t.remove();
+    }
+    b.dataset.copied = "true"; b.textContent = "copied";
+    setTimeout(() => { b.dataset.copied = "false"; b.textContent = "copy"; }, 1500);
+  };
+  return b;
 }
 
 async function select(id) {
@@ -419,7 +520,8 @@ async function select(id) {
   $("selected").hidden = false;
   $("sel-name").textContent = o.name;
   $("sel-text").textContent = o.text;
-  $("sel-meta").textContent = `id ${o.id} · owner ${o.owner.slice(0, 16)}… · ${o.body || "?"}`;
+  const ownerName = o.owner === state.account ? "you" : (state.byId.get(ownerAvatar(o.owner)) || {}).name;
+  $("sel-meta").replaceChildren(`id ${o.id} · ${o.body || "?"}${o.avatar ? " · avatar" : ""} · owner ${ownerName ? ownerName + " " : ""}${short(o.owner)}`, copyButton(o.owner));
   const mine = o.owner === state.account && !o.avatar;
   $("edit-form").hidden = !mine;
   if (mine) {
@@ -432,7 +534,8 @@ async function select(id) {
   box.replaceChildren();
   if (o.script) {
     const meta = document.createElement("p");
-    meta.textContent = `licence ${o.script.licence} · author ${o.script.author.slice(0, 16)}… · ${o.script.derived_from ? "derived from " + o.script.derived_from.slice(0, 16) + "…" : "original"}`;
+    meta.textContent = `licence ${o.script.licence} · author ${short(o.script.author)} · ${o.script.derived_from ? "derived from " + short(o.script.derived_from) : "original"} · script ${short(o.script.id)} `;
+    meta.append(copyButton(o.script.id));
     const pre = document.createElement("pre");
     pre.textContent = o.script.source;
     const chain = document.createElement("p");
@@ -441,6 +544,12 @@ async function select(id) {
     if (o.script.derived_from) provenance(o.script.derived_from).then((t) => { chain.textContent = t; });
   }
   state.dirty = true;
+}
+
+// The avatar of an account, if it is in view.
+function ownerAvatar(account) {
+  for (const o of state.objects) if (o.avatar && o.owner === account) return o.id;
+  return null;
 }
 
 // A script's provenance back to the original, from the scripts the sim holds (16 steps at most).
@@ -529,53 +638,7 @@ function setupBuild() {
   $("ed-close").addEventListener("click", () => { $("editor").hidden = true; });
 }
 
-// ---- drawing ----
-function draw() {
-  const c = $("map"), g = c.getContext("2d");
-  if (c.width !== c.clientWidth || c.height !== c.clientHeight) { c.width = c.clientWidth; c.height = c.clientHeight; }
-  const { x, y, scale } = state.view;
-  const sx = (wx) => c.width / 2 + (wx - x) * scale, sy = (wy) => c.height / 2 - (wy - y) * scale;
-  g.fillStyle = "#0d1014"; g.fillRect(0, 0, c.width, c.height);
-  const s = state.status;
-  if (s) {
-    const [ox, oy] = s.region_origin, size = s.region_size;
-    g.strokeStyle = "#1f2630"; g.lineWidth = 1;
-    for (let m = 0; m <= size; m += 8) {
-      g.beginPath(); g.moveTo(sx(ox + m), sy(oy)); g.lineTo(sx(ox + m), sy(oy + size)); g.stroke();
-      g.beginPath(); g.moveTo(sx(ox), sy(oy + m)); g.lineTo(sx(ox + size), sy(oy + m)); g.stroke();
-    }
-    g.strokeStyle = "#4a6"; g.lineWidth = 2;
-    g.strokeRect(sx(ox), sy(oy + size), size * scale, size * scale);
-    g.fillStyle = "#4a6"; g.font = "12px sans-serif";
-    g.fillText(`sim ${s.sim}`, sx(ox) + 4, sy(oy + size) + 14);
-  }
-  const now = performance.now();
-  // Moving objects are drawn where they are now, between ticks: extrapolated from their last
-  // position and velocity by the time since the last tick arrived (at most half a second), so
-  // motion is smooth at the display's frame rate even when ticks arrive together.
-  const rate = (s && s.tick_rate_hz) || 20;
-  const ahead = state.tickAt != null ? Math.min(((now - state.tickAt) * rate) / 1000, rate / 2) : 0;
-  for (const o of state.objects) {
-    let at;
-    if (o.id === state.avatar) at = ownPosition(o, now);
-    else if (o.base && (o.base.vel[0] !== 0 || o.base.vel[1] !== 0)) {
-      const dt = state.tick + ahead - o.base.tick;
-      at = [0, 1].map((i) => (o.base.at[i] + (o.base.vel[i] * dt) / rate) / 1000);
-    } else at = [+o.position[0], +o.position[1]];
-    state.drawnAt.set(o.id, at);
-    const [wx, wy] = at;
-    const px = sx(wx), py = sy(wy);
-    const [kind, a, b] = o.shape.split(" ");
-    g.fillStyle = "#" + o.color.slice(0, 6);
-    if (kind === "circle") { g.beginPath(); g.arc(px, py, Math.max(2, +a * scale), 0, 7); g.fill(); }
-    else { const w = +a * scale, h = +b * scale; g.fillRect(px - w, py - h, 2 * w, 2 * h); }
-    if (o.id === state.selected) { g.strokeStyle = "#fff"; g.strokeRect(px - 6, py - 6, 12, 12); }
-    const label = o.avatar ? o.name : o.text;
-    if (label && scale >= 4) { g.fillStyle = o.avatar ? "#fff" : "#bbc"; g.font = "11px sans-serif"; g.fillText(label, px + 6, py - 6); }
-  }
-  requestAnimationFrame(draw);
-}
-
+// ---- the own avatar (drawn by draw.js) ----
 // Where to draw the own avatar at `now`: while a walk is predicted, where it will be once its
 // input is executed (from where it was drawn at the key press, at the walk's velocity); then,
 // once the committed state has caught up (stopped after the release), eased onto the committed
@@ -631,78 +694,136 @@ window.metatopiaOwn = () => {
 window.metatopiaDrawnOf = (id) => state.drawnAt.get(id) || null;
 window.metatopiaTicksSeen = () => state.ticksSeen;
 
+// What the map shows (for tests): its centre and zoom, and whether it follows the own avatar.
+window.metatopiaView = () => ({ ...state.view, follow: $("follow").checked });
+
 // Where an object is on the page (for tests driving the mouse).
 window.metatopiaScreenOf = (id) => {
   const o = state.byId.get(id), c = $("map"), r = c.getBoundingClientRect();
   if (!o) return null;
   const { x, y, scale } = state.view;
-  return [r.left + c.width / 2 + (+o.position[0] - x) * scale, r.top + c.height / 2 - (+o.position[1] - y) * scale];
+  return [r.left + r.width / 2 + (+o.position[0] - x) * scale, r.top + r.height / 2 - (+o.position[1] - y) * scale];
 };
 
 function worldAt(ev) {
-  const c = $("map"), r = c.getBoundingClientRect();
+  const r = $("map").getBoundingClientRect();
   const { x, y, scale } = state.view;
-  return [x + (ev.clientX - r.left - c.width / 2) / scale, y - (ev.clientY - r.top - c.height / 2) / scale];
+  return [x + (ev.clientX - r.left - r.width / 2) / scale, y - (ev.clientY - r.top - r.height / 2) / scale];
 }
+
+const ZOOM = [0.5, 64];
+function zoomBy(k) { state.view.scale = Math.min(ZOOM[1], Math.max(ZOOM[0], state.view.scale * k)); }
+
+// Walking: the directions held (keys or the pad), summed, at 3 m/s; sent when they change.
+const held = new Map();
+let walking = [0, 0];
+function walk() {
+  if (!state.avatar) return;
+  let vx = 0, vy = 0;
+  for (const [dx, dy] of held.values()) { vx += dx; vy += dy; }
+  const d = Math.hypot(vx, vy);
+  const v = d ? [(vx / d) * 3, (vy / d) * 3] : [0, 0];
+  if (v[0] === walking[0] && v[1] === walking[1]) return;
+  walking = v;
+  predictWalk(v);
+  act({ kind: "Move", object: state.avatar, velocity: v }).catch((err) => notice(String(err.message || err)));
+}
+
+// Keys work wherever the focus is, except while typing in a field (Escape leaves it).
+const typing = (e) => e.target instanceof Element && e.target.closest("input, textarea, select, [contenteditable]");
+const KEYS = {
+  ArrowLeft: [-1, 0], ArrowRight: [1, 0], ArrowUp: [0, 1], ArrowDown: [0, -1],
+  a: [-1, 0], d: [1, 0], w: [0, 1], s: [0, -1], A: [-1, 0], D: [1, 0], W: [0, 1], S: [0, -1],
+};
 
 function setupInput() {
   const c = $("map");
-  c.addEventListener("wheel", (e) => { e.preventDefault(); state.view.scale = Math.min(64, Math.max(0.5, state.view.scale * (e.deltaY < 0 ? 1.2 : 1 / 1.2))); });
-  c.addEventListener("mousedown", (e) => {
-    // On one's own selected object, a drag moves it (an edit of its place); elsewhere it pans.
+  c.addEventListener("wheel", (e) => { e.preventDefault(); zoomBy(e.deltaY < 0 ? 1.2 : 1 / 1.2); }, { passive: false });
+  // Pointers (mouse, pen, touch): one drags (pans, or moves one's own selected object), two
+  // pinch to zoom; a tap selects an object or walks there.
+  const pointers = new Map();
+  let pinch = null;
+  c.addEventListener("pointerdown", (e) => {
+    c.setPointerCapture(e.pointerId);
+    c.focus({ preventScroll: true });
+    pointers.set(e.pointerId, [e.clientX, e.clientY]);
+    if (pointers.size === 2) {
+      const [p, q] = Array.from(pointers.values());
+      pinch = { dist: Math.hypot(p[0] - q[0], p[1] - q[1]) || 1, scale: state.view.scale };
+      if (state.drag) state.drag.moved = true;
+      return;
+    }
+    if (pointers.size > 2) return;
     const [wx, wy] = worldAt(e);
     const sel = state.selected && state.byId.get(state.selected);
     const grab = sel && sel.owner === state.account && !sel.avatar && Math.hypot(+sel.position[0] - wx, +sel.position[1] - wy) < 1.5;
     state.drag = { x: e.clientX, y: e.clientY, moved: false, object: grab ? sel.id : null };
   });
-  c.addEventListener("mousemove", (e) => {
+  c.addEventListener("pointermove", (e) => {
+    if (!pointers.has(e.pointerId)) return;
+    pointers.set(e.pointerId, [e.clientX, e.clientY]);
+    if (pinch && pointers.size >= 2) {
+      const [p, q] = Array.from(pointers.values());
+      state.view.scale = Math.min(ZOOM[1], Math.max(ZOOM[0], (pinch.scale * Math.hypot(p[0] - q[0], p[1] - q[1])) / pinch.dist));
+      return;
+    }
     if (!state.drag) return;
     if (state.drag.object) { state.drag.moved = true; state.drag.to = worldAt(e); return; }
     const dx = e.clientX - state.drag.x, dy = e.clientY - state.drag.y;
-    if (Math.abs(dx) + Math.abs(dy) > 3) { state.drag.moved = true; $("follow").checked = false; }
+    if (!state.drag.moved && Math.abs(dx) + Math.abs(dy) <= 4) return;
+    if (!state.drag.moved) { state.drag.moved = true; $("follow").checked = false; }
     state.view.x -= dx / state.view.scale; state.view.y += dy / state.view.scale;
     state.drag.x = e.clientX; state.drag.y = e.clientY;
   });
-  c.addEventListener("mouseup", (e) => {
+  const release = (e) => {
+    if (!pointers.delete(e.pointerId)) return;
+    if (pinch) { if (pointers.size < 2) pinch = null; if (!pointers.size) state.drag = null; return; }
     const drag = state.drag; state.drag = null;
-    if (drag && drag.object && drag.moved) {
-      const to = worldAt(e), id = drag.object;
-      act({ kind: "Edit", object: id, edit: { at: to } }).then(() => select(id)).catch((err) => notice(String(err.message || err)));
+    if (e.type === "pointercancel" || !drag) return;
+    tap(e, drag);
+  };
+  c.addEventListener("pointerup", release);
+  c.addEventListener("pointercancel", release);
+  document.addEventListener("keydown", (e) => {
+    if (typing(e)) {
+      if (e.key === "Escape") { e.target.blur(); c.focus({ preventScroll: true }); }
       return;
     }
-    const moved = drag && drag.moved;
-    if (moved) return;
-    const [wx, wy] = worldAt(e);
-    // Click an object to select it; click the ground to walk there (3 m/s, for the distance).
-    let best = null, bd = 1.5;
-    for (const o of state.objects) { const d = Math.hypot(+o.position[0] - wx, +o.position[1] - wy); if (d < bd) { bd = d; best = o; } }
-    if (best && best.id !== state.avatar) return select(best.id);
-    const me = state.avatar && state.byId.get(state.avatar);
-    if (!me) return;
-    const dx = wx - me.position[0], dy = wy - me.position[1], d = Math.hypot(dx, dy) || 1;
-    predictWalk([dx / d * 3, dy / d * 3]);
-    act({ kind: "Move", object: state.avatar, velocity: [dx / d * 3, dy / d * 3] });
-    setTimeout(() => { predictWalk([0, 0]); act({ kind: "Move", object: state.avatar, velocity: [0, 0] }); }, d / 3 * 1000);
-  });
-  const keys = { ArrowLeft: [-1, 0], ArrowRight: [1, 0], ArrowUp: [0, 1], ArrowDown: [0, -1] };
-  c.addEventListener("keydown", (e) => {
-    const k = keys[e.key]; if (!k || !state.avatar || e.repeat) return;
+    if (e.ctrlKey || e.metaKey || e.altKey) return;
+    if (e.key === "Enter") { e.preventDefault(); $("chat-input").focus(); return; }
+    if (e.key === "+" || e.key === "=") { zoomBy(1.25); return; }
+    if (e.key === "-") { zoomBy(0.8); return; }
+    const k = KEYS[e.key];
+    if (!k || !state.avatar) return;
     e.preventDefault();
-    predictWalk([k[0] * 3, k[1] * 3]);
-    act({ kind: "Move", object: state.avatar, velocity: [k[0] * 3, k[1] * 3] });
+    if (e.repeat) return;
+    held.set(e.key.toLowerCase(), k);
+    walk();
   });
-  c.addEventListener("keyup", (e) => {
-    if (!keys[e.key] || !state.avatar) return;
-    predictWalk([0, 0]);
-    act({ kind: "Move", object: state.avatar, velocity: [0, 0] });
+  document.addEventListener("keyup", (e) => {
+    if (!KEYS[e.key]) return;
+    if (held.delete(e.key.toLowerCase())) walk();
   });
+  // A key released while the window had no focus would walk for ever.
+  window.addEventListener("blur", () => { if (held.size) { held.clear(); walk(); } });
+  for (const b of document.querySelectorAll("#pad button")) {
+    const dir = b.dataset.dir.split(",").map(Number), name = `pad ${b.dataset.dir}`;
+    b.addEventListener("pointerdown", (e) => { e.preventDefault(); b.setPointerCapture(e.pointerId); b.classList.add("on"); held.set(name, dir); walk(); });
+    const up = () => { b.classList.remove("on"); if (held.delete(name)) walk(); };
+    b.addEventListener("pointerup", up);
+    b.addEventListener("pointercancel", up);
+    b.addEventListener("lostpointercapture", up);
+  }
+  $("zoom-in").addEventListener("click", () => zoomBy(1.25));
+  $("zoom-out").addEventListener("click", () => zoomBy(0.8));
   $("chat-form").addEventListener("submit", (e) => {
     e.preventDefault();
-    const input = $("chat-input"); let text = input.value.trim(); let channel = 0;
-    const m = text.match(/^\/(-?\d+)\s+(.*)$/); if (m) { channel = +m[1]; text = m[2]; }
-    if (text) act({ kind: "Chat", channel, text });
+    const input = $("chat-input");
+    const said = parseChat(input.value, +$("chat-range").value);
+    if (said) act({ kind: "Chat", ...said }).catch((err) => notice(String(err.message || err)));
     input.value = "";
   });
+  $("obj-search").addEventListener("input", () => renderObjects());
   $("touch").addEventListener("click", () => state.selected && act({ kind: "Touch", object: state.selected }));
   $("name-form").addEventListener("submit", (e) => {
     e.preventDefault();
@@ -714,8 +835,52 @@ function setupInput() {
   $("logout").addEventListener("click", () => logout().catch((err) => notice(String(err.message || err))));
 }
 
+// What the chat box says: `/w text` whispers (10 m), `/s text` shouts (100 m), `/N text` says
+// it on channel N (scripts listen there); otherwise at the range chosen beside the box.
+function parseChat(line, range) {
+  let text = line.trim(), channel = 0;
+  const cmd = text.match(/^\/(w|whisper|s|shout|say|-?\d+)\s+([\s\S]*)$/i);
+  if (cmd) {
+    const c = cmd[1].toLowerCase();
+    if (c === "w" || c === "whisper") range = RANGE.whisper;
+    else if (c === "s" || c === "shout") range = RANGE.shout;
+    else if (c === "say") range = RANGE.say;
+    else channel = +c;
+    text = cmd[2].trim();
+  }
+  return text ? { channel, range, text } : null;
+}
+
+// A tap or click that did not drag: on one's own dragged object, move it there; on an object,
+// select it; on the ground, walk there (3 m/s, for the distance).
+function tap(e, drag) {
+  if (drag.object && drag.moved) {
+    const to = worldAt(e), id = drag.object;
+    act({ kind: "Edit", object: id, edit: { at: to } }).then(() => select(id)).catch((err) => notice(String(err.message || err)));
+    return;
+  }
+  if (drag.moved) return;
+  const [wx, wy] = worldAt(e);
+  let best = null, bd = Math.max(1.5, 12 / state.view.scale);
+  for (const o of state.objects) {
+    const at = state.drawnAt.get(o.id) || [+o.position[0], +o.position[1]];
+    const d = Math.hypot(at[0] - wx, at[1] - wy);
+    if (d < bd) { bd = d; best = o; }
+  }
+  if (best && best.id !== state.avatar) return select(best.id);
+  const me = state.avatar && state.byId.get(state.avatar);
+  if (!me) return;
+  const dx = wx - me.position[0], dy = wy - me.position[1], d = Math.hypot(dx, dy) || 1;
+  const v = [(dx / d) * 3, (dy / d) * 3];
+  predictWalk(v);
+  act({ kind: "Move", object: state.avatar, velocity: v });
+  setTimeout(() => { predictWalk([0, 0]); act({ kind: "Move", object: state.avatar, velocity: [0, 0] }); }, (d / 3) * 1000);
+}
+
 // The name form: shown to a visitor without a name, and after logging out.
 function askName() {
+  // Shown already (a reconnect, a move to a nearer node): what the visitor typed stays.
+  if (!$("name-form").hidden) return;
   $("name-input").value = localStorage.getItem("metatopia-name") || `visitor-${state.account.slice(0, 4)}`;
   $("name-form").hidden = false;
   $("logout").hidden = true;
@@ -760,12 +925,15 @@ function refreshSession() {
 async function main() {
   setupInput();
   setupBuild();
+  setupMinimap();
   requestAnimationFrame(draw);
   setInterval(renderObjects, 250);
   try { await loadKey(); } catch (e) { notice(`cannot sign: ${e.message || e}`); }
   connect();
   setInterval(() => { if (ws && ws.readyState === 1) ping().catch(() => {}); }, 2000);
   setInterval(refreshSession, SESSION_REFRESH_MS);
+  // Who governs the sim can change (a temp admin); asked again now and then.
+  setInterval(() => { if (ws && ws.readyState === 1) ws.send(JSON.stringify({ governance: {} })); }, 30000);
 }
 
 main();

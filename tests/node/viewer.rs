@@ -4,7 +4,10 @@
 //! script source shows, touching opens the door; then the build mode: rez an object, edit its
 //! text, fork the door's script in the editor, deploy it to the new object, see its provenance
 //! and a touch's effect, and a compile error shown at (and selected on) its line; a screenshot
-//! is saved under target/. Then the banners: two validators killed (the sim pauses: no quorum)
+//! is saved under target/. Then a player's controls (the place and the minimap, keys wherever
+//! the focus is, whisper and shout, a script's error as a private line, the objects list grouped
+//! and searchable, ids with a copy button) and the same page on a phone-sized touch screen (the
+//! pad, pinch zoom, a tap), with screenshots. Then the banners: two validators killed (the sim pauses: no quorum)
 //! and the node serving the page killed (unreachable, reconnecting), each said over the map.
 use crate::support;
 
@@ -187,6 +190,24 @@ fn the_viewer_in_headless_chromium_logs_in_chats_opens_the_door_and_builds() {
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
 
+    // A player's controls, on a desktop-sized page and then a phone-sized one with touch.
+    let (wide, phone) =
+        (repo().join("target").join("viewer-controls.png"), repo().join("target").join("viewer-phone.png"));
+    for shot in [&wide, &phone] {
+        let _ = std::fs::remove_file(shot);
+    }
+    let url = format!("http://{http}/");
+    let page = Page::start(&e2e, &chromium, "controls.mjs", &[&url, wide.to_str().unwrap(), phone.to_str().unwrap()]);
+    let (ok, stdout, stderr) = page.finish();
+    assert!(ok && stdout.contains("viewer controls passed"), "{stdout}\n{stderr}");
+    for line in stdout.lines().filter(|l| l.starts_with("  ")) {
+        eprintln!("viewer: {}", line.trim());
+    }
+    for shot in [&wide, &phone] {
+        let png = std::fs::read(shot).expect("a screenshot");
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a real screenshot: {} bytes", png.len());
+    }
+
     // The banners: two of the four validators die, so the sim has no quorum and pauses; the
     // page says so (over the map) while it waits. Then the node serving the page dies: the page
     // says the node is unreachable and keeps reconnecting.
@@ -194,7 +215,6 @@ fn the_viewer_in_headless_chromium_logs_in_chats_opens_the_door_and_builds() {
     drop(cluster.nodes[3].take());
     let shot = repo().join("target").join("viewer-paused.png");
     let _ = std::fs::remove_file(&shot);
-    let url = format!("http://{http}/");
     let mut page = Page::start(&e2e, &chromium, "banner.mjs", &[&url, shot.to_str().unwrap()]);
     let line = page.line("paused banner seen on ");
     let used = line["paused banner seen on ".len()..].split(':').take(2).collect::<Vec<_>>().join(":");

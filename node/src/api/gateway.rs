@@ -361,6 +361,7 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                         }
                         Some(ServerMsg::Pong { r#ref })
                     }
+                    ClientMsg::Governance {} => ask(&s, Query::Governance).await.map(|g| ServerMsg::Governance(Box::new(g))),
                     ClientMsg::Interest { follow, radius_m, max_hz } => {
                         if let Some(f) = follow.as_deref().filter(|f| parse_hash(f).is_none()) {
                             Some(ServerMsg::Error { r#ref: None, message: format!("{f:?} is not an account id") })

@@ -250,6 +250,12 @@ pub fn routes() -> Router<Service> {
             }),
         )
         .route(
+            "/draw.js",
+            get(|| async {
+                ([(axum::http::header::CONTENT_TYPE, "text/javascript")], include_str!("../../web/draw.js"))
+            }),
+        )
+        .route(
             "/nacl.js",
             get(|| async {
                 ([(axum::http::header::CONTENT_TYPE, "text/javascript")], include_str!("../../web/nacl-fast.min.js"))
