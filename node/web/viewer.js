@@ -224,22 +224,34 @@ function connect() {
   document.body.dataset.node = wsHost;
   ws = new WebSocket(`${scheme}://${wsHost}/v1/ws`);
   ws.onmessage = (e) => handle(JSON.parse(e.data));
-  ws.onclose = () => {
-    attempts += 1;
-    const wait = Math.min(1000 * attempts, 5000);
-    banner("unreachable", `The node ${wsHost} is unreachable. Reconnecting in ${wait / 1000} s (attempt ${attempts})…`);
-    setTimeout(() => { if (near.nodes.length > 1) wsHost = nextNode(); connect(); }, wait);
-  };
+  ws.onclose = mainClosed;
+  routesLost();
   ws.onopen = () => {
     attempts = 0;
     banner("", "");
     notice("");
-    if (!near.nodes.length) ws.send(JSON.stringify({ route: { account: state.account || "0".repeat(64) } }));
+    if (!near.nodes.length) askRoute({ route: { account: state.account || NOBODY } }).then((m) => m && useRoute(m));
     if (state.status) ws.send(JSON.stringify({ governance: {} }));
     // A returning visitor (a name kept with the key) enters at once; a new one chooses a name.
     if (state.account && !state.avatar && localStorage.getItem("metatopia-name")) login().catch((e) => notice(String(e.message || e)));
     else if (state.account && !state.avatar) askName();
   };
+}
+
+// The socket to this sim's node closed: say so, and connect again (to another node of the sim
+// after the first attempt), with a growing pause.
+function mainClosed() {
+  attempts += 1;
+  const wait = Math.min(1000 * attempts, 5000);
+  banner("unreachable", `The node ${wsHost} is unreachable. Reconnecting in ${wait / 1000} s (attempt ${attempts})…`);
+  setTimeout(() => { if (near.nodes.length > 1) wsHost = nextNode(); connect(); }, wait);
+}
+
+// The nodes of the sim to use (a `route` answer): measured, and the nearest used.
+function useRoute(m) {
+  near.nodes = m.nodes.filter((n) => n.http);
+  measureNodes();
+  if (!near.timer) near.timer = setInterval(measureNodes, 20000);
 }
 
 function request(kind, id) {
@@ -249,6 +261,39 @@ function request(kind, id) {
 // Whole millimetres of a decimal (what dead reckoning counts in).
 function mm(decimal) { return Math.floor(parseFloat(decimal) * 1000 + 1e-6); }
 
+// A tick's changes to a sim's view (this sim's, `state`, or a neighbour's): objects that
+// entered, what changed in others (null: unchanged), those that left. Motion is dead reckoned:
+// a new position comes only when extrapolating from the last one drifts too far.
+function applyTick(view, m) {
+  for (const o of m.enter) {
+    o.base = { at: o.position.map(mm), vel: o.velocity.map(mm), tick: m.tick };
+    view.byId.set(o.id, o);
+  }
+  for (const u of m.update) {
+    const o = view.byId.get(u.id);
+    if (!o) continue;
+    for (const [k, v] of Object.entries(u)) {
+      if (v === null || k === "at_mm" || k === "vel_mm") continue;
+      o[k] = v;
+    }
+    if (u.at_mm) {
+      o.base = { at: u.at_mm, vel: u.vel_mm || o.base.vel, tick: m.tick };
+      // Placed or stopped objects too: the position is the one just sent.
+      o.position = u.at_mm.map((v) => String(v / 1000));
+    }
+  }
+  for (const id of m.leave) { view.byId.delete(id); view.drawnAt.delete(id); }
+  const rate = (view.status && view.status.tick_rate_hz) || 20;
+  for (const o of view.byId.values()) {
+    const b = o.base;
+    if (!b || (b.vel[0] === 0 && b.vel[1] === 0)) continue;
+    const dt = m.tick - b.tick;
+    o.position = [0, 1].map((i) => String((b.at[i] + Math.trunc((b.vel[i] * dt) / rate)) / 1000));
+  }
+  view.objects = Array.from(view.byId.values());
+  view.tick = m.tick; view.tickAt = performance.now();
+}
+
 // Messages are serde's externally tagged form, the same messages the native client gets:
 // `{"tick": {...}}`, `{"chat": {...}}`.
 function handle(msg) {
@@ -256,36 +301,10 @@ function handle(msg) {
   switch (type) {
     case "status": applyStatus(m); break;
     case "tick":
-      for (const o of m.enter) {
-        o.base = { at: o.position.map(mm), vel: o.velocity.map(mm), tick: m.tick };
-        state.byId.set(o.id, o);
-      }
-      // Updates carry only what changed (null: unchanged); motion is dead reckoned: a new
-      // position comes only when extrapolating from the last one drifts too far.
-      for (const u of m.update) {
-        const o = state.byId.get(u.id);
-        if (!o) continue;
-        for (const [k, v] of Object.entries(u)) {
-          if (v === null || k === "at_mm" || k === "vel_mm") continue;
-          o[k] = v;
-        }
-        if (u.at_mm) {
-          o.base = { at: u.at_mm, vel: u.vel_mm || o.base.vel, tick: m.tick };
-          // Placed or stopped objects too: the position is the one just sent.
-          o.position = u.at_mm.map((v) => String(v / 1000));
-        }
-      }
-      for (const id of m.leave) { state.byId.delete(id); state.drawnAt.delete(id); }
-      const rate = (state.status && state.status.tick_rate_hz) || 20;
-      for (const o of state.byId.values()) {
-        const b = o.base;
-        if (!b || (b.vel[0] === 0 && b.vel[1] === 0)) continue;
-        const dt = m.tick - b.tick;
-        o.position = [0, 1].map((i) => String((b.at[i] + Math.trunc((b.vel[i] * dt) / rate)) / 1000));
-      }
-      state.objects = Array.from(state.byId.values());
+      if (state.avatar && m.leave.includes(state.avatar)) leftSim();
+      applyTick(state, m);
       state.dirty = true;
-      state.tick = m.tick; state.tickAt = performance.now(); state.ticksSeen = (state.ticksSeen || 0) + 1;
+      state.ticksSeen = (state.ticksSeen || 0) + 1;
       document.body.dataset.tick = m.tick; $("st-tick").textContent = m.tick;
       break;
     case "chat": addChat(m); break;
@@ -299,11 +318,7 @@ function handle(msg) {
       break;
     case "object": replies.object.shift()?.(m.object); break;
     case "account": replies.account.shift()?.(m.account); break;
-    case "route":
-      near.nodes = m.nodes.filter((n) => n.http);
-      measureNodes();
-      if (!near.timer) near.timer = setInterval(measureNodes, 20000);
-      break;
+    case "route": routeWaiters.shift()?.(m); break;
     case "pong": break;
     case "governance": state.governance = m; showPlace(); break;
   }
@@ -367,13 +382,20 @@ function showPlace() {
 const short = (id) => (id && id.length > 16 ? id.slice(0, 8) + "…" : id || "");
 
 function applyStatus(s) {
+  if (state.placeSim != null && s.sim !== state.placeSim) {
+    // Another sim's node (the avatar went there without a neighbour's view to take over):
+    // nothing of the last sim's objects stays.
+    state.byId.clear(); state.objects = []; state.drawnAt.clear();
+  }
   state.status = s;
+  document.body.dataset.sim = s.sim;
   checkPaused(s);
   document.body.dataset.tick = s.tick;
   if (state.placeSim !== s.sim && ws && ws.readyState === 1) {
-    // Another sim (or the first status): ask who governs it.
+    // Another sim (or the first status): who governs it, and its neighbours.
     state.placeSim = s.sim; state.governance = null;
     ws.send(JSON.stringify({ governance: {} }));
+    findNeighbours();
   }
   showPlace();
   $("st-node").textContent = `${s.node} of ${s.validators}`;
@@ -932,8 +954,13 @@ async function main() {
   connect();
   setInterval(() => { if (ws && ws.readyState === 1) ping().catch(() => {}); }, 2000);
   setInterval(refreshSession, SESSION_REFRESH_MS);
-  // Who governs the sim can change (a temp admin); asked again now and then.
-  setInterval(() => { if (ws && ws.readyState === 1) ws.send(JSON.stringify({ governance: {} })); }, 30000);
+  // Who governs the sim can change (a temp admin), and neighbours come and go: asked again now
+  // and then.
+  setInterval(() => {
+    if (!ws || ws.readyState !== 1) return;
+    ws.send(JSON.stringify({ governance: {} }));
+    findNeighbours();
+  }, 30000);
 }
 
 main();

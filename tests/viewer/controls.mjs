@@ -5,27 +5,16 @@
 // line for its owner, the objects list grouped and searchable, ids shortened with a copy
 // button. Then on a phone-sized page (390×844, touch): map, pad, chat and list reachable, the
 // pad walks, two fingers pinch-zoom, a tap selects.
-import { chromium } from "playwright-core";
+import { enter as enterAt, launch } from "./browser.mjs";
 
 const [url, wideShot, phoneShot] = process.argv.slice(2);
 const step = (what) => console.log(`- ${what}`);
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--no-sandbox", "--disable-gpu"],
-});
+const browser = await launch();
 const fail = (why) => { throw new Error(why); };
 const chatHas = (page, sel, text) => page.waitForFunction(([s, t]) =>
   [...document.querySelectorAll(s)].some((li) => li.textContent.includes(t)), [sel, text], { timeout: 30000 });
 
-async function enter(page, name) {
-  page.on("pageerror", (e) => console.log(`  [page error] ${e.message}`));
-  await page.goto(url);
-  await page.waitForSelector("#name-form:not([hidden])", { timeout: 30000 });
-  await page.fill("#name-input", name);
-  await page.click("#name-form button");
-  await page.waitForSelector('#me[data-logged-in="true"]', { timeout: 30000 });
-  await page.waitForFunction(() => window.metatopiaOwn()?.drawn, null, { timeout: 30000 });
-}
+const enter = (page, name) => enterAt(page, url, name);
 
 // Walks while `hold` runs; resolves once the sim executed the walk (at rest again): how far.
 async function walked(page, hold) {

@@ -256,6 +256,12 @@ pub fn routes() -> Router<Service> {
             }),
         )
         .route(
+            "/world.js",
+            get(|| async {
+                ([(axum::http::header::CONTENT_TYPE, "text/javascript")], include_str!("../../web/world.js"))
+            }),
+        )
+        .route(
             "/nacl.js",
             get(|| async {
                 ([(axum::http::header::CONTENT_TYPE, "text/javascript")], include_str!("../../web/nacl-fast.min.js"))

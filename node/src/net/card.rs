@@ -26,6 +26,17 @@ pub struct CardBody {
     pub quic: Option<SocketAddr>,
     /// When the node started (unix ms): the newer of two cards of a key wins.
     pub since_ms: u64,
+    /// Its HTTP service (the web viewer and its WebSocket), if it serves one: clients of other
+    /// sims are sent there (a viewer draws the sims around its own from their nodes).
+    pub http: Option<SocketAddr>,
+}
+
+impl CardBody {
+    /// Its HTTP service as a client reaches it: a service bound to every interface
+    /// (`0.0.0.0:PORT`) is at the card's peer address's IP.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.map(|h| if h.ip().is_unspecified() { SocketAddr::new(self.addr.ip(), h.port()) } else { h })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

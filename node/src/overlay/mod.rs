@@ -460,6 +460,7 @@ mod tests {
                         addr: ([127, 0, 0, 1], 10_000 + (s * 10) as u16 + j as u16).into(),
                         quic: None,
                         since_ms: 1,
+                        http: None,
                     };
                     let card = Card::sign(&k, body);
                     nodes.push((k, Overlay::new(card, SIZE as f64 * f64::from(side))));

@@ -263,7 +263,13 @@ impl Reach {
                         all.sort_by_key(|(k, n)| (!n.genesis, **k));
                         let addrs = all
                             .into_iter()
-                            .map(|(k, n)| metatopia_client::proto::NodeAddr::at(metatopia_sim::ids::hex(k), n.addr))
+                            .map(|(k, n)| {
+                                let mut a = metatopia_client::proto::NodeAddr::at(metatopia_sim::ids::hex(k), n.addr);
+                                if let Some(http) = n.card.body.http_addr() {
+                                    a.http = Some(http.to_string());
+                                }
+                                a
+                            })
                             .collect();
                         hub.set_sim_nodes(sim, addrs);
                     }

@@ -37,6 +37,7 @@ pub(super) fn reach(
             addr: cfg.listen,
             quic: cfg.quic,
             since_ms: crate::unix_ms(),
+            http: cfg.http,
         },
     );
     let links = w.links();
