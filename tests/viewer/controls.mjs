@@ -59,7 +59,7 @@ try {
   if (!(await page.evaluate(() => document.activeElement.id === "chat-input"))) fail("Enter did not go to the chat box");
   await page.fill("#chat-input", "");
 
-  step("whisper, say and shout");
+  step("whisper, say, shout and a channel");
   await page.fill("#chat-input", "/w psst");
   await page.press("#chat-input", "Enter");
   await chatHas(page, '#chat-log li[data-range="whisper"]', "whispers: psst");
@@ -71,6 +71,9 @@ try {
   await page.fill("#chat-input", "just saying");
   await page.press("#chat-input", "Enter");
   await chatHas(page, '#chat-log li[data-range="say"]', "bea: just saying");
+  await page.fill("#chat-input", "/7 on channel seven");
+  await page.press("#chat-input", "Enter");
+  await chatHas(page, "#chat-log li", "[7] bea: on channel seven");
 
   step("a script's error: a private line for its owner");
   await page.fill("#rez-name", "fuse");
