@@ -234,7 +234,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     // Recover: the newest snapshot that loads, then the log since.
     // The log from the oldest snapshot kept on (what a restart may replay): not the sim's
     // whole history, which the log no longer holds.
-    let (mut log, recovery) = CommitLog::open(&dir.log_dir(), dir.oldest_snapshot()?.unwrap_or(0))?;
+    let (mut log, recovery) =
+        CommitLog::open_on(dir.disk().clone(), &dir.log_dir(), dir.oldest_snapshot()?.unwrap_or(0))?;
     if recovery.truncated > 0 {
         eprintln!(
             "{tag}warning: cut {} bytes off the commit log's torn tail ({}); what it held comes again from the peers",

@@ -1,23 +1,17 @@
-//! Files made durable: atomic replacement and directory syncs.
+//! Files made durable on the machine's disk: atomic replacement and directory syncs.
 
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs::File;
+use std::io;
 use std::path::Path;
 
 use anyhow::Context;
 
+use super::disk::{Disk, OsDisk};
+
 /// Write `bytes` to `path` through a temporary file, synced, renamed over `path`, and the
 /// directory synced: after a crash or a power cut `path` holds the old bytes or the new ones.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
-        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
-    }
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    sync_dir(dir).with_context(|| format!("syncing {}", dir.display()))
+    OsDisk::default().write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Make a directory's entries (files created, renamed or removed in it) durable.

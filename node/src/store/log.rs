@@ -25,12 +25,14 @@
 //!   the segment is copied to `.damaged` and kept up to that record, and the node takes what it
 //!   lacks from its peers (a snapshot they certify): nothing is misread, nothing wedges.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
+
+use super::disk::{Disk, OsDisk};
 
 /// Records per group `fdatasync`.
 pub const SYNC_EVERY: u32 = 64;
@@ -71,7 +73,7 @@ pub struct Recovery {
 /// The segment being appended to.
 #[derive(Debug)]
 struct Current {
-    file: File,
+    path: PathBuf,
     first: u64,
     next: u64,
     records: u64,
@@ -80,6 +82,7 @@ struct Current {
 /// The segmented, append-only commit log.
 #[derive(Debug)]
 pub struct CommitLog {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     current: Option<Current>,
     unsynced: u32,
@@ -90,10 +93,9 @@ fn segment_path(dir: &Path, first: u64) -> PathBuf {
 }
 
 /// The segments in `dir`, by first tick.
-fn segments(dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
+fn segments(disk: &dyn Disk, dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
     let mut v = Vec::new();
-    for e in fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-        let p = e?.path();
+    for p in disk.list(dir).with_context(|| format!("listing {}", dir.display()))? {
         if p.extension().is_some_and(|x| x == EXT)
             && let Some(t) = p.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok())
         {
@@ -114,11 +116,9 @@ struct Read_ {
 /// Read a segment's records up to the first bad one. `torn` (the third field of `bad`): the bad
 /// record is the file's last (its claimed end reaches the end of the file), as a crash mid-write
 /// leaves it; anything else is damage.
-fn read_segment(path: &Path, first: u64) -> anyhow::Result<Read_> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let size = file.metadata()?.len();
-    read_records(BufReader::with_capacity(1 << 16, file), size, first)
-        .with_context(|| format!("reading {}", path.display()))
+fn read_segment(disk: &dyn Disk, path: &Path, first: u64) -> anyhow::Result<Read_> {
+    let bytes = disk.read(path).with_context(|| format!("reading {}", path.display()))?;
+    read_records(&bytes[..], bytes.len() as u64, first).with_context(|| format!("reading {}", path.display()))
 }
 
 /// The records of a segment of `size` bytes whose first tick is `first`, read from `r`, up to
@@ -179,9 +179,15 @@ impl CommitLog {
     /// A torn tail of the newest segment is cut off; damage elsewhere is reported in
     /// [`Recovery::damaged`] and the segment kept up to it.
     pub fn open(dir: &Path, from: u64) -> anyhow::Result<(CommitLog, Recovery)> {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        adopt_single_file_log(dir)?;
-        let all = segments(dir)?;
+        CommitLog::open_on(Arc::new(OsDisk::default()), dir, from)
+    }
+
+    /// [`CommitLog::open`] on `disk` (the machine's, or a simulated one).
+    pub fn open_on(disk: Arc<dyn Disk>, dir: &Path, from: u64) -> anyhow::Result<(CommitLog, Recovery)> {
+        let d = &*disk;
+        d.create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        adopt_single_file_log(d, dir)?;
+        let all = segments(d, dir)?;
         let mut recovery = Recovery::default();
         let mut current = None;
         for (i, (first, path)) in all.iter().enumerate() {
@@ -190,34 +196,33 @@ impl CommitLog {
             if !newest && next_first.is_some_and(|n| n <= from) {
                 continue; // wholly before what a restart replays
             }
-            let read = read_segment(path, *first)?;
+            let read = read_segment(d, path, *first)?;
             if let Some((offset, reason, torn)) = &read.bad {
-                let size = fs::metadata(path)?.len();
+                let size = d.len(path)?;
                 if newest && *torn {
                     recovery.truncated = size - offset;
                     recovery.reason = Some(format!("{reason} at offset {offset} of {}", path.display()));
                 } else {
                     let keep = path.with_extension(format!("{EXT}.damaged"));
-                    fs::copy(path, &keep).with_context(|| format!("keeping a copy of {}", path.display()))?;
+                    d.copy(path, &keep).with_context(|| format!("keeping a copy of {}", path.display()))?;
                     recovery.damaged.push(format!(
                         "{}: {reason} at offset {offset}; the segment is kept up to there (a copy is {})",
                         path.display(),
                         keep.display()
                     ));
                 }
-                let f = OpenOptions::new().write(true).open(path)?;
-                f.set_len(read.good_len).with_context(|| format!("cutting {} at {}", path.display(), read.good_len))?;
-                f.sync_all()?;
+                d.truncate(path, read.good_len)
+                    .and_then(|()| d.sync(path))
+                    .with_context(|| format!("cutting {} at {}", path.display(), read.good_len))?;
             }
             recovery.records.retain(|r| r.tick < *first);
             let n = read.records.len() as u64;
             recovery.records.extend(read.records);
             if newest {
-                let file = OpenOptions::new().append(true).open(path)?;
-                current = Some(Current { file, first: *first, next: first + n, records: n });
+                current = Some(Current { path: path.clone(), first: *first, next: first + n, records: n });
             }
         }
-        Ok((CommitLog { dir: dir.to_owned(), current, unsynced: 0 }, recovery))
+        Ok((CommitLog { disk, dir: dir.to_owned(), current, unsynced: 0 }, recovery))
     }
 
     /// Append one record with one write (a new segment first when it does not follow the last
@@ -235,7 +240,7 @@ impl CommitLog {
         frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         frame.extend_from_slice(&checksum(&payload));
         frame.extend_from_slice(&payload);
-        c.file.write_all(&frame)?;
+        self.disk.append(&c.path, &frame)?;
         c.next = rec.tick + 1;
         c.records += 1;
         self.unsynced += 1;
@@ -250,16 +255,16 @@ impl CommitLog {
     fn start_segment(&mut self, first: u64) -> io::Result<()> {
         self.sync()?;
         self.current = None;
-        for (t, p) in segments(&self.dir).map_err(io::Error::other)? {
+        for (t, p) in segments(&*self.disk, &self.dir).map_err(io::Error::other)? {
             if t >= first {
-                fs::remove_file(&p)?;
+                self.disk.remove(&p)?;
             }
         }
-        let file = OpenOptions::new().create(true).write(true).truncate(true).open(segment_path(&self.dir, first))?;
-        file.sync_all()?;
-        super::durable::sync_dir(&self.dir)?;
-        let file = OpenOptions::new().append(true).open(segment_path(&self.dir, first))?;
-        self.current = Some(Current { file, first, next: first, records: 0 });
+        let path = segment_path(&self.dir, first);
+        self.disk.create(&path)?;
+        self.disk.sync(&path)?;
+        self.disk.sync_dir(&self.dir)?;
+        self.current = Some(Current { path, first, next: first, records: 0 });
         Ok(())
     }
 
@@ -268,7 +273,7 @@ impl CommitLog {
         if self.unsynced > 0
             && let Some(c) = &self.current
         {
-            c.file.sync_data()?;
+            self.disk.sync(&c.path)?;
         }
         self.unsynced = 0;
         Ok(())
@@ -276,25 +281,25 @@ impl CommitLog {
 
     /// Delete the segments wholly below `tick` (the oldest snapshot kept); the current one stays.
     pub fn prune_below(&mut self, tick: u64) -> anyhow::Result<u32> {
-        let all = segments(&self.dir)?;
+        let all = segments(&*self.disk, &self.dir)?;
         let current = self.current.as_ref().map(|c| c.first);
         let mut removed = 0;
         for w in all.windows(2) {
             let ((first, path), (next_first, _)) = (&w[0], &w[1]);
             if *next_first <= tick && Some(*first) != current {
-                fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
+                self.disk.remove(path).with_context(|| format!("removing {}", path.display()))?;
                 removed += 1;
             }
         }
         if removed > 0 {
-            super::durable::sync_dir(&self.dir)?;
+            self.disk.sync_dir(&self.dir)?;
         }
         Ok(removed)
     }
 
     /// Bytes the log's segments take on disk.
     pub fn disk_bytes(&self) -> u64 {
-        segments(&self.dir).map_or(0, |s| s.iter().filter_map(|(_, p)| fs::metadata(p).ok()).map(|m| m.len()).sum())
+        segments(&*self.disk, &self.dir).map_or(0, |s| s.iter().filter_map(|(_, p)| self.disk.len(p).ok()).sum())
     }
 
     /// The next tick the log expects (one past its newest record), if it has any.
@@ -308,23 +313,25 @@ impl CommitLog {
 }
 
 /// A log from before segments (`log/commits.log`): it becomes the segment of its first tick.
-fn adopt_single_file_log(dir: &Path) -> anyhow::Result<()> {
+fn adopt_single_file_log(disk: &dyn Disk, dir: &Path) -> anyhow::Result<()> {
     let old = dir.join("commits.log");
-    if !old.exists() {
+    if !disk.exists(&old) {
         return Ok(());
     }
-    let mut head = [0u8; HEADER];
-    let first = File::open(&old).and_then(|mut f| f.read_exact(&mut head).map(|_| f)).ok().and_then(|mut f| {
-        let len = u32::from_le_bytes(head[..4].try_into().ok()?);
-        let mut payload = vec![0u8; len.min(MAX_RECORD) as usize];
-        f.read_exact(&mut payload).ok()?;
-        postcard::from_bytes::<LogRecord>(&payload).ok().map(|r| r.tick)
+    // Its first record's header, then the record (not the whole log, which can be gigabytes).
+    let head = disk.read_prefix(&old, HEADER as u64).context("reading log/commits.log")?;
+    let len = head.get(..4).map_or(0, |l| u32::from_le_bytes(l.try_into().expect("4 bytes")).min(MAX_RECORD));
+    let bytes = disk.read_prefix(&old, HEADER as u64 + u64::from(len)).context("reading log/commits.log")?;
+    let first = bytes.get(..HEADER).and_then(|head| {
+        let len = u32::from_le_bytes(head[..4].try_into().ok()?).min(MAX_RECORD) as usize;
+        let payload = bytes.get(HEADER..HEADER + len)?;
+        postcard::from_bytes::<LogRecord>(payload).ok().map(|r| r.tick)
     });
     match first {
-        Some(t) => fs::rename(&old, segment_path(dir, t)).context("adopting log/commits.log as a segment")?,
-        None => fs::remove_file(&old).context("removing an empty log/commits.log")?,
+        Some(t) => disk.rename(&old, &segment_path(dir, t)).context("adopting log/commits.log as a segment")?,
+        None => disk.remove(&old).context("removing an empty log/commits.log")?,
     }
-    super::durable::sync_dir(dir).with_context(|| format!("syncing {}", dir.display()))
+    disk.sync_dir(dir).with_context(|| format!("syncing {}", dir.display()))
 }
 
 fn checksum(payload: &[u8]) -> [u8; 8] {
@@ -337,6 +344,11 @@ fn checksum(payload: &[u8]) -> [u8; 8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::{self, OpenOptions};
+
+    fn segments(dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
+        super::segments(&OsDisk::default(), dir)
+    }
 
     fn rec(tick: u64) -> LogRecord {
         LogRecord {

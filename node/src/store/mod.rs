@@ -22,23 +22,28 @@
 //!   synced, renamed, and their directory synced ([`write_atomic`]): a reader sees the old file
 //!   or the new one, whole, also after a power cut.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Seek, SeekFrom, Write};
+use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use metatopia_sim::SigningKey;
 
+pub mod disk;
 pub mod durable;
+#[cfg(test)]
+mod faults;
 pub mod log;
+pub use disk::{Disk, OsDisk, SimDisk};
 pub use durable::{sync_dir, write_atomic};
 use log::HEADER;
 pub use log::{CommitLog, LogRecord, MAX_RECORD, Recovery, SEGMENT_RECORDS, SYNC_EVERY};
 
-/// A node's data directory.
+/// A node's data directory, on the machine's disk or a simulated one.
 #[derive(Clone, Debug)]
 pub struct DataDir {
     root: PathBuf,
+    disk: Arc<dyn Disk>,
 }
 
 /// The data format this node writes (consensus state, log, snapshots); a directory written by
@@ -52,15 +57,22 @@ impl DataDir {
     /// consensus state or a log in another format (or from before formats were recorded) is an
     /// error that says so.
     pub fn open(root: &Path) -> anyhow::Result<DataDir> {
+        DataDir::open_on(Arc::new(OsDisk::default()), root)
+    }
+
+    /// [`DataDir::open`] on `disk` (the machine's, or a simulated one).
+    pub fn open_on(disk: Arc<dyn Disk>, root: &Path) -> anyhow::Result<DataDir> {
+        let d = &*disk;
         let marker = root.join("format");
-        let logged = fs::read_dir(root.join("log")).is_ok_and(|mut d| d.next().is_some());
-        let used = root.join("consensus.state").exists() || root.join(JOURNAL).exists() || logged;
-        match fs::read_to_string(&marker) {
+        let logged = d.list(&root.join("log")).is_ok_and(|l| !l.is_empty());
+        let used = d.exists(&root.join("consensus.state")) || d.exists(&root.join(JOURNAL)) || logged;
+        let text = d.read(&marker).map(|b| String::from_utf8_lossy(&b).into_owned());
+        match text {
             Ok(text) if text.trim() == DATA_FORMAT.to_string() => {}
             // An empty marker (written before markers were synced, and cut short by a crash) in a
             // directory with nothing else of ours yet: written again below.
             Ok(text) if text.trim().is_empty() && !used => {
-                fs::remove_file(&marker).with_context(|| format!("removing the empty {}", marker.display()))?;
+                d.remove(&marker).with_context(|| format!("removing the empty {}", marker.display()))?;
             }
             Ok(text) if text.trim().is_empty() => anyhow::bail!(
                 "{}'s format marker is empty (a crash while it was written?); if the directory is this version's, write {DATA_FORMAT} into {}",
@@ -78,13 +90,19 @@ impl DataDir {
             ),
             Err(_) => {}
         }
-        for d in [root.to_owned(), root.join("log"), root.join("snapshots")] {
-            fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+        for dir in [root.to_owned(), root.join("log"), root.join("snapshots")] {
+            d.create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        if !marker.exists() {
-            write_atomic(&marker, format!("{DATA_FORMAT}\n").as_bytes())?;
+        if !d.exists(&marker) {
+            d.write_atomic(&marker, format!("{DATA_FORMAT}\n").as_bytes())
+                .with_context(|| format!("writing {}", marker.display()))?;
         }
-        Ok(DataDir { root: root.to_owned() })
+        Ok(DataDir { root: root.to_owned(), disk })
+    }
+
+    /// The disk it is on.
+    pub fn disk(&self) -> &Arc<dyn Disk> {
+        &self.disk
     }
 
     /// Whether `root` holds data this node cannot read (another format).
@@ -122,11 +140,11 @@ impl DataDir {
     /// Write the snapshot after `tick`; keep the newest two.
     pub fn write_snapshot(&self, tick: u64, bytes: &[u8]) -> anyhow::Result<()> {
         let path = self.root.join("snapshots").join(format!("{tick:012}.snap"));
-        write_atomic(&path, bytes)?;
+        self.disk.write_atomic(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
         let mut all = self.snapshots()?;
         while all.len() > 2 {
             let (_, old) = all.remove(0);
-            let _ = fs::remove_file(old);
+            let _ = self.disk.remove(&old);
         }
         Ok(())
     }
@@ -139,8 +157,7 @@ impl DataDir {
     /// Snapshots on disk, oldest first.
     pub fn snapshots(&self) -> anyhow::Result<Vec<(u64, PathBuf)>> {
         let mut v = Vec::new();
-        for e in fs::read_dir(self.root.join("snapshots"))? {
-            let p = e?.path();
+        for p in self.disk.list(&self.root.join("snapshots"))? {
             if p.extension().is_some_and(|x| x == "snap")
                 && let Some(t) = p.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok())
             {
@@ -154,11 +171,11 @@ impl DataDir {
     /// The agreement's state as last written: the journal's newest whole record, or (a data
     /// directory from before the journal) the whole of `consensus.state`.
     pub fn read_consensus_state(&self) -> anyhow::Result<Option<Vec<u8>>> {
-        let (_, newest) = StateJournal::scan(&self.root.join(JOURNAL))?;
+        let (_, newest) = StateJournal::scan(&*self.disk, &self.root.join(JOURNAL))?;
         if newest.is_some() {
             return Ok(newest);
         }
-        match fs::read(self.root.join("consensus.state")) {
+        match self.disk.read(&self.root.join("consensus.state")) {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).context("reading consensus.state"),
@@ -178,43 +195,45 @@ pub const JOURNAL_MAX: u64 = 4 << 20;
 /// (atomically) by one holding the newest record.
 #[derive(Debug)]
 pub struct StateJournal {
+    disk: Arc<dyn Disk>,
     path: PathBuf,
-    file: File,
     len: u64,
 }
 
 impl StateJournal {
     /// Open the journal (creating it), cutting off a torn tail.
     pub fn open(dir: &DataDir) -> anyhow::Result<StateJournal> {
-        let path = dir.root.join(JOURNAL);
-        let (good, newest) = StateJournal::scan(&path)?;
+        let (disk, path) = (dir.disk.clone(), dir.root.join(JOURNAL));
+        let (good, newest) = StateJournal::scan(&*disk, &path)?;
         // A data directory from before the journal: its state becomes the first record.
         let legacy = dir.root.join("consensus.state");
-        if newest.is_none() && legacy.exists() {
-            let bytes = fs::read(&legacy).with_context(|| format!("reading {}", legacy.display()))?;
+        if newest.is_none() && disk.exists(&legacy) {
+            let bytes = disk.read(&legacy).with_context(|| format!("reading {}", legacy.display()))?;
             let mut first = Vec::new();
             let len = u32::try_from(bytes.len()).context("consensus.state is too big")?;
             push_record(&mut first, &bytes, len);
-            write_atomic(&path, &first)?;
-            fs::remove_file(&legacy).with_context(|| format!("removing {}", legacy.display()))?;
+            disk.write_atomic(&path, &first).with_context(|| format!("writing {}", path.display()))?;
+            disk.remove(&legacy).with_context(|| format!("removing {}", legacy.display()))?;
             return StateJournal::open(dir);
         }
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        file.set_len(good).with_context(|| format!("cutting the torn tail of {}", path.display()))?;
-        let mut j = StateJournal { path, file, len: good };
-        j.file.seek(SeekFrom::Start(good))?;
-        Ok(j)
+        if disk.exists(&path) {
+            if disk.len(&path)? > good {
+                disk.truncate(&path, good)
+                    .and_then(|()| disk.sync(&path))
+                    .with_context(|| format!("cutting the torn tail of {}", path.display()))?;
+            }
+        } else {
+            // Created and its name made durable, so a sync of it later keeps what it holds.
+            disk.create(&path)
+                .and_then(|()| disk.sync_dir(&dir.root))
+                .with_context(|| format!("creating {}", path.display()))?;
+        }
+        Ok(StateJournal { disk, path, len: good })
     }
 
     /// The length of the whole records at the start of the file at `path`, and the newest one.
-    fn scan(path: &Path) -> anyhow::Result<(u64, Option<Vec<u8>>)> {
-        let bytes = match fs::read(path) {
+    fn scan(disk: &dyn Disk, path: &Path) -> anyhow::Result<(u64, Option<Vec<u8>>)> {
+        let bytes = match disk.read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, None)),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
@@ -244,13 +263,12 @@ impl StateJournal {
         if self.len + (HEADER + bytes.len()) as u64 > JOURNAL_MAX && self.len > 0 {
             let mut fresh = Vec::with_capacity(HEADER + bytes.len());
             push_record(&mut fresh, bytes, len);
-            write_atomic(&self.path, &fresh)?;
-            self.file = OpenOptions::new().append(true).open(&self.path)?;
+            self.disk.write_atomic(&self.path, &fresh).with_context(|| format!("writing {}", self.path.display()))?;
             self.len = fresh.len() as u64;
         } else {
             let mut rec = Vec::with_capacity(HEADER + bytes.len());
             push_record(&mut rec, bytes, len);
-            self.file.write_all(&rec).with_context(|| format!("writing {}", self.path.display()))?;
+            self.disk.append(&self.path, &rec).with_context(|| format!("writing {}", self.path.display()))?;
             self.len += rec.len() as u64;
         }
         Ok(())
@@ -258,7 +276,7 @@ impl StateJournal {
 
     /// Make the written state durable (`fdatasync`): before the votes it holds are sent.
     pub fn sync(&mut self) -> anyhow::Result<()> {
-        self.file.sync_data().with_context(|| format!("syncing {}", self.path.display()))
+        self.disk.sync(&self.path).with_context(|| format!("syncing {}", self.path.display()))
     }
 }
 
@@ -273,6 +291,8 @@ pub use metatopia_client::keys::{generate as fresh_key, parse as parse_key, read
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::{self, OpenOptions};
+    use std::io::Write;
 
     fn tmp(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("metatopia-store-{name}-{}", std::process::id()));
