@@ -2,7 +2,7 @@
 //! real network, with the network and the clock simulated (DESIGN §3, §13).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use metatopia_consensus::mocks::Byzantine;
 use metatopia_consensus::{Digest, Message, Micros, Output, Validator, ValidatorIndex};
@@ -12,7 +12,8 @@ use metatopia_sim::{Hash32, Tick};
 
 use metatopia_node::core::{Agreement, CoreOutput, NodeCore};
 use metatopia_node::net::wire::NodeMsg;
-use metatopia_node::store::LogRecord;
+use metatopia_node::shell::persist::{Persister, holds_votes};
+use metatopia_node::store::{LogRecord, SimDisk};
 
 /// An honest validator or a Byzantine mock, behind the node's agreement trait.
 #[derive(Debug)]
@@ -203,6 +204,24 @@ pub struct WorldPlace {
     pub neighbours: Arc<BTreeMap<metatopia_sim::SimId, Vec<NodeId>>>,
 }
 
+/// Each node's outputs so far, kept across its crashes (what it did before one is still what it
+/// did; the verdicts read it), by cluster node.
+pub type Histories = Arc<Mutex<BTreeMap<NodeId, Vec<CoreOutput>>>>;
+
+/// A node's data directory on a simulated disk, written through the node's own [`Persister`]
+/// (the order of writes and syncs of the real node's loop).
+#[derive(Debug)]
+pub struct DiskStore {
+    pub id: NodeId,
+    pub disk: Arc<SimDisk>,
+    pub persister: Persister,
+    pub histories: Histories,
+}
+
+/// Snapshots every this many ticks in the simulated cluster (the node's default is larger; the
+/// scenarios are short and should restart from snapshots too).
+pub const SIM_SNAPSHOT_EVERY: u64 = 100;
+
 /// One node of a simulated sim.
 pub struct CoreProcess<A, H, P> {
     pub core: NodeCore<A, H, P>,
@@ -215,6 +234,10 @@ pub struct CoreProcess<A, H, P> {
     /// When the commits waiting for execution run (a core built with
     /// [`NodeCore::defer_execution`], as real nodes are: their votes leave first).
     deferred_at: Option<Time>,
+    /// Its store on a simulated disk (else it persists through [`Process::persisted`]).
+    pub store: Option<DiskStore>,
+    /// Why it stopped: its disk refused a write (full, read-only), as a real node stops.
+    pub failed: Option<String>,
 }
 
 /// How long after its commit a deferred tick executes in the simulated cluster (a real node
@@ -230,7 +253,13 @@ impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for CoreProcess<A, H, P>
 
 impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
     pub fn new(core: NodeCore<A, H, P>, nodes_of: Arc<BTreeMap<u16, Vec<NodeId>>>) -> Self {
-        CoreProcess { core, nodes_of, log: Vec::new(), place: None, deferred_at: None }
+        CoreProcess { core, nodes_of, log: Vec::new(), place: None, deferred_at: None, store: None, failed: None }
+    }
+
+    /// Persist through the node's own store on `store`'s simulated disk.
+    pub fn with_store(mut self, store: DiskStore) -> Self {
+        self.store = Some(store);
+        self
     }
 
     /// A node of one sim of several in the same cluster.
@@ -241,7 +270,21 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
 
     /// Forward the core's outputs: messages to the network, the rest to the log.
     pub fn drain(&mut self, out: &mut Outbox<NodeMsg>) {
+        let mut outs = Vec::new();
         while let Some(o) = self.core.poll_output() {
+            outs.push(o);
+        }
+        // Written (and synced) before anything leaves, as the node's loop does.
+        if let Some(s) = self.store.as_mut()
+            && self.failed.is_none()
+            && let Err(e) = persist(&mut s.persister, &mut self.core, &outs)
+        {
+            self.failed = Some(format!("{e:#}"));
+        }
+        if self.failed.is_some() {
+            return;
+        }
+        for o in outs {
             match o {
                 CoreOutput::Broadcast(m) => match &self.place {
                     Some(p) => {
@@ -301,10 +344,30 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
     }
 }
 
+/// The turn's outputs into the store, in the node's order.
+fn persist<A: Agreement, H: ScriptHost, P: PhysicsStage>(
+    store: &mut Persister,
+    core: &mut NodeCore<A, H, P>,
+    outs: &[CoreOutput],
+) -> anyhow::Result<()> {
+    for o in outs {
+        match o {
+            CoreOutput::Committed(r) => store.committed(r)?,
+            CoreOutput::Executed { tick, .. } => store.executed(tick.0, || core.snapshot().encode())?,
+            CoreOutput::Resynced { tick, snapshot, .. } => store.resynced(*tick, snapshot)?,
+            _ => {}
+        }
+    }
+    store.before_sending(holds_votes(outs), || core.agreement().persist().unwrap_or_default())
+}
+
 impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H, P> {
     type Msg = NodeMsg;
 
     fn on_message(&mut self, now: Time, from: NodeId, msg: NodeMsg, out: &mut Outbox<NodeMsg>) {
+        if self.failed.is_some() {
+            return;
+        }
         if let NodeMsg::Mail(_) = msg {
             // From a neighbour sim's validator: not a peer of this sim.
             self.core.handle_message(now, ValidatorIndex(u16::MAX), msg);
@@ -319,6 +382,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H,
     }
 
     fn on_timer(&mut self, now: Time, out: &mut Outbox<NodeMsg>) {
+        if self.failed.is_some() {
+            return;
+        }
         if self.deferred_at.is_some_and(|t| t <= now) {
             self.deferred_at = None;
             self.core.execute_deferred(now);
@@ -329,6 +395,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H,
     }
 
     fn next_timer(&self) -> Option<Time> {
+        if self.failed.is_some() {
+            return None;
+        }
         match (self.core.poll_timeout(), self.deferred_at) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -336,6 +405,11 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H,
     }
 
     fn persisted(&self) -> Option<Vec<u8>> {
+        if let Some(s) = &self.store {
+            // Its disk is its disk; what it did waits for the restart in the histories.
+            s.histories.lock().unwrap_or_else(|e| e.into_inner()).insert(s.id, self.log.clone());
+            return None;
+        }
         let log = self
             .log
             .iter()
@@ -345,6 +419,12 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H,
             })
             .collect();
         postcard::to_allocvec(&Saved { consensus: self.core.agreement().persist(), log }).ok()
+    }
+
+    fn power_cut(&self, seed: u64) {
+        if let Some(s) = &self.store {
+            s.disk.power_loss(seed);
+        }
     }
 
     fn fingerprint(msg: &NodeMsg) -> [u8; 32] {

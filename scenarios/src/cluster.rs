@@ -60,6 +60,9 @@ pub trait Process {
     fn persisted(&self) -> Option<Vec<u8>> {
         None
     }
+    /// The power of the process's machine is cut (a crash follows): its disk keeps what was
+    /// synced, and of writes in flight what `seed` chooses. Processes without a disk ignore it.
+    fn power_cut(&self, _seed: u64) {}
     /// A digest of a message, for the trace hash.
     fn fingerprint(msg: &Self::Msg) -> [u8; 32];
 }
@@ -101,6 +104,8 @@ impl Partition {
 #[derive(Clone, Debug)]
 pub enum Fault {
     Crash(NodeId),
+    /// A crash by a power cut: what the node's disk had not synced is lost.
+    PowerLoss(NodeId),
     Restart(NodeId),
 }
 
@@ -319,6 +324,17 @@ impl<P: Process> Cluster<P> {
                     slot.wake = None;
                 }
                 self.trace.update(&[2]);
+                self.trace.update(&id.to_le_bytes());
+            }
+            Event::Fault(Fault::PowerLoss(id)) => {
+                let seed = self.rng.next_u64();
+                let slot = &mut self.nodes[id as usize];
+                if let Some(p) = slot.proc.take() {
+                    slot.saved = p.persisted();
+                    p.power_cut(seed);
+                    slot.wake = None;
+                }
+                self.trace.update(&[4]);
                 self.trace.update(&id.to_le_bytes());
             }
             Event::Fault(Fault::Restart(id)) => {

@@ -256,14 +256,16 @@ pub struct StepSpec {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FaultSpec {
-    /// `crash`, `partition`, `skew`, `byzantine`, `twin` (a second node with the same key) or
-    /// `diverge` (the node starts from a different world and must notice).
+    /// `crash` (`kill -9`: the node's disk keeps everything written), `power_loss` (of `node`, or
+    /// of every node when it is not given: what their disks had not synced is lost, writes in
+    /// flight torn), `partition`, `skew`, `byzantine`, `twin` (a second node with the same key)
+    /// or `diverge` (the node starts from a different world and must notice).
     pub kind: String,
     pub node: Option<u16>,
     /// Seconds of virtual time.
     #[serde(default)]
     pub at_secs: f64,
-    /// crash: restart at; partition: heal at.
+    /// crash, power_loss: restart at; partition: heal at.
     pub until_secs: Option<f64>,
     pub groups: Option<Vec<Vec<u16>>>,
     pub skew_ms: Option<i64>,
@@ -586,6 +588,17 @@ impl Scenario {
                         return Err(at(f.span(), "until_secs (the restart) must be after at_secs".into()));
                     }
                 }
+                "power_loss" => {
+                    if v.node.is_some() && !node_ok {
+                        return Err(at(
+                            f.span(),
+                            format!("power_loss's `node` must be in 0..{total} (or left out: every node)"),
+                        ));
+                    }
+                    if v.until_secs.is_none_or(|u| u <= v.at_secs) {
+                        return Err(at(f.span(), "power_loss needs until_secs (the restart) after at_secs".into()));
+                    }
+                }
                 "partition" => {
                     let groups = v.groups.as_ref().ok_or_else(|| at(f.span(), "partition needs `groups`".into()))?;
                     if groups.iter().flatten().any(|x| *x >= total) {
@@ -619,7 +632,7 @@ impl Scenario {
                     return Err(at(
                         f.span(),
                         format!(
-                            "unknown fault kind {other:?}: crash, partition, skew, byzantine, twin, diverge or join"
+                            "unknown fault kind {other:?}: crash, power_loss, partition, skew, byzantine, twin, diverge or join"
                         ),
                     ));
                 }

@@ -24,6 +24,10 @@ pub struct RunArgs {
     /// With --real: where the nodes' data directories go (default: $TMP/metatopia-scenario-NAME).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Run this many seeds (from --seed, or the file's) and print how many passed, with the
+    /// command that replays each failure (a sweep: in simulation only).
+    #[arg(long, conflicts_with_all = ["real", "record"])]
+    seeds: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -64,8 +68,49 @@ fn run_file(file: &Path, seed: Option<u64>, scripts: Option<PathBuf>) -> anyhow:
     out
 }
 
+/// `metatopia-lab scenario run --seeds N`: seeds in a row, a line every tenth of the way.
+fn sweep(args: &RunArgs, count: u64) -> anyhow::Result<()> {
+    let (spec, text) = scenario::load(&args.file)?;
+    let first = args.seed.unwrap_or(spec.seed);
+    let started = std::time::Instant::now();
+    let mut failed = Vec::new();
+    for (i, seed) in (first..first.saturating_add(count)).enumerate() {
+        let opts = Options { seed, scripts_dir: scripts_dir(&args.file, args.scripts.clone()) };
+        let (report, _) = scenario::run(&spec, &text, &opts, &mut |_, _| {})?;
+        if !report.passed() {
+            eprint!("{}", report.table());
+            failed.push(seed);
+        }
+        if (i as u64 + 1).is_multiple_of((count / 10).max(1)) {
+            eprintln!(
+                "{}: {} of {count} seeds run, {} failed ({:.0?})",
+                spec.name,
+                i + 1,
+                failed.len(),
+                started.elapsed()
+            );
+        }
+    }
+    println!(
+        "{}: {} of {count} seeds passed (seeds {first}..{})",
+        spec.name,
+        count - failed.len() as u64,
+        first + count
+    );
+    if failed.is_empty() {
+        return Ok(());
+    }
+    for seed in &failed {
+        println!("  failed: metatopia-lab scenario run {} --seed {seed}", args.file.display());
+    }
+    anyhow::bail!("{} of {count} seeds failed", failed.len())
+}
+
 /// `metatopia-lab scenario run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    if let Some(count) = args.seeds {
+        return sweep(&args, count);
+    }
     let (report, recording) = if args.real {
         anyhow::ensure!(args.record.is_none(), "--record works in simulation only");
         let (spec, text) = scenario::load(&args.file)?;

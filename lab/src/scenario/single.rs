@@ -15,7 +15,7 @@ use metatopia_sim::governance::{Role, role_of};
 use metatopia_sim::state::DAY_MS;
 use metatopia_sim::{AccountId, EventId, Hash32, SignedEvent, Sim, SimId, World};
 
-use crate::simnet::{Actor, CoreProcess, Saved};
+use crate::simnet::{Actor, CoreProcess};
 use metatopia_node::core::epochs::Epochs;
 use metatopia_node::core::{CoreOutput, NodeCore};
 use metatopia_node::world::{AnyPhysics, Genesis, Options, account_key, genesis, validator_key};
@@ -77,11 +77,14 @@ pub fn run(
         let other = Scenario { seed: seed ^ 0xd1fe, ..spec.clone() };
         Ok(genesis(&other, seed ^ 0xd1fe, opts, &accounts)?.world)
     };
+    // Each node's data directory on a simulated disk, written by the node's own store.
+    let disks = Disks::new(key_of_node.len());
     let make = |node: usize, world: World, actor: Actor| -> anyhow::Result<Node> {
         let sim = Sim::new(world, RhaiHost::default(), AnyPhysics::of(&w.physics), 1)
             .map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
         let core = NodeCore::new(actor, sim, 1).with_time_scale(w.time_scale, w.start_unix_ms).defer_execution();
-        Ok(CoreProcess::new(core, nodes_of.clone()))
+        let (store, _) = disks.open(node as NodeId)?;
+        Ok(CoreProcess::new(core, nodes_of.clone()).with_store(store))
     };
     let mut procs = Vec::new();
     for (node, k) in key_of_node.iter().enumerate() {
@@ -113,7 +116,8 @@ pub fn run(
         procs.push(make(node, world, actor)?);
     }
     let mut c = Cluster::starting_at(seed, net_config(spec), procs, start_us);
-    // A crashed node comes back from its "disk": consensus state and commit log.
+    // A crashed node comes back from its disk, as a node's restart does: the newest snapshot
+    // that loads, the agreement's state, the log since the snapshot.
     {
         let (cfg, keys, public, genesis_world) = (cfg.clone(), keys.clone(), public.clone(), g.world.clone());
         let (physics, scale, nodes_of) = (w.physics.clone(), w.time_scale, nodes_of.clone());
@@ -121,39 +125,48 @@ pub fn run(
         let key_of_node = key_of_node.clone();
         let genesis_n = usize::from(n);
         let joiners = joiners.clone();
-        c.set_restarter(Box::new(move |id, now, saved| {
+        let disks = disks.clone();
+        let dead =
+            (genesis_world.clone(), w.physics.clone(), nodes_of.clone(), cfg.clone(), keys[0].clone(), public.clone());
+        let restart = move |id: NodeId, now: Time| -> anyhow::Result<Node> {
             let k = key_of_node[id as usize] as usize;
-            let saved: Saved = saved.and_then(|b| postcard::from_bytes(&b).ok()).unwrap_or_default();
+            let (store, restored) = disks.open(id)?;
             // A joiner's first start: nothing of its own yet.
-            let join = joiners.contains(&(k as u16)) && saved.log.is_empty();
+            let join =
+                joiners.contains(&(k as u16)) && restored.recovery.records.is_empty() && restored.consensus.is_none();
             let fresh = || {
                 let set = public[..genesis_n].to_vec();
                 Epochs::new(cfg.clone(), keys[k].clone(), public.clone(), set, epoch_ticks, now)
             };
-            let e = match &saved.consensus {
+            let e = match &restored.consensus {
                 Some(b) if !join => {
                     Epochs::restore(cfg.clone(), keys[k].clone(), public.clone(), now, b).unwrap_or_else(fresh)
                 }
                 _ => fresh(),
             };
-            let sim = Sim::new(genesis_world.clone(), RhaiHost::default(), AnyPhysics::of(&physics), 1)
-                .expect("the genesis world loaded before");
+            let sim = restored_sim(&store, &genesis_world, &physics)?;
             let mut core =
                 NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1).with_time_scale(scale, anchor_ms).defer_execution();
             if join {
                 core = core.joining();
             }
-            let mut log = Vec::new();
-            for rec in &saved.log {
-                if core.replay(rec).is_err() {
-                    break;
-                }
-                log.push(CoreOutput::Committed(Box::new(rec.clone())));
-            }
-            core.recall(&saved.log);
-            let mut p = CoreProcess::new(core, nodes_of.clone());
-            p.log = log;
-            p
+            replay_log(&mut core, &restored.recovery.records);
+            let mut p = CoreProcess::new(core, nodes_of.clone()).with_store(store);
+            p.log = disks.history(id, &restored.recovery.records);
+            Ok(p)
+        };
+        c.set_restarter(Box::new(move |id, now, _| {
+            restart(id, now).unwrap_or_else(|why| {
+                // It does not start (its disk is unreadable): it stays down, saying why.
+                let (world, physics, nodes_of, cfg, key, public) = &dead;
+                let sim = Sim::new(world.clone(), RhaiHost::default(), AnyPhysics::of(physics), 1)
+                    .expect("the genesis world loaded before");
+                let set = public[..genesis_n].to_vec();
+                let e = Epochs::new(cfg.clone(), key.clone(), public.clone(), set, epoch_ticks, now);
+                let mut p = CoreProcess::new(NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1), nodes_of.clone());
+                p.failed = Some(format!("cannot restart from its disk: {why:#}"));
+                p
+            })
         }));
     }
     for f in &faults {
@@ -280,7 +293,10 @@ pub fn run(
         at_door: &at_door,
         roles,
     };
-    let verdicts = judge(spec, text, &seen);
+    let mut verdicts = judge(spec, text, &seen);
+    let honest_key = |v: u16| honest.iter().any(|h| key_of_node[*h as usize] == v);
+    verdicts
+        .insert(1, restarts_verdict(&disks, honest.iter().filter_map(|h| c.node(*h).map(|p| (*h, p))), &honest_key));
     let ticks = (0..c.len() as NodeId).map(|i| c.node(i).map(|p| p.core.sim().world().tick().0)).collect();
     let report = Report {
         name: spec.name.clone(),

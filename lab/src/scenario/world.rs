@@ -21,11 +21,12 @@ use metatopia_sim::event::account_of;
 use metatopia_sim::{AccountId, EventId, Hash32, SignedEvent, Sim, SimId, World};
 
 use crate::scenario::common::{
-    Node, Recording, Report, consensus_config, net_config, recording, schedule_network_fault,
+    Disks, Node, Recording, Report, consensus_config, net_config, recording, replay_log, restarts_verdict,
+    restored_sim, schedule_network_fault,
 };
-use crate::simnet::{Actor, CoreProcess, Saved, WorldPlace};
+use crate::simnet::{Actor, CoreProcess, WorldPlace};
+use metatopia_node::core::NodeCore;
 use metatopia_node::core::epochs::Epochs;
-use metatopia_node::core::{CoreOutput, NodeCore};
 use metatopia_node::world::{AnyPhysics, Genesis, Options, genesis_in, place_of};
 use metatopia_scenarios::judge::{Agreement, Crossings, Observed, compare_roots, judge};
 
@@ -79,36 +80,30 @@ pub fn run(
     let cfg = consensus_config(period_us, w.start_unix_ms);
     let start_us = w.start_unix_ms.saturating_mul(1000);
     let epoch_ticks = sims.genesis[0].world.settings().epoch_ticks;
+    // Each node's data directory on a simulated disk, written by the node's own store; a
+    // restart reads it back as a node's does.
+    let disks = Disks::new(usize::from(total));
     let make = {
-        let (sims, cfg) = (sims.clone(), cfg.clone());
+        let (sims, cfg, disks) = (sims.clone(), cfg.clone(), disks.clone());
         let (physics, scale, anchor_ms) = (w.physics.clone(), w.time_scale, w.start_unix_ms);
         let world_spec = w.clone();
-        move |id: NodeId, now: Time, saved: Option<Saved>| -> anyhow::Result<Node> {
+        move |id: NodeId, now: Time| -> anyhow::Result<Node> {
             let k = sims.sim_of(id);
             let g = &sims.genesis[k];
             let key = sims.keys[id as usize].clone();
             let set = sims.public[k].clone();
+            let (store, restored) = disks.open(id)?;
             let fresh = || Epochs::new(cfg.clone(), key.clone(), set.clone(), set.clone(), epoch_ticks, now);
-            let e = match saved.as_ref().and_then(|s| s.consensus.as_ref()) {
+            let e = match &restored.consensus {
                 Some(b) => Epochs::restore(cfg.clone(), key.clone(), set.clone(), now, b).unwrap_or_else(fresh),
                 None => fresh(),
             };
-            let sim = Sim::new(g.world.clone(), RhaiHost::default(), AnyPhysics::of(&physics), 1)
-                .map_err(|e| anyhow::anyhow!("node {id}: {e}"))?;
+            let sim = restored_sim(&store, &g.world, &physics).with_context(|| format!("node {id}"))?;
             let mut core = NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1)
                 .with_time_scale(scale, anchor_ms)
                 .with_mail_key(key)
                 .defer_execution();
-            let mut log = Vec::new();
-            for rec in saved.iter().flat_map(|s| &s.log) {
-                if core.replay(rec).is_err() {
-                    break;
-                }
-                log.push(CoreOutput::Committed(Box::new(rec.clone())));
-            }
-            if let Some(s) = &saved {
-                core.recall(&s.log);
-            }
+            replay_log(&mut core, &restored.recovery.records);
             let base = sims.nodes(k).start;
             let nodes_of = (0..sims.n).map(|i| (i, vec![base + NodeId::from(i)])).collect();
             let place = place_of(&world_spec, k as u32, &[]);
@@ -116,16 +111,31 @@ pub fn run(
                 place.neighbours.iter().map(|(sim, _)| (*sim, sims.nodes(sim.0 as usize - 1).collect())).collect();
             let place =
                 WorldPlace { me: id, sim_nodes: Arc::new(sims.nodes(k).collect()), neighbours: Arc::new(neighbours) };
-            let mut p = CoreProcess::new(core, Arc::new(nodes_of)).in_world(place);
-            p.log = log;
+            let mut p = CoreProcess::new(core, Arc::new(nodes_of)).in_world(place).with_store(store);
+            p.log = disks.history(id, &restored.recovery.records);
             Ok(p)
         }
     };
-    let procs = (0..total).map(|id| make(NodeId::from(id), start_us, None)).collect::<anyhow::Result<Vec<_>>>()?;
+    let procs = (0..total).map(|id| make(NodeId::from(id), start_us)).collect::<anyhow::Result<Vec<_>>>()?;
+    let make_dead = {
+        let (sims, cfg, physics) = (sims.clone(), cfg.clone(), w.physics.clone());
+        move |id: NodeId, now: Time| -> Node {
+            let k = sims.sim_of(id);
+            let set = sims.public[k].clone();
+            let e = Epochs::new(cfg.clone(), sims.keys[id as usize].clone(), set.clone(), set, epoch_ticks, now);
+            let sim = Sim::new(sims.genesis[k].world.clone(), RhaiHost::default(), AnyPhysics::of(&physics), 1)
+                .expect("the genesis world loaded before");
+            CoreProcess::new(NodeCore::new(Actor::Epochs(Box::new(e)), sim, 1), Arc::new(BTreeMap::new()))
+        }
+    };
     let mut c = Cluster::starting_at(seed, net_config(spec), procs, start_us);
-    c.set_restarter(Box::new(move |id, now, saved| {
-        let saved: Saved = saved.and_then(|b| postcard::from_bytes(&b).ok()).unwrap_or_default();
-        make(id, now, Some(saved)).expect("the genesis world loaded before")
+    c.set_restarter(Box::new(move |id, now, _| {
+        make(id, now).unwrap_or_else(|why| {
+            // It does not start (its disk is unreadable): it stays down, saying why.
+            let mut p = make_dead(id, now);
+            p.failed = Some(format!("cannot restart from its disk: {why:#}"));
+            p
+        })
     }));
     for f in spec.faults.iter().map(|f| f.get_ref()) {
         anyhow::ensure!(schedule_network_fault(&mut c, f), "fault {:?} is not supported with several sims", f.kind);
@@ -182,7 +192,9 @@ pub fn run(
         }
     }
 
-    let verdicts = judge(spec, text, &Seen::new(&c, &sims)?);
+    let mut verdicts = judge(spec, text, &Seen::new(&c, &sims)?);
+    let nodes = (0..c.len() as NodeId).filter_map(|i| c.node(i).map(|p| (i, p)));
+    verdicts.insert(1, restarts_verdict(&disks, nodes, &|_| true));
     let ticks = (0..c.len() as NodeId).map(|i| c.node(i).map(|p| p.core.sim().world().tick().0)).collect();
     let report = Report {
         name: spec.name.clone(),

@@ -37,7 +37,7 @@ const KEEP_OUTCOMES: usize = 1 << 16;
 pub use metatopia_client::proto::Outcome;
 
 /// What the I/O shell must do.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum CoreOutput {
     Broadcast(NodeMsg),
     Send(ValidatorIndex, NodeMsg),
@@ -85,7 +85,7 @@ pub enum CoreOutput {
 }
 
 /// Everything needed to find out why a node diverged (DESIGN §4).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct DesyncReport {
     pub tick: u64,
     pub mine: Hash32,
@@ -152,6 +152,9 @@ pub struct CoreStats {
     pub arrivals: u64,
     /// Times this node found itself stranded far behind its peers and took a snapshot.
     pub stranded: u64,
+    /// Evidence of equivocation this node saw: a validator's two different votes of one kind in
+    /// one view (an honest validator never makes it, also across its restarts).
+    pub equivocations: u64,
 }
 
 /// Log records handed back to the agreement after a restart ([`NodeCore::recall`]): twice
@@ -205,6 +208,8 @@ pub struct NodeCore<A, H, P> {
     roots: BTreeMap<u64, (Hash32, SubsystemRoots)>,
     /// Peers' disagreeing roots, by tick.
     disagreements: BTreeMap<u64, BTreeMap<ValidatorIndex, Hash32>>,
+    /// Validators this node holds evidence of equivocation against (at most the set's size).
+    equivocators: BTreeSet<ValidatorIndex>,
     last_inputs: VecDeque<Batch>,
     desynced: Option<u64>,
     stats: CoreStats,
@@ -252,6 +257,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             workers: workers.max(1),
             roots: BTreeMap::new(),
             disagreements: BTreeMap::new(),
+            equivocators: BTreeSet::new(),
             last_inputs: VecDeque::new(),
             desynced: None,
             stats: CoreStats::default(),
@@ -695,7 +701,12 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     Output::RootMismatch { tick, theirs, validator, .. } => {
                         self.mismatch(tick, validator, Hash32(theirs.0))
                     }
-                    Output::Finalized { .. } | Output::Evidence(_) => {}
+                    Output::Evidence(e) => {
+                        self.stats.equivocations += 1;
+                        self.equivocators.insert(e.first.signer);
+                        tracing::warn!(validator = e.first.signer.0, view = e.first.view.0, "evidence of equivocation");
+                    }
+                    Output::Finalized { .. } => {}
                 }
             }
             if self.resync.is_some() && self.try_resync() {
@@ -932,6 +943,11 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// remembered.
     pub fn disagreeing_peers(&self) -> BTreeSet<ValidatorIndex> {
         self.disagreements.values().flat_map(|m| m.keys().copied()).collect()
+    }
+
+    /// Validators this node saw equivocate.
+    pub fn equivocators(&self) -> &BTreeSet<ValidatorIndex> {
+        &self.equivocators
     }
 
     /// The sim's state root now.

@@ -4,6 +4,7 @@
 
 pub mod finish;
 mod locate;
+pub mod persist;
 pub mod setup;
 pub mod timing;
 pub mod watch;
@@ -18,8 +19,9 @@ use crate::core::epochs::Epochs;
 use crate::core::{Agreement as _, CoreOutput, NodeCore};
 use crate::net::wire::NodeMsg;
 use crate::net::{Mesh, MeshEvent, PeerAddr};
+use crate::shell::persist::{Persister, Restored};
 use crate::shell::timing::{StageTimes, TimedHost, TimedPhysics};
-use crate::store::{CommitLog, DataDir};
+use crate::store::DataDir;
 use crate::world::AnyPhysics;
 use anyhow::Context;
 use locate::{Finding, Locating, MAX_LOCATE_SIMS, neighbour_squares, reach};
@@ -233,9 +235,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
 
     // Recover: the newest snapshot that loads, then the log since.
     // The log from the oldest snapshot kept on (what a restart may replay): not the sim's
-    // whole history, which the log no longer holds.
-    let (mut log, recovery) =
-        CommitLog::open_on(dir.disk().clone(), &dir.log_dir(), dir.oldest_snapshot()?.unwrap_or(0))?;
+    // whole history, which the log no longer holds. Written before every vote leaves.
+    let durable = !args.unsafe_no_sync;
+    let (mut store, Restored { recovery, consensus: saved_state }) =
+        Persister::open(dir.clone(), durable, cfg.snapshot_every)?;
     if recovery.truncated > 0 {
         eprintln!(
             "{tag}warning: cut {} bytes off the commit log's torn tail ({}); what it held comes again from the peers",
@@ -250,11 +253,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let host = || TimedHost::new(RhaiHost::default(), &times);
     let physics = || TimedPhysics::new(AnyPhysics::of(&physics_kind), &times);
     let mut sim = None;
-    for (tick, path) in dir.snapshots()?.into_iter().rev() {
-        let loaded = std::fs::read(&path)
-            .map_err(anyhow::Error::from)
-            .and_then(|b| Snapshot::decode(&b, 1 << 30).map_err(anyhow::Error::from))
-            .and_then(|s| {
+    for (tick, bytes) in store.snapshots()? {
+        let loaded =
+            bytes.and_then(|b: Vec<u8>| Snapshot::decode(&b, 1 << 30).map_err(anyhow::Error::from)).and_then(|s| {
                 metatopia_sim::Sim::restore(s, host(), physics(), cfg.sim_workers()).map_err(anyhow::Error::from)
             });
         match loaded {
@@ -262,7 +263,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 sim = Some(s);
                 break;
             }
-            Err(e) => eprintln!("{tag}warning: snapshot {} (tick {tick}) refused: {e:#}", path.display()),
+            Err(e) => eprintln!("{tag}warning: the snapshot of tick {tick} is refused: {e:#}"),
         }
     }
     let sim = match sim {
@@ -273,8 +274,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let anchor_ms = consensus.genesis_time_ms;
     // The validator set follows the sim's governance epoch by epoch (admit-validator,
     // remove-validator), and so does the tick rate (the `settings` act).
-    let validator = match dir.read_consensus_state()? {
-        Some(b) => Epochs::restore(consensus.clone(), key.clone(), keys.clone(), now_us(), &b)
+    let validator = match &saved_state {
+        Some(b) => Epochs::restore(consensus.clone(), key.clone(), keys.clone(), now_us(), b)
             .context("the agreement's state (consensus.journal) does not load: move it away to start this validator's votes afresh")?,
         None => Epochs::new(
             consensus,
@@ -291,9 +292,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         .defer_execution()
         .verify_ahead()
         .with_mail_key(key.clone());
-    // Written before every vote leaves (read above, before this opens it).
-    let mut journal = crate::store::StateJournal::open(&dir)?;
-    let durable = !args.unsafe_no_sync;
     if !durable {
         eprintln!(
             "{tag}warning: --unsafe-no-sync: votes are sent before they are on stable storage (measurement only)"
@@ -301,7 +299,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     }
     let from = core.sim().world().tick().0;
     // A node that joined and has no state of its own yet starts from a certified snapshot.
-    let fresh = from == 0 && recovery.records.is_empty() && dir.read_consensus_state()?.is_none();
+    let fresh = from == 0 && recovery.records.is_empty() && saved_state.is_none();
     if cfg.join.is_some() && fresh {
         core = core.joining();
     }
@@ -461,7 +459,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut last_bot_tick = 0;
     let mut bot_timer = tokio::time::interval(Duration::from_micros(1_000_000 / u64::from(cfg.tick_rate_hz)));
     let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
-    let mut last_state = [0u8; 32];
     let mut chat = std::collections::VecDeque::new();
     let mut last_root = core.root();
     // (agreed time, next tick) at the status lines of about the last 5 s of agreed time, for the
@@ -630,7 +627,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         while let Some(o) = core.poll_output() {
             match o {
                 CoreOutput::Committed(rec) => {
-                    log.append(&rec).context("appending to the commit log")?;
+                    store.committed(&rec)?;
                     meter.latency(crate::unix_ms().saturating_sub(rec.time_ms) as f64);
                     committed = true;
                 }
@@ -705,15 +702,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         .increment(u64::from(accepted));
                     metrics::counter!("metatopia_events_rejected_total", "sim" => meter.sim.clone())
                         .increment(u64::from(rejected));
-                    if (tick.0 + 1).is_multiple_of(cfg.snapshot_every) {
-                        log.sync()?;
-                        let snap = core.snapshot();
-                        dir.write_snapshot(tick.0 + 1, &snap.encode())?;
-                        // The log needs to reach back to the oldest snapshot kept, no further.
-                        if let Some(oldest) = dir.oldest_snapshot()? {
-                            log.prune_below(oldest)?;
-                        }
-                    }
+                    store.executed(tick.0, || core.snapshot().encode())?;
                     if (tick.0 + 1).is_multiple_of(report_every) {
                         let s = core.stats();
                         // Time dilation: sim seconds per agreed (BFT) second over the last 5 s:
@@ -781,7 +770,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     reports.clear();
                     reports.push_back((w.time_ms(), w.tick().0.max(tick)));
                     // The state the log replays on top of after a restart.
-                    dir.write_snapshot(tick, &snapshot)?;
+                    store.resynced(tick, &snapshot)?;
                     // A snapshot can bring a node to the tick it was asked to stop after.
                     if finishing.is_none() && tick > 0 && args.ticks.is_some_and(|n| tick >= n) {
                         finishing = Some(crate::shell::finish::Finishing::skipped(tick - 1));
@@ -801,26 +790,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         }
         // Our own votes and proposals must be durable before they leave (a restarted node must
         // never vote differently); commits move the restart point. Nothing else needs a write.
-        let votes = sends.iter().any(|o| {
-            matches!(o, CoreOutput::Broadcast(m) | CoreOutput::Send(_, m)
-                if matches!(m, NodeMsg::Consensus { msg, .. } if msg.vote().is_some()))
-        });
-        if votes || committed {
-            let state = crate::core::Agreement::persist(core.agreement()).unwrap_or_default();
-            let digest = *blake3::hash(&state).as_bytes();
-            if digest != last_state {
-                // The commits it names first, then the votes: both on stable storage before
-                // anything is sent (one sync each per turn, however many votes it made).
-                if committed && durable {
-                    log.sync().context("syncing the commit log")?;
-                }
-                journal.write(&state).context("writing the agreement's state")?;
-                if votes && durable {
-                    journal.sync()?;
-                }
-                last_state = digest;
-            }
-        }
+        store.before_sending(persist::holds_votes(&sends), || {
+            crate::core::Agreement::persist(core.agreement()).unwrap_or_default()
+        })?;
         for o in sends {
             match o {
                 CoreOutput::Broadcast(m) => mesh.broadcast(&m),
@@ -873,7 +845,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     quic_task.abort();
     let _ = http_stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(2), http_task).await;
-    log.sync()?;
+    store.sync()?;
     let how = outcome?;
     println!("{tag}stopped {how} at tick {}; final root {last_root}", core.sim().world().tick());
     Ok(())

@@ -135,11 +135,14 @@ impl Disk for OsDisk {
     }
 }
 
-/// A file's bytes as the process sees them, and as they are on stable storage.
+/// A file's bytes as the process sees them, and as they are on stable storage: the first
+/// `durable_len` bytes of `data` while the file was only appended to since its last sync (a sync
+/// copies nothing), or `rewritten` once it was cut below that.
 #[derive(Debug, Clone, Default)]
 struct Inode {
     data: Vec<u8>,
-    durable: Vec<u8>,
+    durable_len: usize,
+    rewritten: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -193,21 +196,20 @@ impl SimDisk {
         let live: BTreeSet<u64> = s.names.values().copied().collect();
         s.inodes.retain(|id, _| live.contains(id));
         for inode in s.inodes.values_mut() {
-            let keep = if inode.data.starts_with(&inode.durable) && inode.data.len() > inode.durable.len() {
-                // Appended since the last sync: some of it may have reached the platter.
-                let extra = (inode.data.len() - inode.durable.len()) as u64;
-                match mix(&mut seed) % 3 {
-                    0 => 0,
-                    1 => extra,
-                    _ => mix(&mut seed) % (extra + 1),
+            match inode.rewritten.take() {
+                Some(old) => inode.data = old,
+                None => {
+                    // Appended since the last sync: some of it may have reached the platter.
+                    let extra = (inode.data.len() - inode.durable_len) as u64;
+                    let keep = match mix(&mut seed) % 3 {
+                        0 => 0,
+                        1 => extra,
+                        _ => mix(&mut seed) % (extra + 1),
+                    };
+                    inode.data.truncate(inode.durable_len + keep as usize);
                 }
-            } else {
-                0
-            };
-            let mut now = inode.durable.clone();
-            now.extend_from_slice(&inode.data[inode.durable.len()..][..keep as usize]);
-            inode.data = now.clone();
-            inode.durable = now;
+            }
+            inode.durable_len = inode.data.len();
         }
     }
 
@@ -221,8 +223,8 @@ impl SimDisk {
             return Err(io::Error::other(format!("offset {offset} is past the end of {}", path.display())));
         }
         inode.data[at] ^= 1 << (bit % 8);
-        if at < inode.durable.len() {
-            inode.durable[at] ^= 1 << (bit % 8);
+        if let Some(old) = inode.rewritten.as_mut().filter(|o| at < o.len()) {
+            old[at] ^= 1 << (bit % 8);
         }
         Ok(())
     }
@@ -332,14 +334,20 @@ impl Disk for SimDisk {
         let mut s = self.lock();
         s.writable()?;
         let id = *s.names.get(path).ok_or_else(|| not_found(path))?;
-        s.inodes.get_mut(&id).expect("named inodes exist").data.truncate(len as usize);
+        let inode = s.inodes.get_mut(&id).expect("named inodes exist");
+        let len = len as usize;
+        if len < inode.durable_len && inode.rewritten.is_none() {
+            inode.rewritten = Some(inode.data[..inode.durable_len].to_vec());
+        }
+        inode.data.truncate(len);
         Ok(())
     }
     fn sync(&self, path: &Path) -> io::Result<()> {
         let mut s = self.lock();
         let id = *s.names.get(path).ok_or_else(|| not_found(path))?;
         let inode = s.inodes.get_mut(&id).expect("named inodes exist");
-        inode.durable = inode.data.clone();
+        inode.rewritten = None;
+        inode.durable_len = inode.data.len();
         s.syncs += 1;
         Ok(())
     }
