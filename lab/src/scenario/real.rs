@@ -285,11 +285,13 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
     let mut last: BTreeMap<String, SignedEvent> = BTreeMap::new();
     let mut labelled: BTreeMap<String, EventId> = BTreeMap::new();
     let mut at_door: BTreeMap<String, String> = BTreeMap::new();
-    // Each account's last event still on its way, and since when: an account's next step waits
-    // (up to `IN_FLIGHT`) until its node has executed it, as a client waits for its outcome. A
-    // sim that runs a span of ticks at once (after a stall) would otherwise see a login and the
-    // act that needs it submitted to two nodes in the same instant, in either order.
-    let mut in_flight: BTreeMap<String, (EventId, Instant)> = BTreeMap::new();
+    // Each account's last event still on its way, since when, and the tick its step names: a
+    // step waits (up to `IN_FLIGHT`) until its node has executed the account's previous one (as
+    // a client waits for its outcome) and every step of an earlier tick (a scenario's ticks say
+    // what comes first: a ban before the banned account's chat). A sim that runs a span of
+    // ticks at once (after a stall) would otherwise take steps submitted to two nodes in the
+    // same instant in either order.
+    let mut in_flight: BTreeMap<String, (EventId, Instant, u64)> = BTreeMap::new();
     const IN_FLIGHT: Duration = Duration::from_secs(5);
     // Roles seen at their tick: (account, tick) -> (role, where).
     let mut roles: BTreeMap<(String, u64), (String, String)> = BTreeMap::new();
@@ -339,10 +341,23 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             if st.tick + 1 < s.at_tick {
                 break;
             }
-            if let Some((id, since)) = in_flight.get(&s.by)
-                && since.elapsed() < IN_FLIGHT
-                && clients[via].get::<Outcome>(&format!("/v1/events/{id}"))?.is_none()
-            {
+            let (mut waiting, mut done) = (false, Vec::new());
+            for (by, (id, since, at)) in &in_flight {
+                if since.elapsed() >= IN_FLIGHT {
+                    done.push(by.clone());
+                } else if *by == s.by || *at < s.at_tick {
+                    if clients[via].get::<Outcome>(&format!("/v1/events/{id}"))?.is_some() {
+                        done.push(by.clone());
+                    } else {
+                        waiting = true;
+                        break;
+                    }
+                }
+            }
+            for by in done {
+                in_flight.remove(&by);
+            }
+            if waiting {
                 break;
             }
             pending.pop_front();
@@ -368,7 +383,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             // never executes.
             match clients[via].submit(&metatopia_sim::codec::encode(&event)) {
                 Ok(_) => {
-                    in_flight.insert(s.by.clone(), (event.id(), Instant::now()));
+                    in_flight.insert(s.by.clone(), (event.id(), Instant::now(), s.at_tick));
                 }
                 Err(e) => {
                     in_flight.remove(&s.by);
