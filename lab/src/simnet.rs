@@ -6,14 +6,14 @@ use std::sync::{Arc, Mutex};
 
 use metatopia_consensus::mocks::Byzantine;
 use metatopia_consensus::{Digest, Message, Micros, Output, Validator, ValidatorIndex};
-use metatopia_scenarios::{NodeId, Outbox, Process, Time};
+use metatopia_scenarios::{DiskFault, NodeId, Outbox, Process, Time};
 use metatopia_sim::host::{PhysicsStage, ScriptHost};
 use metatopia_sim::{Hash32, Tick};
 
 use metatopia_node::core::{Agreement, CoreOutput, NodeCore};
 use metatopia_node::net::wire::NodeMsg;
 use metatopia_node::shell::persist::{Persister, holds_votes};
-use metatopia_node::store::{LogRecord, SimDisk};
+use metatopia_node::store::{Disk, LogRecord, SimDisk};
 
 /// An honest validator or a Byzantine mock, behind the node's agreement trait.
 #[derive(Debug)]
@@ -216,6 +216,8 @@ pub struct DiskStore {
     pub disk: Arc<SimDisk>,
     pub persister: Persister,
     pub histories: Histories,
+    /// Where a node that stopped on a disk error says why (the run's report shows it).
+    pub stops: Arc<Mutex<Vec<String>>>,
 }
 
 /// Snapshots every this many ticks in the simulated cluster (the node's default is larger; the
@@ -279,7 +281,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
             && self.failed.is_none()
             && let Err(e) = persist(&mut s.persister, &mut self.core, &outs)
         {
-            self.failed = Some(format!("{e:#}"));
+            let why = format!("{e:#}");
+            s.stops.lock().unwrap_or_else(|e| e.into_inner()).push(format!("node {} stopped: {why}", s.id));
+            self.failed = Some(why);
         }
         if self.failed.is_some() {
             return;
@@ -424,6 +428,35 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> Process for CoreProcess<A, H,
     fn power_cut(&self, seed: u64) {
         if let Some(s) = &self.store {
             s.disk.power_loss(seed);
+        }
+    }
+
+    fn disk_fault(&mut self, fault: DiskFault, seed: u64) {
+        let Some(s) = &self.store else { return };
+        let disk = &s.disk;
+        let file = |dir: &str, ext: &str, newest: bool| -> Option<std::path::PathBuf> {
+            let mut files: Vec<_> = disk
+                .list(&std::path::Path::new("/node").join(dir))
+                .ok()?
+                .into_iter()
+                .filter(|p| p.extension().is_some_and(|x| x == ext))
+                .collect();
+            files.sort();
+            if newest { files.pop() } else { files.into_iter().next() }
+        };
+        let flip = |path: Option<std::path::PathBuf>| {
+            if let Some(p) = path
+                && let Ok(len) = disk.len(&p)
+                && len > 0
+            {
+                let _ = disk.flip_bit(&p, len / 2, (seed % 8) as u8);
+            }
+        };
+        match fault {
+            DiskFault::Full => disk.set_capacity(Some(disk.used())),
+            DiskFault::Room => disk.set_capacity(None),
+            DiskFault::FlipLog => flip(file("log", "seg", false)),
+            DiskFault::FlipSnapshot => flip(file("snapshots", "snap", true)),
         }
     }
 

@@ -63,6 +63,9 @@ pub trait Process {
     /// The power of the process's machine is cut (a crash follows): its disk keeps what was
     /// synced, and of writes in flight what `seed` chooses. Processes without a disk ignore it.
     fn power_cut(&self, _seed: u64) {}
+    /// Something happens to the process's disk (`seed` chooses where, for a flipped bit).
+    /// Processes without a disk ignore it.
+    fn disk_fault(&mut self, _fault: DiskFault, _seed: u64) {}
     /// A digest of a message, for the trace hash.
     fn fingerprint(msg: &Self::Msg) -> [u8; 32];
 }
@@ -100,12 +103,27 @@ impl Partition {
     }
 }
 
+/// What can happen to a node's disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskFault {
+    /// It is full: writes fail (a write takes what fits first).
+    Full,
+    /// Room again.
+    Room,
+    /// A bit flips in the middle of a commit-log segment (the oldest of several).
+    FlipLog,
+    /// A bit flips in the middle of the newest snapshot.
+    FlipSnapshot,
+}
+
 /// A fault at a time.
 #[derive(Clone, Debug)]
 pub enum Fault {
     Crash(NodeId),
     /// A crash by a power cut: what the node's disk had not synced is lost.
     PowerLoss(NodeId),
+    /// Something happens to the node's disk while it runs.
+    Disk(NodeId, DiskFault),
     Restart(NodeId),
 }
 
@@ -324,6 +342,14 @@ impl<P: Process> Cluster<P> {
                     slot.wake = None;
                 }
                 self.trace.update(&[2]);
+                self.trace.update(&id.to_le_bytes());
+            }
+            Event::Fault(Fault::Disk(id, fault)) => {
+                let seed = self.rng.next_u64();
+                if let Some(p) = self.nodes[id as usize].proc.as_mut() {
+                    p.disk_fault(fault, seed);
+                }
+                self.trace.update(&[5, fault as u8]);
                 self.trace.update(&id.to_le_bytes());
             }
             Event::Fault(Fault::PowerLoss(id)) => {

@@ -9,5 +9,7 @@ pub mod cluster;
 pub mod judge;
 pub mod spec;
 
-pub use cluster::{Cluster, Dest, Fault, NetConfig, NetStats, NodeId, Outbox, Partition, Process, Restarter, Time};
+pub use cluster::{
+    Cluster, Dest, DiskFault, Fault, NetConfig, NetStats, NodeId, Outbox, Partition, Process, Restarter, Time,
+};
 pub use spec::{Scenario, SpecError};

@@ -258,19 +258,23 @@ pub struct StepSpec {
 pub struct FaultSpec {
     /// `crash` (`kill -9`: the node's disk keeps everything written), `power_loss` (of `node`, or
     /// of every node when it is not given: what their disks had not synced is lost, writes in
-    /// flight torn), `partition`, `skew`, `byzantine`, `twin` (a second node with the same key)
+    /// flight torn), `disk_full` (the node's disk fills at `at_secs`; at `until_secs` there is
+    /// room again and the node is started again), `bit_flip` (a bit of `file` flips on the
+    /// node's disk; it shows at the next restart), `partition`, `skew`, `byzantine`, `twin` (a second node with the same key)
     /// or `diverge` (the node starts from a different world and must notice).
     pub kind: String,
     pub node: Option<u16>,
     /// Seconds of virtual time.
     #[serde(default)]
     pub at_secs: f64,
-    /// crash, power_loss: restart at; partition: heal at.
+    /// crash, power_loss, disk_full: restart at; partition: heal at.
     pub until_secs: Option<f64>,
     pub groups: Option<Vec<Vec<u16>>>,
     pub skew_ms: Option<i64>,
     /// `equivocate`, `double_vote`, `invalid_signatures` or `withhold`.
     pub behaviour: Option<String>,
+    /// bit_flip: `log` (a commit-log segment) or `snapshot` (the newest snapshot).
+    pub file: Option<String>,
 }
 
 /// What must hold at the end of a run: an `[[expect]]` table, its `kind` naming the variant and
@@ -588,6 +592,19 @@ impl Scenario {
                         return Err(at(f.span(), "until_secs (the restart) must be after at_secs".into()));
                     }
                 }
+                "disk_full" | "bit_flip" if !node_ok => {
+                    return Err(at(f.span(), format!("{} needs `node` in 0..{total}", v.kind)));
+                }
+                "disk_full" => {
+                    if v.until_secs.is_none_or(|u| u <= v.at_secs) {
+                        return Err(at(f.span(), "disk_full needs until_secs (room again) after at_secs".into()));
+                    }
+                }
+                "bit_flip" => {
+                    if !matches!(v.file.as_deref(), Some("log" | "snapshot")) {
+                        return Err(at(f.span(), "bit_flip needs file = \"log\" or \"snapshot\"".into()));
+                    }
+                }
                 "power_loss" => {
                     if v.node.is_some() && !node_ok {
                         return Err(at(
@@ -632,7 +649,7 @@ impl Scenario {
                     return Err(at(
                         f.span(),
                         format!(
-                            "unknown fault kind {other:?}: crash, power_loss, partition, skew, byzantine, twin, diverge or join"
+                            "unknown fault kind {other:?}: crash, power_loss, disk_full, bit_flip, partition, skew, byzantine, twin, diverge or join"
                         ),
                     ));
                 }

@@ -8,7 +8,7 @@ use anyhow::Context;
 use metatopia_consensus::{Config, SigCache};
 use metatopia_scenarios::judge::StepOutcome;
 use metatopia_scenarios::spec::{Action, Scenario};
-use metatopia_scenarios::{Cluster, Fault, NetConfig, NetStats, NodeId, Partition, Time};
+use metatopia_scenarios::{Cluster, DiskFault, Fault, NetConfig, NetStats, NodeId, Partition, Time};
 use metatopia_scripting::RhaiHost;
 use metatopia_sim::event::account_of;
 use metatopia_sim::{AccountId, AdminAct, ChatRange, Hash32, ObjectId, Payload, Sim, Tick, World};
@@ -118,6 +118,19 @@ pub(crate) fn schedule_network_fault(c: &mut Cluster<Node>, f: &metatopia_scenar
             if let Some(u) = until {
                 c.schedule_fault(u, Fault::Restart(node));
             }
+        }
+        "disk_full" => {
+            c.schedule_fault(at, Fault::Disk(node, DiskFault::Full));
+            if let Some(u) = until {
+                // Room again; the operator starts the node again (it stopped on the full disk).
+                c.schedule_fault(u, Fault::Disk(node, DiskFault::Room));
+                c.schedule_fault(u, Fault::Crash(node));
+                c.schedule_fault(u + 100 * MS, Fault::Restart(node));
+            }
+        }
+        "bit_flip" => {
+            let what = if f.file.as_deref() == Some("snapshot") { DiskFault::FlipSnapshot } else { DiskFault::FlipLog };
+            c.schedule_fault(at, Fault::Disk(node, what));
         }
         "power_loss" => {
             let nodes = match f.node {
@@ -231,8 +244,10 @@ pub(crate) struct Disks {
     pub disks: Arc<Vec<Arc<SimDisk>>>,
     pub histories: Histories,
     /// Restarts from a disk, and the commits they did not find there (lost with a power cut
-    /// before they were synced; taken again from the peers).
+    /// before they were synced, or cut off by damage; taken again from the peers).
     pub restarts: Arc<std::sync::Mutex<(u64, u64)>>,
+    /// Nodes that stopped on a disk error, and why.
+    pub stops: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Disks {
@@ -241,6 +256,7 @@ impl Disks {
             disks: Arc::new((0..nodes).map(|_| Arc::new(SimDisk::new())).collect()),
             histories: Histories::default(),
             restarts: Default::default(),
+            stops: Default::default(),
         }
     }
 
@@ -249,7 +265,8 @@ impl Disks {
         let disk = self.disks[id as usize].clone();
         let dir = DataDir::open_on(disk.clone(), std::path::Path::new("/node"))?;
         let (persister, restored) = Persister::open(dir, true, SIM_SNAPSHOT_EVERY)?;
-        Ok((DiskStore { id, disk, persister, histories: self.histories.clone() }, restored))
+        let stops = self.stops.clone();
+        Ok((DiskStore { id, disk, persister, histories: self.histories.clone(), stops }, restored))
     }
 
     /// What node `id` did before it crashed, counted against what its disk gave back.
@@ -329,9 +346,11 @@ pub(crate) fn restarts_verdict<'a>(
     }
     let ok = changed.is_empty() && dead.is_empty() && equivocations == 0;
     let (restarts, lost) = *disks.restarts.lock().unwrap_or_else(|e| e.into_inner());
+    let stops = disks.stops.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let detail = if ok {
         format!(
-            "{restarts} restarts from disk ({lost} unsynced commits lost to power cuts, taken again); no tick re-executed to another root, no equivocation seen"
+            "{restarts} restarts from disk ({lost} commits their disks did not give back, taken again from peers){}; no tick re-executed to another root, no equivocation seen",
+            stops.first().map(|s| format!("; {s} ({} stops)", stops.len())).unwrap_or_default()
         )
     } else {
         format!("changed: {changed:?}; stopped: {dead:?}; equivocations seen: {equivocations}")
