@@ -101,6 +101,14 @@ impl View {
         })
     }
 
+    /// An object's velocity now, millimetres a second.
+    pub fn velocity_mm(&self, id: &str) -> Option<[i64; 2]> {
+        match self.motion.get(id) {
+            Some((_, vel, _)) => Some(*vel),
+            None => self.objects.get(id).map(|o| o.motion_mm().1),
+        }
+    }
+
     /// Where an object is now, whole metres (rounded down).
     pub fn metres_of(&self, id: &str) -> Option<[i64; 2]> {
         self.position_mm(id).map(|p| [p[0].div_euclid(1000), p[1].div_euclid(1000)])

@@ -4,7 +4,7 @@
 //! ([`draw`]), and keys are a pure function to [`Intent`]s ([`App::on_key`]), so both are
 //! tested with ratatui's `TestBackend`; [`run`] wires them to a terminal and a [`Client`].
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use metatopia_sim::event::{ChatRange, Payload};
@@ -68,7 +68,24 @@ pub struct App {
     pub scale: i64,
     pub velocity: (i64, i64),
     pub node: String,
+    /// The own avatar's walk, predicted (see [`App::drawn_mm`]).
+    pub walk: Option<Walk>,
 }
+
+/// A walk of the own avatar as predicted from the key press: from where it was drawn then, at
+/// the walk's velocity (metres a second), until the stop key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Walk {
+    pub from_mm: [i64; 2],
+    pub velocity: (i64, i64),
+    pub since: Instant,
+    pub until: Option<Instant>,
+}
+
+/// How long after a stop the prediction gives way to the committed position once the sim has
+/// the avatar at rest (and at the latest).
+const SETTLE: Duration = Duration::from_millis(300);
+const SETTLE_AT_LATEST: Duration = Duration::from_secs(3);
 
 impl App {
     pub fn new(me: &str) -> App {
@@ -80,7 +97,42 @@ impl App {
             scale: 1,
             velocity: (0, 0),
             node: String::new(),
+            walk: None,
         }
+    }
+
+    /// Start (or, with a zero velocity, stop) predicting a walk of the own avatar at `now`.
+    pub fn start_walk(&mut self, velocity: (i64, i64), view: &View, now: Instant) {
+        if velocity == (0, 0) {
+            if let Some(w) = self.walk.as_mut().filter(|w| w.until.is_none()) {
+                w.until = Some(now);
+            }
+            return;
+        }
+        // A new walk starts where the avatar is drawn now (the last one's end, if it was one).
+        if let Some(from_mm) = self.drawn_mm(view, now) {
+            self.walk = Some(Walk { from_mm, velocity, since: now, until: None });
+        }
+    }
+
+    /// Where to draw the own avatar at `now` (millimetres): while a walk is predicted, where it
+    /// will be once its input is executed (a few network round trips after the key press), so
+    /// the map answers the key at once; once it stopped and the sim has the avatar at rest (or
+    /// 3 s after the stop), where the sim put it.
+    pub fn drawn_mm(&self, view: &View, now: Instant) -> Option<[i64; 2]> {
+        let me = view.avatar_of(&self.me)?;
+        let committed = view.position_mm(&me.id)?;
+        let Some(w) = self.walk else { return Some(committed) };
+        if let Some(until) = w.until {
+            let at_rest = view.velocity_mm(&me.id) == Some([0, 0]);
+            let since_stop = now.saturating_duration_since(until);
+            if (at_rest && since_stop >= SETTLE) || since_stop >= SETTLE_AT_LATEST {
+                return Some(committed);
+            }
+        }
+        let end = w.until.map_or(now, |u| u.min(now));
+        let ms = end.saturating_duration_since(w.since).as_millis() as i64;
+        Some([w.from_mm[0] + w.velocity.0 * ms, w.from_mm[1] + w.velocity.1 * ms])
     }
 
     fn my_position(&self, view: &View) -> Option<[i64; 2]> {
@@ -113,6 +165,7 @@ impl App {
         }
         let walk = |v: (i64, i64), app: &mut App| {
             app.velocity = v;
+            app.start_walk(v, view, Instant::now());
             Intent::Walk(v.0, v.1)
         };
         match key.code {
@@ -199,7 +252,7 @@ fn glyph(o: &ObjectView, me: &str) -> (char, Style) {
 }
 
 /// The map: `area` columns and rows around `center` (whole metres), y up.
-fn map_lines(app: &App, view: &View, area: Rect, center: [i64; 2]) -> Vec<Line<'static>> {
+fn map_lines(app: &App, view: &View, area: Rect, center: [i64; 2], me_at: Option<[i64; 2]>) -> Vec<Line<'static>> {
     let (w, h) = (i64::from(area.width.max(1)), i64::from(area.height.max(1)));
     let (sx, sy) = (app.scale, app.scale * 2);
     let left = center[0] - (w / 2) * sx;
@@ -230,7 +283,10 @@ fn map_lines(app: &App, view: &View, area: Rect, center: [i64; 2]) -> Vec<Line<'
     let mut objects: Vec<&ObjectView> = view.objects.values().collect();
     objects.sort_by_key(|o| (o.avatar, o.owner == app.me));
     for o in objects {
-        let p = view.metres_of(&o.id).unwrap_or_else(|| o.metres());
+        let p = match me_at {
+            Some(at) if o.avatar && o.owner == app.me => at,
+            _ => view.metres_of(&o.id).unwrap_or_else(|| o.metres()),
+        };
         let (c, r) = ((p[0] - left).div_euclid(sx), (top - p[1]).div_euclid(sy));
         if (0..w).contains(&c) && (0..h).contains(&r) {
             cells[r as usize][c as usize] = glyph(o, &app.me);
@@ -248,7 +304,9 @@ pub fn draw(f: &mut Frame, app: &App, view: &View) {
         Layout::vertical([Constraint::Min(5), Constraint::Length(1), Constraint::Length(1)]).areas(f.area());
     let [map_area, chat_area] = Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)]).areas(top);
     let me = view.avatar_of(&app.me);
-    let center = me.and_then(|a| view.metres_of(&a.id)).unwrap_or_else(|| {
+    // The own avatar where it is predicted to be (the map follows it at once on a key press).
+    let me_at = app.drawn_mm(view, Instant::now()).map(|p| [p[0].div_euclid(1000), p[1].div_euclid(1000)]);
+    let center = me_at.unwrap_or_else(|| {
         view.status
             .as_ref()
             .map_or([0, 0], |s| [s.region_origin[0] + s.region_size / 2, s.region_origin[1] + s.region_size / 2])
@@ -262,7 +320,7 @@ pub fn draw(f: &mut Frame, app: &App, view: &View) {
     };
     let block = Block::bordered().title(title);
     let inner = block.inner(map_area);
-    f.render_widget(Paragraph::new(map_lines(app, view, inner, center)).block(block), map_area);
+    f.render_widget(Paragraph::new(map_lines(app, view, inner, center, me_at)).block(block), map_area);
 
     // Chat: the newest lines that fit, then the input line; below it, one's scripts' errors
     // (the private debug channel).
@@ -725,5 +783,46 @@ mod tests {
         let at = rows.iter().position(|r| r.contains("your scripts' errors")).expect("the errors pane");
         assert!(rows[at + 1..].iter().any(|r| r.contains("lamp: runtime error: boom")), "{}", rows.join("\n"));
         assert!(rows[..at].iter().all(|r| !r.contains("boom")), "not in the chat pane");
+    }
+
+    /// The own avatar answers a walk key at once on the map (before the walk is agreed and
+    /// executed, a few round trips later), stops where the stop key left it, and settles on the
+    /// committed position once the sim has it at rest.
+    #[test]
+    fn the_own_avatar_is_predicted_from_the_key_press_and_settles_where_the_sim_put_it() {
+        let me = "aa".repeat(32);
+        let mut view = world(&me);
+        let mut app = App::new(&me);
+        let t0 = Instant::now();
+        assert_eq!(app.drawn_mm(&view, t0), Some([10_000, 20_000]), "no walk: where the sim has it");
+        app.start_walk((WALK_SPEED, 0), &view, t0);
+        // Half a second later, nothing executed yet: drawn 2 m on (4 m/s).
+        let t1 = t0 + Duration::from_millis(500);
+        assert_eq!(app.drawn_mm(&view, t1), Some([12_000, 20_000]));
+        // The map follows the prediction: `@` is two columns right of where the sim has it.
+        let rows = screen(&app, &view);
+        assert!(rows.iter().any(|r| r.contains('@')), "{}", rows.join("\n"));
+        // Stopped at 0.5 s: it stays there (the sim has not caught up).
+        app.start_walk((0, 0), &view, t1);
+        let t2 = t1 + Duration::from_millis(200);
+        assert_eq!(app.drawn_mm(&view, t2), Some([12_000, 20_000]));
+        // The sim executed the walk and has the avatar at rest, a little further: after the
+        // settling time it is drawn where the sim put it.
+        view.apply(&ServerMsg::Tick {
+            tick: 60,
+            enter: vec![],
+            update: vec![crate::proto::ObjectUpdate {
+                id: "0v0".into(),
+                at_mm: Some([12_100, 20_000]),
+                vel_mm: Some([0, 0]),
+                ..Default::default()
+            }],
+            leave: vec![],
+        });
+        assert_eq!(app.drawn_mm(&view, t2), Some([12_000, 20_000]), "within the settling time");
+        assert_eq!(app.drawn_mm(&view, t1 + SETTLE), Some([12_100, 20_000]));
+        // A new walk starts where the avatar is drawn.
+        app.start_walk((0, WALK_SPEED), &view, t1 + SETTLE);
+        assert_eq!(app.drawn_mm(&view, t1 + SETTLE + Duration::from_millis(250)), Some([12_100, 21_000]));
     }
 }
