@@ -51,6 +51,13 @@ pub struct Status {
     /// BFT time of a block to its commit here, milliseconds, over recent ticks.
     pub commit_latency_p50_ms: f64,
     pub commit_latency_p99_ms: f64,
+    /// A block's proposal, as this node first saw it (made or received), to its commit here
+    /// (finalization): microseconds, the median and the 99th percentile of recent commits. The
+    /// figure above is coarser (milliseconds, and the block's time is its span's start).
+    #[serde(default)]
+    pub proposal_to_commit_p50_us: u64,
+    #[serde(default)]
+    pub proposal_to_commit_p99_us: u64,
     /// Wall time per tick spent executing, scripts (summed over threads) and physics, ms,
     /// averaged over the last second.
     pub execute_ms: f64,

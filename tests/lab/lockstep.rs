@@ -266,3 +266,19 @@ fn a_validator_down_longer_than_its_peers_keep_blocks_catches_up_from_a_certifie
         newest(&all[0])
     );
 }
+
+/// The node's commit latency (a proposal, as a node first saw it, to its commit there) in
+/// microseconds, against the network's one-way delay of exactly 20 ms: a follower sees the
+/// proposal one delay after the leader and commits once the finalize votes have come, at least
+/// two more delays later (the notarize votes cross, then the finalize votes).
+#[test]
+fn the_commit_latency_is_measured_from_the_proposal_in_microseconds() {
+    let net = NetConfig { delay_min_us: 20 * MS, delay_max_us: 20 * MS, loss_ppm: 0, duplicate_ppm: 0 };
+    let mut c = cluster(4, 5, net, &BTreeMap::new(), |_| demo(1));
+    run_with_bots(&mut c, 0, 6, 2);
+    for i in 0..4 {
+        let (p50, p99) = c.node(i).unwrap().core.commit_latency_us().expect("commits measured");
+        assert!(p50 >= 40_000 && p50 <= p99 && p99 < 400_000, "node {i}: p50 {p50} µs, p99 {p99} µs");
+        eprintln!("node {i}: proposal to commit p50 {p50} µs, p99 {p99} µs (one-way delay 20 ms)");
+    }
+}

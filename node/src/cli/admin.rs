@@ -67,7 +67,7 @@ pub fn render_stats(s: &Status) -> String {
          tick rate          {} Hz\n\
          agreement          epoch {}, view {}, committed to tick {}\n\
          time dilation      {:.2}\n\
-         commit latency     p50 {:.1} ms, p99 {:.1} ms\n\
+         commit latency     p50 {:.1} ms, p99 {:.1} ms (block time to commit); proposal to commit p50 {} µs, p99 {} µs\n\
          tick time          {:.2} ms (scripts {:.2} ms, physics {:.2} ms)\n\
          objects            {}\n\
          scripts            {} ({} operations in the last tick)\n\
@@ -87,6 +87,8 @@ pub fn render_stats(s: &Status) -> String {
         s.dilation,
         s.commit_latency_p50_ms,
         s.commit_latency_p99_ms,
+        s.proposal_to_commit_p50_us,
+        s.proposal_to_commit_p99_us,
         s.execute_ms,
         s.script_ms,
         s.physics_ms,

@@ -36,6 +36,25 @@ const KEEP_OUTCOMES: usize = 1 << 16;
 
 pub use metatopia_client::proto::Outcome;
 
+/// Proposals (and commit latencies) remembered for the commit-latency figure.
+pub const PROPOSALS_REMEMBERED: usize = 512;
+
+/// The view of a proposal (any of its forms), if `msg` is one.
+fn proposal_view(msg: &Message) -> Option<u64> {
+    match msg {
+        Message::Propose { block, .. } | Message::ProposeIds { block, .. } | Message::ProposeRefs { block, .. } => {
+            Some(block.view.0)
+        }
+        Message::Authenticated { inner, .. } => match &**inner {
+            Signed::Propose { block, .. } | Signed::ProposeIds { block, .. } | Signed::ProposeRefs { block, .. } => {
+                Some(block.view.0)
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// What the I/O shell must do.
 #[derive(Clone, Debug)]
 pub enum CoreOutput {
@@ -210,6 +229,10 @@ pub struct NodeCore<A, H, P> {
     disagreements: BTreeMap<u64, BTreeMap<ValidatorIndex, Hash32>>,
     /// Validators this node holds evidence of equivocation against (at most the set's size).
     equivocators: BTreeSet<ValidatorIndex>,
+    /// When this node first saw each recent view's proposal (made it, or received it), by view.
+    proposed_at: BTreeMap<u64, Micros>,
+    /// Recent commits' latency here: the proposal (as first seen) to its commit, microseconds.
+    commit_us: VecDeque<u64>,
     last_inputs: VecDeque<Batch>,
     desynced: Option<u64>,
     stats: CoreStats,
@@ -258,6 +281,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             roots: BTreeMap::new(),
             disagreements: BTreeMap::new(),
             equivocators: BTreeSet::new(),
+            proposed_at: BTreeMap::new(),
+            commit_us: VecDeque::new(),
             last_inputs: VecDeque::new(),
             desynced: None,
             stats: CoreStats::default(),
@@ -395,6 +420,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     _ => {}
                 }
                 self.now = now;
+                if let Some(view) = proposal_view(&msg) {
+                    self.proposal_seen(view, now);
+                }
                 self.agreement.handle_epoch_message(now, from, epoch, msg)
             }
             NodeMsg::SnapshotRequest => self.serve_snapshot(now, from, false),
@@ -683,6 +711,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             while let Some((epoch, o)) = self.agreement.poll_epoch_output() {
                 match o {
                     Output::Broadcast(msg) => {
+                        if let Some(view) = proposal_view(&msg) {
+                            self.proposal_seen(view, now);
+                        }
                         self.out.push_back(CoreOutput::Broadcast(NodeMsg::Consensus { epoch, msg }))
                     }
                     Output::Send(to, msg) => {
@@ -691,7 +722,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     // Logged as soon as agreement hands it out, executed or not: the
                     // agreement's persisted state counts it as output from now on, so a restart
                     // must find it in the log even if it was never executed here.
-                    Output::Committed(c) => match self.log_commit(&c).deferred.as_mut() {
+                    Output::Committed(c) => match self.committed_at(&c, now).log_commit(&c).deferred.as_mut() {
                         Some(d) => d.push_back(c),
                         None => {
                             self.execute(&c);
@@ -943,6 +974,38 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// remembered.
     pub fn disagreeing_peers(&self) -> BTreeSet<ValidatorIndex> {
         self.disagreements.values().flat_map(|m| m.keys().copied()).collect()
+    }
+
+    /// A proposal of `view` seen (made or received) at `now`: the first sight counts.
+    fn proposal_seen(&mut self, view: u64, now: Micros) {
+        self.proposed_at.entry(view).or_insert(now);
+        while self.proposed_at.len() > PROPOSALS_REMEMBERED {
+            self.proposed_at.pop_first();
+        }
+    }
+
+    /// A commit at `now`: its latency from the proposal's first sight, if it was seen here.
+    fn committed_at(&mut self, c: &metatopia_consensus::Commit, now: Micros) -> &mut Self {
+        if let Some(seen) = self.proposed_at.get(&c.block.view.0) {
+            self.commit_us.push_back(now.saturating_sub(*seen));
+            if self.commit_us.len() > PROPOSALS_REMEMBERED {
+                self.commit_us.pop_front();
+            }
+        }
+        self
+    }
+
+    /// Recent commits' latency here (a block's proposal, as this node first saw it, to its
+    /// commit: finalization and the commit rule), microseconds: the median and the 99th
+    /// percentile, over the last [`PROPOSALS_REMEMBERED`] commits.
+    pub fn commit_latency_us(&self) -> Option<(u64, u64)> {
+        let mut v: Vec<u64> = self.commit_us.iter().copied().collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        let at = |q: usize| v[(v.len() - 1) * q / 100];
+        Some((at(50), at(99)))
     }
 
     /// Validators this node saw equivocate.

@@ -722,6 +722,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             / f64::from(meter.status.tick_rate_hz.max(1))
                             / agreed;
                         per_second(&mut meter, &times, dilation);
+                        if let Some((p50, p99)) = core.commit_latency_us() {
+                            meter.status.proposal_to_commit_p50_us = p50;
+                            meter.status.proposal_to_commit_p99_us = p99;
+                        }
                         meter.status.clients = hub.clients.load(std::sync::atomic::Ordering::Relaxed);
                         reach.update_neighbours(neighbour_squares(core.sim().world()));
                         meter.status.raynet_known = reach.overlay().known() as u32;
