@@ -58,6 +58,12 @@ pub struct Status {
     pub proposal_to_commit_p50_us: u64,
     #[serde(default)]
     pub proposal_to_commit_p99_us: u64,
+    /// A client's event taken in by this node to its execution here, microseconds (events
+    /// submitted through this node; the median and the 99th percentile of recent ones).
+    #[serde(default)]
+    pub input_to_execution_p50_us: u64,
+    #[serde(default)]
+    pub input_to_execution_p99_us: u64,
     /// Wall time per tick spent executing, scripts (summed over threads) and physics, ms,
     /// averaged over the last second.
     pub execute_ms: f64,

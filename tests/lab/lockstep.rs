@@ -281,4 +281,10 @@ fn the_commit_latency_is_measured_from_the_proposal_in_microseconds() {
         assert!(p50 >= 40_000 && p50 <= p99 && p99 < 400_000, "node {i}: p50 {p50} µs, p99 {p99} µs");
         eprintln!("node {i}: proposal to commit p50 {p50} µs, p99 {p99} µs (one-way delay 20 ms)");
     }
+    // The bots' events go in at node 0: there, taken in to executed spans dissemination, a
+    // proposal and the commit (at least the three delays of a commit); the others take in none.
+    let (p50, p99) = c.node(0).unwrap().core.input_latency_us().expect("inputs measured at node 0");
+    assert!(p50 >= 60_000 && p50 <= p99 && p99 < 1_000_000, "input p50 {p50} µs, p99 {p99} µs");
+    eprintln!("node 0: input to execution p50 {p50} µs, p99 {p99} µs");
+    assert!((1..4).all(|i| c.node(i).unwrap().core.input_latency_us().is_none()));
 }

@@ -56,6 +56,9 @@ struct Samples {
     /// Proposal to commit, microseconds (the node's own measure of its agreement).
     p2c50: Vec<f64>,
     p2c99: Vec<f64>,
+    /// An event taken in to its execution, microseconds (the nodes bots submit through).
+    in50: Vec<f64>,
+    in99: Vec<f64>,
     rss_kib: Vec<u64>,
 }
 
@@ -162,6 +165,10 @@ pub fn run(args: NodesArgs) -> anyhow::Result<()> {
             s.p99.push(st.commit_latency_p99_ms);
             s.p2c50.push(st.proposal_to_commit_p50_us as f64);
             s.p2c99.push(st.proposal_to_commit_p99_us as f64);
+            if st.input_to_execution_p50_us > 0 {
+                s.in50.push(st.input_to_execution_p50_us as f64);
+                s.in99.push(st.input_to_execution_p99_us as f64);
+            }
             s.rss_kib.extend(rss_kib(pid));
         }
         bar.set_position(start.elapsed().as_secs().min(args.seconds));
@@ -173,7 +180,7 @@ pub fn run(args: NodesArgs) -> anyhow::Result<()> {
     // Jiffies are 1/100 s on Linux (USER_HZ).
     const USER_HZ: f64 = 100.0;
     println!(
-        "node  ticks   missed  dilation mean/min  commit p50  p99 (median/worst s)  proposal→commit p50 / p99  cpu %  rss MiB (max)"
+        "node  ticks   missed  dilation mean/min  commit p50  p99 (median/worst s)  proposal→commit p50 / p99  input→execution p50 / p99  cpu %  rss MiB (max)"
     );
     for (i, s) in samples.iter().enumerate() {
         let (Some((a, ta, ca)), Some((b, tb, cb))) = (s.first, s.last) else {
@@ -185,7 +192,7 @@ pub fn run(args: NodesArgs) -> anyhow::Result<()> {
         let done = tb - ta;
         let mean = s.dilation.iter().sum::<f64>() / s.dilation.len().max(1) as f64;
         println!(
-            "{i:>4}  {done:>6}  {:>6.0}  {mean:>8.3} / {:<6.3}  {:>7.1} ms  {:>6.1} / {:>6.1} ms  {:>9.2} / {:>6.2} ms  {:>5.0}  {:>6.1} ({:.1})",
+            "{i:>4}  {done:>6}  {:>6.0}  {mean:>8.3} / {:<6.3}  {:>7.1} ms  {:>6.1} / {:>6.1} ms  {:>9.2} / {:>6.2} ms  {:>9.2} / {:>6.2} ms  {:>5.0}  {:>6.1} ({:.1})",
             (expected - done as f64).max(0.0),
             quantile(&s.dilation, 0.0),
             quantile(&s.p50, 0.5),
@@ -193,6 +200,8 @@ pub fn run(args: NodesArgs) -> anyhow::Result<()> {
             quantile(&s.p99, 1.0),
             quantile(&s.p2c50, 0.5) / 1000.0,
             quantile(&s.p2c99, 0.5) / 1000.0,
+            quantile(&s.in50, 0.5) / 1000.0,
+            quantile(&s.in99, 0.5) / 1000.0,
             (cb - ca) as f64 / USER_HZ / wall * 100.0,
             quantile(&s.rss_kib.iter().map(|k| *k as f64).collect::<Vec<_>>(), 0.5) / 1024.0,
             s.rss_kib.iter().max().copied().unwrap_or(0) as f64 / 1024.0,

@@ -68,6 +68,7 @@ pub fn render_stats(s: &Status) -> String {
          agreement          epoch {}, view {}, committed to tick {}\n\
          time dilation      {:.2}\n\
          commit latency     p50 {:.1} ms, p99 {:.1} ms (block time to commit); proposal to commit p50 {} µs, p99 {} µs\n\
+         input latency      p50 {} µs, p99 {} µs (an event taken in here to its execution here)\n\
          tick time          {:.2} ms (scripts {:.2} ms, physics {:.2} ms)\n\
          objects            {}\n\
          scripts            {} ({} operations in the last tick)\n\
@@ -89,6 +90,8 @@ pub fn render_stats(s: &Status) -> String {
         s.commit_latency_p99_ms,
         s.proposal_to_commit_p50_us,
         s.proposal_to_commit_p99_us,
+        s.input_to_execution_p50_us,
+        s.input_to_execution_p99_us,
         s.execute_ms,
         s.script_ms,
         s.physics_ms,

@@ -38,6 +38,18 @@ pub use metatopia_client::proto::Outcome;
 
 /// Proposals (and commit latencies) remembered for the commit-latency figure.
 pub const PROPOSALS_REMEMBERED: usize = 512;
+/// Clients' events whose submission time is remembered (for the input-latency figure).
+pub const SUBMISSIONS_REMEMBERED: usize = 8192;
+
+fn median_and_p99(v: &VecDeque<u64>) -> Option<(u64, u64)> {
+    let mut v: Vec<u64> = v.iter().copied().collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    let at = |q: usize| v[(v.len() - 1) * q / 100];
+    Some((at(50), at(99)))
+}
 
 /// The view of a proposal (any of its forms), if `msg` is one.
 fn proposal_view(msg: &Message) -> Option<u64> {
@@ -233,6 +245,11 @@ pub struct NodeCore<A, H, P> {
     proposed_at: BTreeMap<u64, Micros>,
     /// Recent commits' latency here: the proposal (as first seen) to its commit, microseconds.
     commit_us: VecDeque<u64>,
+    /// When clients' events were taken in here (the newest [`SUBMISSIONS_REMEMBERED`]), and
+    /// recent ones' latency from there to their execution here, microseconds.
+    submitted_at: BTreeMap<EventId, Micros>,
+    submitted_order: VecDeque<EventId>,
+    input_us: VecDeque<u64>,
     last_inputs: VecDeque<Batch>,
     desynced: Option<u64>,
     stats: CoreStats,
@@ -283,6 +300,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             equivocators: BTreeSet::new(),
             proposed_at: BTreeMap::new(),
             commit_us: VecDeque::new(),
+            submitted_at: BTreeMap::new(),
+            submitted_order: VecDeque::new(),
+            input_us: VecDeque::new(),
             last_inputs: VecDeque::new(),
             desynced: None,
             stats: CoreStats::default(),
@@ -673,6 +693,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
 
     /// One signed event from a client, with the reason when it is refused.
     pub fn submit_event(&mut self, now: Micros, bytes: Vec<u8>) -> Result<EventId, SubmitError> {
+        self.now = now;
         let id = self.check_submission(&bytes)?;
         self.agreement.submit_events(now, vec![bytes]);
         self.pump(now);
@@ -696,8 +717,18 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 }
             },
         };
-        if r.is_err() {
-            self.stats.refused_submissions += 1;
+        match r {
+            Err(_) => self.stats.refused_submissions += 1,
+            Ok(id) => {
+                if self.submitted_at.insert(id, self.now).is_none() {
+                    self.submitted_order.push_back(id);
+                }
+                while self.submitted_order.len() > SUBMISSIONS_REMEMBERED {
+                    if let Some(old) = self.submitted_order.pop_front() {
+                        self.submitted_at.remove(&old);
+                    }
+                }
+            }
         }
         r
     }
@@ -916,6 +947,12 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         let refused: BTreeMap<EventId, String> = rejected.iter().map(|r| (r.event, r.reason.to_string())).collect();
         for e in &batch.events {
             let id = e.id();
+            if let Some(at) = self.submitted_at.remove(&id) {
+                self.input_us.push_back(self.now.saturating_sub(at));
+                if self.input_us.len() > PROPOSALS_REMEMBERED {
+                    self.input_us.pop_front();
+                }
+            }
             let outcome = match refused.get(&id) {
                 Some(reason) => Outcome::Refused { tick, reason: reason.clone() },
                 None => Outcome::Executed { tick },
@@ -999,13 +1036,14 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// commit: finalization and the commit rule), microseconds: the median and the 99th
     /// percentile, over the last [`PROPOSALS_REMEMBERED`] commits.
     pub fn commit_latency_us(&self) -> Option<(u64, u64)> {
-        let mut v: Vec<u64> = self.commit_us.iter().copied().collect();
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_unstable();
-        let at = |q: usize| v[(v.len() - 1) * q / 100];
-        Some((at(50), at(99)))
+        median_and_p99(&self.commit_us)
+    }
+
+    /// Recent clients' events' latency here: taken in by this node to executed by it (through
+    /// dissemination, a proposal, agreement and the execution's turn), microseconds: the median
+    /// and the 99th percentile. Only events submitted through this node count.
+    pub fn input_latency_us(&self) -> Option<(u64, u64)> {
+        median_and_p99(&self.input_us)
     }
 
     /// Validators this node saw equivocate.

@@ -726,6 +726,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             meter.status.proposal_to_commit_p50_us = p50;
                             meter.status.proposal_to_commit_p99_us = p99;
                         }
+                        if let Some((p50, p99)) = core.input_latency_us() {
+                            meter.status.input_to_execution_p50_us = p50;
+                            meter.status.input_to_execution_p99_us = p99;
+                        }
                         meter.status.clients = hub.clients.load(std::sync::atomic::Ordering::Relaxed);
                         reach.update_neighbours(neighbour_squares(core.sim().world()));
                         meter.status.raynet_known = reach.overlay().known() as u32;
