@@ -15,6 +15,7 @@
 
 pub mod agreement;
 pub mod epochs;
+pub mod latency;
 pub mod limits;
 pub mod verify;
 
@@ -35,37 +36,6 @@ const KEEP_INPUTS: usize = 8;
 const KEEP_OUTCOMES: usize = 1 << 16;
 
 pub use metatopia_client::proto::Outcome;
-
-/// Proposals (and commit latencies) remembered for the commit-latency figure.
-pub const PROPOSALS_REMEMBERED: usize = 512;
-/// Clients' events whose submission time is remembered (for the input-latency figure).
-pub const SUBMISSIONS_REMEMBERED: usize = 8192;
-
-fn median_and_p99(v: &VecDeque<u64>) -> Option<(u64, u64)> {
-    let mut v: Vec<u64> = v.iter().copied().collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_unstable();
-    let at = |q: usize| v[(v.len() - 1) * q / 100];
-    Some((at(50), at(99)))
-}
-
-/// The view of a proposal (any of its forms), if `msg` is one.
-fn proposal_view(msg: &Message) -> Option<u64> {
-    match msg {
-        Message::Propose { block, .. } | Message::ProposeIds { block, .. } | Message::ProposeRefs { block, .. } => {
-            Some(block.view.0)
-        }
-        Message::Authenticated { inner, .. } => match &**inner {
-            Signed::Propose { block, .. } | Signed::ProposeIds { block, .. } | Signed::ProposeRefs { block, .. } => {
-                Some(block.view.0)
-            }
-            _ => None,
-        },
-        _ => None,
-    }
-}
 
 /// What the I/O shell must do.
 #[derive(Clone, Debug)]
@@ -241,15 +211,8 @@ pub struct NodeCore<A, H, P> {
     disagreements: BTreeMap<u64, BTreeMap<ValidatorIndex, Hash32>>,
     /// Validators this node holds evidence of equivocation against (at most the set's size).
     equivocators: BTreeSet<ValidatorIndex>,
-    /// When this node first saw each recent view's proposal (made it, or received it), by view.
-    proposed_at: BTreeMap<u64, Micros>,
-    /// Recent commits' latency here: the proposal (as first seen) to its commit, microseconds.
-    commit_us: VecDeque<u64>,
-    /// When clients' events were taken in here (the newest [`SUBMISSIONS_REMEMBERED`]), and
-    /// recent ones' latency from there to their execution here, microseconds.
-    submitted_at: BTreeMap<EventId, Micros>,
-    submitted_order: VecDeque<EventId>,
-    input_us: VecDeque<u64>,
+    /// Proposal-to-commit and input-to-execution latencies.
+    latency: latency::Latencies,
     last_inputs: VecDeque<Batch>,
     desynced: Option<u64>,
     stats: CoreStats,
@@ -298,11 +261,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             roots: BTreeMap::new(),
             disagreements: BTreeMap::new(),
             equivocators: BTreeSet::new(),
-            proposed_at: BTreeMap::new(),
-            commit_us: VecDeque::new(),
-            submitted_at: BTreeMap::new(),
-            submitted_order: VecDeque::new(),
-            input_us: VecDeque::new(),
+            latency: latency::Latencies::default(),
             last_inputs: VecDeque::new(),
             desynced: None,
             stats: CoreStats::default(),
@@ -440,8 +399,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     _ => {}
                 }
                 self.now = now;
-                if let Some(view) = proposal_view(&msg) {
-                    self.proposal_seen(view, now);
+                if let Some(view) = latency::proposal_view(&msg) {
+                    self.latency.proposal_seen(view, now);
                 }
                 self.agreement.handle_epoch_message(now, from, epoch, msg)
             }
@@ -719,16 +678,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         };
         match r {
             Err(_) => self.stats.refused_submissions += 1,
-            Ok(id) => {
-                if self.submitted_at.insert(id, self.now).is_none() {
-                    self.submitted_order.push_back(id);
-                }
-                while self.submitted_order.len() > SUBMISSIONS_REMEMBERED {
-                    if let Some(old) = self.submitted_order.pop_front() {
-                        self.submitted_at.remove(&old);
-                    }
-                }
-            }
+            Ok(id) => self.latency.submitted(id, self.now),
         }
         r
     }
@@ -742,8 +692,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             while let Some((epoch, o)) = self.agreement.poll_epoch_output() {
                 match o {
                     Output::Broadcast(msg) => {
-                        if let Some(view) = proposal_view(&msg) {
-                            self.proposal_seen(view, now);
+                        if let Some(view) = latency::proposal_view(&msg) {
+                            self.latency.proposal_seen(view, now);
                         }
                         self.out.push_back(CoreOutput::Broadcast(NodeMsg::Consensus { epoch, msg }))
                     }
@@ -947,12 +897,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         let refused: BTreeMap<EventId, String> = rejected.iter().map(|r| (r.event, r.reason.to_string())).collect();
         for e in &batch.events {
             let id = e.id();
-            if let Some(at) = self.submitted_at.remove(&id) {
-                self.input_us.push_back(self.now.saturating_sub(at));
-                if self.input_us.len() > PROPOSALS_REMEMBERED {
-                    self.input_us.pop_front();
-                }
-            }
+            self.latency.executed(&id, self.now);
             let outcome = match refused.get(&id) {
                 Some(reason) => Outcome::Refused { tick, reason: reason.clone() },
                 None => Outcome::Executed { tick },
@@ -1013,37 +958,24 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         self.disagreements.values().flat_map(|m| m.keys().copied()).collect()
     }
 
-    /// A proposal of `view` seen (made or received) at `now`: the first sight counts.
-    fn proposal_seen(&mut self, view: u64, now: Micros) {
-        self.proposed_at.entry(view).or_insert(now);
-        while self.proposed_at.len() > PROPOSALS_REMEMBERED {
-            self.proposed_at.pop_first();
-        }
-    }
-
     /// A commit at `now`: its latency from the proposal's first sight, if it was seen here.
     fn committed_at(&mut self, c: &metatopia_consensus::Commit, now: Micros) -> &mut Self {
-        if let Some(seen) = self.proposed_at.get(&c.block.view.0) {
-            self.commit_us.push_back(now.saturating_sub(*seen));
-            if self.commit_us.len() > PROPOSALS_REMEMBERED {
-                self.commit_us.pop_front();
-            }
-        }
+        self.latency.committed(c.block.view.0, now);
         self
     }
 
     /// Recent commits' latency here (a block's proposal, as this node first saw it, to its
     /// commit: finalization and the commit rule), microseconds: the median and the 99th
-    /// percentile, over the last [`PROPOSALS_REMEMBERED`] commits.
+    /// percentile, over the last [`latency::PROPOSALS_REMEMBERED`] commits.
     pub fn commit_latency_us(&self) -> Option<(u64, u64)> {
-        median_and_p99(&self.commit_us)
+        self.latency.commit_us()
     }
 
     /// Recent clients' events' latency here: taken in by this node to executed by it (through
     /// dissemination, a proposal, agreement and the execution's turn), microseconds: the median
     /// and the 99th percentile. Only events submitted through this node count.
     pub fn input_latency_us(&self) -> Option<(u64, u64)> {
-        median_and_p99(&self.input_us)
+        self.latency.input_us()
     }
 
     /// Validators this node saw equivocate.
