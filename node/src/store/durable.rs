@@ -1,7 +1,6 @@
-//! Files made durable on the machine's disk: atomic replacement and directory syncs.
+//! Files made durable on the machine's disk: atomic replacement (directories are synced through
+//! [`super::disk::OsDisk`]).
 
-use std::fs::File;
-use std::io;
 use std::path::Path;
 
 use anyhow::Context;
@@ -12,9 +11,4 @@ use super::disk::{Disk, OsDisk};
 /// directory synced: after a crash or a power cut `path` holds the old bytes or the new ones.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     OsDisk::default().write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
-}
-
-/// Make a directory's entries (files created, renamed or removed in it) durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }

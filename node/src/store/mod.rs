@@ -35,7 +35,7 @@ pub mod durable;
 mod faults;
 pub mod log;
 pub use disk::{Disk, OsDisk, SimDisk};
-pub use durable::{sync_dir, write_atomic};
+pub use durable::write_atomic;
 use log::HEADER;
 pub use log::{CommitLog, LogRecord, MAX_RECORD, Recovery, SEGMENT_RECORDS, SYNC_EVERY};
 
