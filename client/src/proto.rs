@@ -99,6 +99,9 @@ pub struct Status {
     /// Keys (hex) of the relays that hold a reservation for this node (when it is private).
     #[serde(default)]
     pub relays: Vec<String>,
+    /// The relayed addresses this node's signed card names (where nodes of any sim dial it).
+    #[serde(default)]
+    pub card_relayed: Vec<String>,
     /// Each connected peer's key (hex) and path: "quic", "tcp" (direct) or "relayed".
     #[serde(default)]
     pub peer_paths: std::collections::BTreeMap<String, String>,

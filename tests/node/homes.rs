@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use metatopia_node::api::http::Status;
 
+use crate::delay::DelayStage;
 use crate::support::{Kill, ok, wait_for};
 
 /// Why these tests cannot run here, if they cannot.
@@ -104,17 +105,35 @@ impl Net {
         Host { ns, ip }
     }
 
-    /// This test process on the internet too (10.200.0.250), so an in-process client can reach
-    /// the public hosts; removed with the internet's namespace.
-    pub fn attach_here(&mut self) {
-        let inet = format!("{}-inet", self.prefix);
-        let dev = format!("{}x", self.prefix);
-        let _ = Command::new("ip").args(["link", "del", &dev]).output();
-        sh(&["ip", "link", "add", &dev, "type", "veth", "peer", "name", "here", "netns", &inet]);
-        sh(&["ip", "-n", &inet, "link", "set", "here", "master", "br0"]);
-        sh(&["ip", "-n", &inet, "link", "set", "here", "up"]);
-        sh(&["ip", "addr", "add", "10.200.0.250/24", "dev", &dev]);
-        sh(&["ip", "link", "set", &dev, "up"]);
+    /// This test process on the internet through a router whose forwarding passes a delay
+    /// stage (see [`crate::delay`]): every packet between this process and `hosts[i]` waits
+    /// `one_way[i]` each way. The stage runs until it is dropped.
+    pub fn attach_delayed(&mut self, hosts: &[&Host], one_way: &[Duration]) -> DelayStage {
+        let r = self.namespace("dly");
+        self.plug(&r, "wan", "dly", "10.200.0.249");
+        let (here, tun) = (format!("{}d", self.prefix), format!("{}t", self.prefix));
+        let _ = Command::new("ip").args(["link", "del", &here]).output();
+        sh(&["ip", "link", "add", &here, "type", "veth", "peer", "name", "in", "netns", &r]);
+        sh(&["ip", "addr", "add", "10.201.0.2/24", "dev", &here]);
+        sh(&["ip", "link", "set", &here, "up"]);
+        sh(&["ip", "-n", &r, "addr", "add", "10.201.0.1/24", "dev", "in"]);
+        sh(&["ip", "-n", &r, "link", "set", "in", "up"]);
+        sh(&["ip", "route", "add", "10.200.0.0/24", "via", "10.201.0.1"]);
+        for s in ["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"] {
+            sh(&["ip", "netns", "exec", &r, "sysctl", "-qw", s]);
+        }
+        let delays = hosts.iter().zip(one_way).map(|(h, d)| (h.ip.parse().unwrap(), *d)).collect();
+        let stage = crate::delay::start(&tun, delays);
+        sh(&["ip", "link", "set", &tun, "netns", &r]);
+        sh(&["ip", "-n", &r, "link", "set", &tun, "up"]);
+        // Everything the router forwards, either way, goes through the stage first.
+        sh(&["ip", "-n", &r, "rule", "add", "iif", "in", "lookup", "100"]);
+        sh(&["ip", "-n", &r, "rule", "add", "iif", "wan", "lookup", "100"]);
+        sh(&["ip", "-n", &r, "route", "add", "default", "dev", &tun, "table", "100"]);
+        for h in hosts {
+            sh(&["ip", "-n", &h.ns, "route", "add", "10.201.0.0/24", "via", "10.200.0.249"]);
+        }
+        stage
     }
 
     /// Home `j` (1..): a router at 10.200.0.(100 + j) masquerading for a host at 192.168.j.2.
@@ -230,6 +249,12 @@ fn wait_all(what: &str, limit: Duration, hosts: &[&Host], ok: impl Fn(&[Status])
     }
 }
 
+/// The node's libp2p peer id (as relayed addresses name it).
+fn peer_of(dir: &Path) -> String {
+    let key = metatopia_node::store::read_key(&dir.join("node.key")).unwrap().unwrap();
+    metatopia_node::net::peer_id(&key.verifying_key()).to_string()
+}
+
 fn key_of(dir: &Path) -> String {
     let key = metatopia_node::store::read_key(&dir.join("node.key")).unwrap().unwrap();
     metatopia_sim::ids::hex(key.verifying_key().as_bytes())
@@ -311,6 +336,26 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
     for home in &s[2..] {
         assert!(home.relays.iter().all(|r| *r == keys[0] || *r == keys[1]), "relays are the public nodes: {home:?}");
     }
+    // Their signed cards name where they are reached: a circuit through each relay (so a node
+    // of any sim can dial them); the public ones' cards name none.
+    let s = wait_all("the homes' cards naming their relays", Duration::from_secs(30), &hosts, |s| {
+        s[2..].iter().all(|h| h.card_relayed.len() == h.relays.len())
+    });
+    assert!(s[..2].iter().all(|p| p.card_relayed.is_empty()), "{:?}", &s[..2]);
+    for (home, host) in s[2..].iter().zip([&cone, &sym]) {
+        let me = peer_of(&dirs[hosts.iter().position(|h| h.ip == host.ip).unwrap()]);
+        for r in &home.relays {
+            let relay = keys.iter().position(|k| k == r).unwrap();
+            let relay_ip = &hosts[relay].ip;
+            let want = format!("/ip4/{relay_ip}/");
+            let circuit = format!("/p2p/{}/p2p-circuit/p2p/{me}", peer_of(&dirs[relay]));
+            assert!(
+                home.card_relayed.iter().any(|a| a.starts_with(&want) && a.ends_with(&circuit)),
+                "a circuit through relay {r} at {relay_ip} in {:?}",
+                home.card_relayed
+            );
+        }
+    }
     // The homes reach the public nodes directly (they dial out), and each other through a
     // relay: the symmetric NAT gives the hole punch a port it cannot predict.
     assert_eq!(s[2].peer_paths.get(&keys[3]).map(String::as_str), Some("relayed"), "{:?}", s[2].peer_paths);
@@ -384,6 +429,7 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
     // on another public node within seconds, the homes find each other again through a
     // remaining relay, and the sim keeps committing.
     let dead = keys.iter().position(|k| s[3].relays.contains(k)).unwrap();
+    let dead_at = format!("/ip4/{}/", hosts[dead].ip);
     drop(nodes[dead].take());
     let killed = std::time::Instant::now();
     let alive: Vec<&Host> = [&p1, &p2, &cone, &sym, &joiner, &p3]
@@ -397,6 +443,7 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
         let homes: Vec<&Status> = s.iter().filter(|s| s.reachability == "private").collect();
         homes.len() == 3
             && homes.iter().all(|h| !h.relays.contains(&keys[dead]) && h.relays.len() == 2)
+            && homes.iter().all(|h| h.card_relayed.len() == 2 && h.card_relayed.iter().all(|a| !a.contains(&dead_at)))
             && homes[0].peer_paths.get(&keys[3]).is_some_and(|p| p == "relayed")
     });
     eprintln!("reservations replaced {:?} after the relay was killed", killed.elapsed());
@@ -412,20 +459,23 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
 }
 
 /// A player's client given any node of the world ends on the node of its sim with the lowest
-/// round trip (the nodes answer its probes 80, 5, 40 and 60 ms late), moves to the next
-/// nearest when that node dies, and back once it returns and is clearly nearer.
+/// round trip (the path from the client to the nodes is 40, 3, 20 and 30 ms long one way: a
+/// delay stage on the network path, in user space), moves to the next nearest when that node
+/// dies, and back once it returns and is clearly nearer. Then the web viewer, in headless
+/// Chromium on the same paths: its page from node 0, it moves to node 1, and when node 1 dies
+/// it goes on from node 2.
 #[test]
 fn a_client_uses_the_nearest_node_of_its_sim_and_moves_when_it_dies_and_returns() {
     needs_namespaces!();
     let mut net = Net::new("b");
     let hosts: Vec<Host> = (1..=4).map(|i| net.public(i)).collect();
-    net.attach_here();
     let refs: Vec<&Host> = hosts.iter().collect();
+    let one_way: Vec<Duration> = [40, 3, 20, 30].into_iter().map(Duration::from_millis).collect();
+    let stage = net.attach_delayed(&refs, &one_way);
     let root = std::env::temp_dir().join(format!("metatopia-nearest-{}", std::process::id()));
     let dirs = make_sim(&root, &refs);
     let keys: Vec<String> = dirs.iter().map(|d| key_of(d)).collect();
-    let delays = ["80", "5", "40", "60"];
-    let start = |i: usize| run_in(&hosts[i], &dirs[i], &["--test-client-delay-ms", delays[i]]);
+    let start = |i: usize| run_in(&hosts[i], &dirs[i], &[]);
     let mut nodes: Vec<Option<Kill>> = (0..4).map(|i| Some(start(i))).collect();
     wait_all("four ticking nodes", Duration::from_secs(60), &refs, |s| s.iter().all(|s| s.tick > 20));
 
@@ -441,8 +491,13 @@ fn a_client_uses_the_nearest_node_of_its_sim_and_moves_when_it_dies_and_returns(
         c.set_probe_every(Duration::from_secs(2));
         let on = |c: &metatopia_client::Client| c.node().map(|n| n.key.clone()).unwrap_or_default();
         assert_eq!(on(&c), keys[1], "the nearest node: {:?}", c.round_trips());
+        eprintln!("client: on the nearest node; round trips {:?}", c.round_trips());
         let rtt = |i: usize| c.round_trips()[i].unwrap_or(Duration::MAX);
         assert!(rtt(1) < rtt(2) && rtt(2) < rtt(3) && rtt(3) < rtt(0), "{:?}", c.round_trips());
+        // The round trips are the path's: at least twice its one-way length each.
+        for (i, d) in one_way.iter().enumerate() {
+            assert!(rtt(i) >= *d * 2, "node {i}: {:?} over a path of {d:?} each way", rtt(i));
+        }
 
         // Its node dies: it moves to the next nearest (as soon as a probe goes unanswered, or
         // when the connection times out, whichever comes first).
@@ -465,6 +520,21 @@ fn a_client_uses_the_nearest_node_of_its_sim_and_moves_when_it_dies_and_returns(
         }
         assert!(c.nearer_moves > moves);
     });
+    // The web viewer, on the same paths.
+    wait_all("node 1 back in step", Duration::from_secs(60), &refs, |s| s.iter().all(|s| s.tick > 20 && s.voting));
+    let (chromium, e2e) = crate::viewer::browser();
+    let http = |i: usize| format!("{}:8100", hosts[i].ip);
+    let url = format!("http://{}/", http(0));
+    let mut page = crate::viewer::Page::start(&e2e, &chromium, "nearest.mjs", &[&url, &http(1), &http(2)]);
+    eprintln!("viewer: {}", page.line("on the nearest node"));
+    drop(nodes[1].take());
+    let (ok, stdout, stderr) = page.finish();
+    assert!(ok && stdout.contains("viewer nearest passed"), "{stdout}\n{stderr}");
+    for line in stdout.lines().filter(|l| l.starts_with("moved")) {
+        eprintln!("viewer: {line}");
+    }
     drop(nodes);
+    eprintln!("{} packets passed the delay stage", stage.passed.load(std::sync::atomic::Ordering::Relaxed));
+    drop(stage);
     let _ = std::fs::remove_dir_all(&root);
 }

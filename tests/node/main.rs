@@ -7,6 +7,7 @@ mod support;
 mod build;
 mod clients;
 mod config;
+mod delay;
 mod devnet;
 mod fuzz_corpus;
 mod homes;

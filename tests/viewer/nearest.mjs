@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: AGPL-3.0-or-later
 // The viewer on the nearest node, in real headless Chromium: node nearest.mjs URL NEAREST NEXT
-// The page comes from one node; the sim's nodes answer pings at different delays. The viewer
-// must move to NEAREST (host:port of its HTTP); the test then kills that node once this prints
-// "on the nearest node", and the viewer must go on from NEXT, the next nearest.
+// The page comes from one node; the paths to the sim's nodes differ in length (the test's delay
+// stage on the network path, tests/node/delay.rs). The viewer must move to NEAREST (host:port of
+// its HTTP); the test then kills that node once this prints "on the nearest node", and the
+// viewer must go on from NEXT, the next nearest.
 import { openPage } from "./browser.mjs";
 
 const [url, nearest, next] = process.argv.slice(2);

@@ -355,12 +355,7 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                 let reply = match msg {
                     ClientMsg::Route { account } => Some(route(&s, &hub, account, None).await),
                     ClientMsg::Enter { account, at } => Some(route(&s, &hub, account, Some(at)).await),
-                    ClientMsg::Ping { r#ref } => {
-                        if !hub.test_pong_delay.is_zero() {
-                            tokio::time::sleep(hub.test_pong_delay).await;
-                        }
-                        Some(ServerMsg::Pong { r#ref })
-                    }
+                    ClientMsg::Ping { r#ref } => Some(ServerMsg::Pong { r#ref }),
                     ClientMsg::Governance {} => ask(&s, Query::Governance).await.map(|g| ServerMsg::Governance(Box::new(g))),
                     ClientMsg::Interest { follow, radius_m, max_hz } => {
                         if let Some(f) = follow.as_deref().filter(|f| parse_hash(f).is_none()) {

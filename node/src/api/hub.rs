@@ -60,9 +60,6 @@ pub struct Hub {
     /// Sessions waiting for the outcome of an event they submitted (resolved by the loop after
     /// every executed tick: pushed, not polled).
     waiters: std::sync::Mutex<BTreeMap<metatopia_sim::EventId, Vec<oneshot::Sender<proto::Outcome>>>>,
-    /// Tests only: a `pong` waits this long, as if the node were that much further away (the
-    /// round trip clients measure to choose the nearest node).
-    pub test_pong_delay: std::time::Duration,
 }
 
 impl Hub {
@@ -76,7 +73,6 @@ impl Hub {
             sims: RwLock::new(BTreeMap::new()),
             moved: RwLock::new(BTreeMap::new()),
             waiters: std::sync::Mutex::new(BTreeMap::new()),
-            test_pong_delay: std::time::Duration::ZERO,
         }
     }
 

@@ -32,6 +32,14 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = router(service);
+    // Small messages (a viewer's pong, a tick's delta) go out at once, not held for the
+    // client's acknowledgement of the previous one (Nagle's algorithm): on a long path that
+    // hold costs up to a round trip and a delayed ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY on a client's connection: {e}");
+        }
+    });
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
             tracing::error!(error = %e, "the HTTP service stopped");

@@ -137,6 +137,9 @@ fn reachability(s: &Status) -> String {
     if !s.relays.is_empty() {
         let short: Vec<&str> = s.relays.iter().map(|k| &k[..k.len().min(8)]).collect();
         r += &format!(", reachable through relays {}…", short.join("…, "));
+        if s.card_relayed.len() != s.relays.len() {
+            r += &format!(" ({} named in its card so far)", s.card_relayed.len());
+        }
     }
     if s.hole_punched + s.hole_punch_failed > 0 {
         r += &format!("; hole punching {} direct, {} failed", s.hole_punched, s.hole_punch_failed);

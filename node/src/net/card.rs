@@ -1,11 +1,16 @@
-//! A node's signed card: its key, sim, point in the world, addresses and start time, as it
-//! travels in the overlay's messages (see [`crate::overlay`] for how cards are used).
+//! A node's signed card: its key, sim, point in the world, addresses (direct, and through the
+//! relays a node behind a NAT holds reservations on) and when it was signed, as it travels in
+//! the overlay's messages (see [`crate::overlay`] for how cards are used).
 
 use std::net::SocketAddr;
 
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use libp2p::Multiaddr;
+use libp2p::multiaddr::Protocol;
 use metatopia_raynet::{Entry, PeerId, Point};
 use serde::{Deserialize, Serialize};
+
+use crate::net::PeerAddr;
 
 /// Domain separation of card signatures.
 const CARD_DOMAIN: &[u8] = b"metatopia/raynet-card/v1";
@@ -24,18 +29,58 @@ pub struct CardBody {
     pub addr: SocketAddr,
     /// Its peers' QUIC address, if it has one.
     pub quic: Option<SocketAddr>,
-    /// When the node started (unix ms): the newer of two cards of a key wins.
+    /// When the card was signed (unix ms; at the node's start, and again whenever its relayed
+    /// addresses change): the newer of two cards of a key wins.
     pub since_ms: u64,
     /// Its HTTP service (the web viewer and its WebSocket), if it serves one: clients of other
     /// sims are sent there (a viewer draws the sims around its own from their nodes).
     pub http: Option<SocketAddr>,
+    /// Where it is reached through relays (`RELAY_ADDR/p2p/RELAY/p2p-circuit/p2p/NODE`), when it
+    /// is behind a NAT: at most [`MAX_RELAYED`], so a node of any sim can dial it, whether or
+    /// not they share a relay.
+    pub relayed: Vec<String>,
 }
+
+/// Relayed addresses a card carries at most.
+pub const MAX_RELAYED: usize = 4;
+/// Bytes one relayed address takes at most (as text).
+const MAX_RELAYED_LEN: usize = 256;
 
 impl CardBody {
     /// Its HTTP service as a client reaches it: a service bound to every interface
     /// (`0.0.0.0:PORT`) is at the card's peer address's IP.
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.http.map(|h| if h.ip().is_unspecified() { SocketAddr::new(self.addr.ip(), h.port()) } else { h })
+    }
+
+    /// Its relayed addresses, each checked to be a circuit to this card's node.
+    pub fn relayed_addrs(&self) -> Result<Vec<Multiaddr>, String> {
+        if self.relayed.len() > MAX_RELAYED {
+            return Err(format!("card with {} relayed addresses (at most {MAX_RELAYED})", self.relayed.len()));
+        }
+        let key = VerifyingKey::from_bytes(&self.key).map_err(|_| "card key is not an ed25519 point".to_owned())?;
+        let me = crate::net::peer_id(&key);
+        self.relayed
+            .iter()
+            .map(|a| {
+                if a.len() > MAX_RELAYED_LEN {
+                    return Err(format!("card relayed address of {} bytes", a.len()));
+                }
+                let m: Multiaddr = a.parse().map_err(|e| format!("card relayed address {a:?}: {e}"))?;
+                let circuit = m.iter().any(|p| p == Protocol::P2pCircuit);
+                if !circuit || m.iter().last() != Some(Protocol::P2p(me)) {
+                    return Err(format!("card relayed address {a} is not a circuit to the card's node"));
+                }
+                Ok(m)
+            })
+            .collect()
+    }
+
+    /// Where the mesh dials this card's node: directly first, then through its relays.
+    pub fn peer_addr(&self) -> Option<PeerAddr> {
+        let key = VerifyingKey::from_bytes(&self.key).ok()?;
+        let relayed = self.relayed_addrs().unwrap_or_default();
+        Some(PeerAddr { key, tcp: Some(self.addr), quic: self.quic, relayed })
     }
 }
 
@@ -63,6 +108,7 @@ impl Card {
         if (x as f64).abs() > MAX_COORD || (y as f64).abs() > MAX_COORD {
             return Err(format!("card point ({x}, {y}) is outside the world"));
         }
+        self.body.relayed_addrs()?;
         let key =
             VerifyingKey::from_bytes(&self.body.key).map_err(|_| "card key is not an ed25519 point".to_owned())?;
         let sig: [u8; 64] =

@@ -102,9 +102,17 @@ pub struct PeerAddr {
     pub tcp: Option<SocketAddr>,
     /// UDP (QUIC).
     pub quic: Option<SocketAddr>,
+    /// Through relays (`…/p2p/RELAY/p2p-circuit/p2p/NODE`), as its card says: tried after the
+    /// direct addresses (first, once a direct dial failed), before this node's own relays.
+    pub relayed: Vec<Multiaddr>,
 }
 
 impl PeerAddr {
+    /// A node at these direct addresses (no relays known).
+    pub fn direct(key: VerifyingKey, tcp: Option<SocketAddr>, quic: Option<SocketAddr>) -> PeerAddr {
+        PeerAddr { key, tcp, quic, relayed: Vec::new() }
+    }
+
     /// Where to dial, in order: QUIC first, TCP if QUIC fails.
     fn multiaddrs(&self) -> Vec<Multiaddr> {
         let quic = self.quic.map(|a| Multiaddr::from(a.ip()).with(Protocol::Udp(a.port())).with(Protocol::QuicV1));
@@ -532,6 +540,25 @@ impl Mesh {
         book.connected.iter().filter_map(|p| Some((*book.by_peer.get(p)?, reach.path(p)?.as_str()))).collect()
     }
 
+    /// Where this node is reached through the relays holding a reservation for it
+    /// (`…/p2p/RELAY/p2p-circuit/p2p/ME`), at most [`card::MAX_RELAYED`]: for its card.
+    pub fn relayed_addresses(&self) -> Vec<Multiaddr> {
+        let me = self.local_peer_id();
+        let reach = lock(&self.shared.reach);
+        reach
+            .relayed_listen
+            .iter()
+            .map(|a| {
+                let mut a = a.clone();
+                if !matches!(a.iter().last(), Some(Protocol::P2p(_))) {
+                    a.push(Protocol::P2p(me));
+                }
+                a
+            })
+            .take(card::MAX_RELAYED)
+            .collect()
+    }
+
     /// Reachability, relays and each connected peer's path, for `stats`.
     pub fn net_info(&self) -> NetInfo {
         // Book before reach, everywhere both are held.
@@ -605,7 +632,7 @@ async fn drive(
                         let _ = book.number_key(p.key);
                         // Known already: its addresses may be new (it restarted elsewhere).
                         match peers.iter_mut().find(|q| q.key == p.key) {
-                            Some(q) if p.tcp.is_some() || p.quic.is_some() => *q = p,
+                            Some(q) if p.tcp.is_some() || p.quic.is_some() || !p.relayed.is_empty() => *q = p,
                             Some(_) => {}
                             None => peers.push(p),
                         }
@@ -635,8 +662,10 @@ async fn drive(
                     if id == me || swarm.is_connected(&id) {
                         continue;
                     }
-                    // Directly first; through relays after (or first, once a dial failed).
-                    let relayed = reach.circuits_to(id);
+                    // Directly first; through relays after (or first, once a dial failed): the
+                    // ones its card names, then this node's own.
+                    let mut relayed = p.relayed.clone();
+                    relayed.extend(reach.circuits_to(id).into_iter().filter(|a| !p.relayed.contains(a)));
                     let addrs: Vec<Multiaddr> = if reach.failures.contains_key(&id) {
                         relayed.into_iter().chain(direct).collect()
                     } else {
@@ -703,8 +732,11 @@ async fn drive(
                         lock(&shared.book).connected.remove(&peer_id);
                     }
                 }
-                SwarmEvent::ListenerClosed { listener_id, reason, .. } => {
+                SwarmEvent::ListenerClosed { listener_id, reason, addresses } => {
                     let mut reach = lock(&shared.reach);
+                    for a in &addresses {
+                        reach.relayed_listen.remove(a);
+                    }
                     let gone: Vec<PeerId> =
                         reach.reservations.iter().filter(|(_, l)| **l == listener_id).map(|(r, _)| *r).collect();
                     for r in gone {
@@ -715,6 +747,10 @@ async fn drive(
                 }
                 SwarmEvent::NewListenAddr { address, .. } if Path::of(&address) == Path::Relayed => {
                     tracing::info!(%address, "reachable through a relay");
+                    lock(&shared.reach).relayed_listen.insert(address);
+                }
+                SwarmEvent::ExpiredListenAddr { address, .. } => {
+                    lock(&shared.reach).relayed_listen.remove(&address);
                 }
                 SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event { result: Ok(rtt), .. })) => {
                     metrics::histogram!("metatopia_peer_rtt_seconds").record(rtt.as_secs_f64());

@@ -192,6 +192,8 @@ pub(crate) struct Reach {
     pub fixed: bool,
     /// Relays this node listens through: relay -> its listener.
     pub reservations: BTreeMap<PeerId, libp2p::core::transport::ListenerId>,
+    /// Where this node is reached through its relays (its relayed listen addresses).
+    pub relayed_listen: BTreeSet<Multiaddr>,
     /// Relays that refused or dropped a reservation recently (tried again later).
     pub refused: BTreeMap<PeerId, std::time::Instant>,
     /// Every open connection: peer -> connection -> (path, an address to reach the peer at

@@ -45,9 +45,8 @@ fn peer_ids_are_the_node_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listed_nodes_connect_over_quic_and_are_numbered_by_their_keys() {
     let a = addrs(3);
-    let peers: Vec<PeerAddr> = (0..3)
-        .map(|i| PeerAddr { key: key(i as u8 + 1).verifying_key(), tcp: Some(a[i].0), quic: Some(a[i].1) })
-        .collect();
+    let peers: Vec<PeerAddr> =
+        (0..3).map(|i| PeerAddr::direct(key(i as u8 + 1).verifying_key(), Some(a[i].0), Some(a[i].1))).collect();
     let mut meshes = Vec::new();
     for (i, (tcp, quic)) in a.iter().enumerate() {
         meshes.push(Mesh::start(&key(i as u8 + 1), *tcp, Some(*quic), peers.clone()).await.unwrap());
@@ -68,9 +67,8 @@ async fn listed_nodes_connect_over_quic_and_are_numbered_by_their_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_delay_stage_holds_each_frame_and_keeps_their_order() {
     let a = addrs(2);
-    let peers: Vec<PeerAddr> = (0..2)
-        .map(|i| PeerAddr { key: key(i as u8 + 1).verifying_key(), tcp: Some(a[i].0), quic: Some(a[i].1) })
-        .collect();
+    let peers: Vec<PeerAddr> =
+        (0..2).map(|i| PeerAddr::direct(key(i as u8 + 1).verifying_key(), Some(a[i].0), Some(a[i].1))).collect();
     let delay = LinkDelay { one_way: Duration::from_millis(40), jitter_percent: 50 };
     let (m0, _rx0) = Mesh::start_delayed(&key(1), a[0].0, Some(a[0].1), peers.clone(), delay).await.unwrap();
     let (m1, mut rx1) = Mesh::start(&key(2), a[1].0, Some(a[1].1), peers).await.unwrap();
@@ -97,8 +95,8 @@ async fn without_quic_the_nodes_fall_back_to_tcp() {
     let a = addrs(2);
     // Node 1 listens on TCP only; node 0 is told of a QUIC address where nothing answers.
     let peers = vec![
-        PeerAddr { key: key(1).verifying_key(), tcp: Some(a[0].0), quic: Some(a[0].1) },
-        PeerAddr { key: key(2).verifying_key(), tcp: Some(a[1].0), quic: Some(a[1].1) },
+        PeerAddr::direct(key(1).verifying_key(), Some(a[0].0), Some(a[0].1)),
+        PeerAddr::direct(key(2).verifying_key(), Some(a[1].0), Some(a[1].1)),
     ];
     let (m0, _rx0) = Mesh::start(&key(1), a[0].0, Some(a[0].1), peers.clone()).await.unwrap();
     // (Node 1 does not dial: only node 0's dial, QUIC first, makes the connection.)
@@ -117,12 +115,12 @@ async fn a_node_is_known_by_its_key_not_its_address() {
     let (k1, k2, impostor) = (key(1), key(2), key(3));
     // Node 0 expects key 2 at node 1's address, but the impostor listens there.
     let expected = vec![
-        PeerAddr { key: k1.verifying_key(), tcp: Some(a[0].0), quic: Some(a[0].1) },
-        PeerAddr { key: k2.verifying_key(), tcp: Some(a[1].0), quic: Some(a[1].1) },
+        PeerAddr::direct(k1.verifying_key(), Some(a[0].0), Some(a[0].1)),
+        PeerAddr::direct(k2.verifying_key(), Some(a[1].0), Some(a[1].1)),
     ];
     let (m0, mut rx0) = Mesh::start(&k1, a[0].0, Some(a[0].1), expected.clone()).await.unwrap();
     // The impostor dials node 0 itself, and says it is validator 1 by sending as it would.
-    let theirs = vec![expected[0].clone(), PeerAddr { key: impostor.verifying_key(), tcp: None, quic: None }];
+    let theirs = vec![expected[0].clone(), PeerAddr::direct(impostor.verifying_key(), None, None)];
     let (m1, _rx1) = Mesh::start(&impostor, a[1].0, Some(a[1].1), theirs).await.unwrap();
     until_connected(&m1, 1).await;
     m1.send(0, &NodeMsg::SnapshotRequest);
@@ -150,9 +148,8 @@ async fn a_node_is_known_by_its_key_not_its_address() {
 async fn garbage_on_the_port_harms_nothing() {
     use tokio::io::AsyncWriteExt as _;
     let a = addrs(2);
-    let peers: Vec<PeerAddr> = (0..2)
-        .map(|i| PeerAddr { key: key(i as u8 + 1).verifying_key(), tcp: Some(a[i].0), quic: Some(a[i].1) })
-        .collect();
+    let peers: Vec<PeerAddr> =
+        (0..2).map(|i| PeerAddr::direct(key(i as u8 + 1).verifying_key(), Some(a[i].0), Some(a[i].1))).collect();
     let (m0, _rx0) = Mesh::start(&key(1), a[0].0, Some(a[0].1), peers.clone()).await.unwrap();
     for len in [0usize, 1, 40, 5_000] {
         let mut s = tokio::net::TcpStream::connect(a[0].0).await.unwrap();
@@ -177,7 +174,7 @@ async fn a_stranger_cannot_use_a_relay_beyond_its_limits() {
     let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
     let a = addrs(3);
     let (kr, ka, ks) = (key(1), key(2), key(3));
-    let at = |k: &SigningKey, i: usize| PeerAddr { key: k.verifying_key(), tcp: Some(a[i].0), quic: Some(a[i].1) };
+    let at = |k: &SigningKey, i: usize| PeerAddr::direct(k.verifying_key(), Some(a[i].0), Some(a[i].1));
     let hex = |k: &SigningKey| metatopia_sim::ids::hex(k.verifying_key().as_bytes());
     const CIRCUIT: u64 = 64 * 1024;
     let limits = RelayLimits { circuit_bytes: CIRCUIT, circuits_per_minute: 2, ..RelayLimits::default() };
@@ -212,7 +209,7 @@ async fn a_stranger_cannot_use_a_relay_beyond_its_limits() {
     assert_eq!(relay.net_info().serving_reservations, 1, "the member's only");
     // The stranger reaches the member through the relay (it knows no address of it) and
     // pushes 8 KiB frames at it for 6 s.
-    let to = stranger.add_contact(PeerAddr { key: ka.verifying_key(), tcp: None, quic: None }).unwrap();
+    let to = stranger.add_contact(PeerAddr::direct(ka.verifying_key(), None, None)).unwrap();
     let frame = NodeMsg::Snapshot { tick: 1, bytes: vec![7; 8 * 1024] };
     let size = frame.encode().len() as u64;
     // `wanted`: what it tried to send; `offered`: what it could hand to a connection.
@@ -242,4 +239,82 @@ async fn a_stranger_cannot_use_a_relay_beyond_its_limits() {
     assert!(wanted >= 8 * CIRCUIT, "the stranger wanted far more than its circuits carry: {wanted}");
     assert!(received <= 2 * CIRCUIT, "at most two circuits a minute of {CIRCUIT} bytes each: {received}");
     assert!(refused >= 2, "its third circuit in the minute is refused as well as its reservation: {refused}");
+}
+
+fn card_of(k: &SigningKey, addr: SocketAddr, relayed: Vec<String>) -> card::Card {
+    let body = card::CardBody {
+        key: k.verifying_key().to_bytes(),
+        sim: 2,
+        pos: [0, 0],
+        addr,
+        quic: None,
+        since_ms: 1,
+        http: None,
+        relayed,
+    };
+    card::Card::sign(k, body)
+}
+
+/// A card names at most four relayed addresses, each a circuit to its own node.
+#[test]
+fn a_card_names_only_circuits_to_its_own_node() {
+    let (k, other) = (key(21), key(22));
+    let (me, them) = (peer_id(&k.verifying_key()), peer_id(&other.verifying_key()));
+    let relay = peer_id(&key(23).verifying_key());
+    let circuit = |to: PeerId| format!("/ip4/10.0.0.1/udp/7000/quic-v1/p2p/{relay}/p2p-circuit/p2p/{to}");
+    let addr = loopback(7000);
+    let good = card_of(&k, addr, vec![circuit(me)]);
+    assert_eq!(good.check(), Ok(()));
+    assert_eq!(good.body.peer_addr().unwrap().relayed, vec![circuit(me).parse::<Multiaddr>().unwrap()]);
+    let bad = |relayed: Vec<String>| card_of(&k, addr, relayed).check().unwrap_err();
+    assert!(bad(vec![circuit(me); 5]).contains("5 relayed addresses"), "{}", bad(vec![circuit(me); 5]));
+    assert!(bad(vec![circuit(them)]).contains("not a circuit to the card's node"));
+    assert!(bad(vec!["/ip4/10.0.0.1/udp/7000/quic-v1".into()]).contains("not a circuit"));
+    assert!(bad(vec!["not an address".into()]).contains("card relayed address"));
+    assert!(bad(vec![format!("/ip4/10.0.0.1/tcp/1{}", "0".repeat(300))]).contains("bytes"));
+}
+
+/// A node behind a NAT is dialed through the relays its signed card names by a node that
+/// shares no relay with it and cannot reach it directly (a node of another sim, say).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_behind_a_nat_is_dialed_through_the_relays_its_card_names() {
+    use crate::net::reach::Reachability;
+    let a = addrs(3);
+    let (kr, kb, kc) = (key(11), key(12), key(13));
+    let at = |k: &SigningKey, i: usize| PeerAddr::direct(k.verifying_key(), Some(a[i].0), Some(a[i].1));
+    let hex = |k: &SigningKey| metatopia_sim::ids::hex(k.verifying_key().as_bytes());
+    let options = |r: Reachability| MeshOptions {
+        reachability: Some(r),
+        // On loopback a hole punch always succeeds; the relayed path is what is tested.
+        no_hole_punching: true,
+        ..MeshOptions::default()
+    };
+    let world = vec![at(&kr, 0), at(&kb, 1)];
+    let (_relay, _rr) =
+        Mesh::start_with(&kr, a[0].0, Some(a[0].1), world.clone(), options(Reachability::Public)).await.unwrap();
+    let (home, mut at_home) =
+        Mesh::start_with(&kb, a[1].0, Some(a[1].1), world, options(Reachability::Private)).await.unwrap();
+    let t0 = std::time::Instant::now();
+    while home.relayed_addresses().is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(15), "a reservation on the relay: {:?}", home.net_info());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let relayed: Vec<String> = home.relayed_addresses().iter().map(ToString::to_string).collect();
+    assert!(relayed[0].ends_with(&format!("/p2p-circuit/p2p/{}", home.local_peer_id())), "{relayed:?}");
+    // Its card as a node of another sim gets it: a direct address nobody listens on (a home
+    // behind a NAT), and the relayed one.
+    let closed = loopback(free_ports(1).unwrap()[0]);
+    let card = card_of(&kb, closed, relayed);
+    assert_eq!(card.check(), Ok(()));
+    let (far, _rf) =
+        Mesh::start_with(&kc, a[2].0, Some(a[2].1), vec![at(&kc, 2)], options(Reachability::Private)).await.unwrap();
+    let to = far.add_outsiders(vec![card.body.peer_addr().unwrap()])[0];
+    let t0 = std::time::Instant::now();
+    while far.net_info().paths.get(&hex(&kb)) != Some(&"relayed") {
+        assert!(t0.elapsed() < Duration::from_secs(20), "connected through the relay: {:?}", far.net_info());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    far.send(to, &NodeMsg::SnapshotRequest);
+    let (_, m) = next(&mut at_home).await;
+    assert_eq!(m, NodeMsg::SnapshotRequest);
 }

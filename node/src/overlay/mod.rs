@@ -127,6 +127,15 @@ impl Overlay {
         &self.me
     }
 
+    /// This node's card, signed again (its relayed addresses changed): it goes with the
+    /// messages from now on, and a newer card replaces the older one wherever it arrives. A
+    /// card of another key is ignored.
+    pub fn set_card(&mut self, card: Card) {
+        if card.body.key == self.me.body.key && card.body.pos == self.me.body.pos {
+            self.me = card;
+        }
+    }
+
     /// The hello a node sends a contact it knows only by key and address: its own card, and a
     /// request for the contact's.
     pub fn hello(&self) -> NodeMsg {
@@ -461,6 +470,7 @@ mod tests {
                         quic: None,
                         since_ms: 1,
                         http: None,
+                        relayed: Vec::new(),
                     };
                     let card = Card::sign(&k, body);
                     nodes.push((k, Overlay::new(card, SIZE as f64 * f64::from(side))));

@@ -11,13 +11,13 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use metatopia_consensus::VerifyingKey;
+use metatopia_consensus::{SigningKey, VerifyingKey};
 use metatopia_sim::SimId;
 
 use crate::api::hub::Hub;
 use crate::net::wire::NodeMsg;
 use crate::net::{Mesh, PeerAddr};
-use crate::overlay::{Card, Overlay, OverlayEvent};
+use crate::overlay::{Card, CardBody, Overlay, OverlayEvent};
 
 /// Nodes kept per sim that are not its genesis validators.
 const MAX_PER_SIM: usize = 16;
@@ -100,6 +100,24 @@ impl Reach {
         if let Some(&i) = self.mesh.add_outsiders(vec![peer.clone()]).first() {
             self.contacts.push((i, peer.key));
             self.mesh.send(i, &self.overlay.hello());
+        }
+    }
+
+    /// Sign this node's card again when the relays it is reached through changed (a node behind
+    /// a NAT: its card tells the world's nodes where to dial it), and send it at once to the
+    /// nodes of other sims it is in touch with (the overlay's messages carry it to the rest).
+    pub fn refresh_card(&mut self, key: &SigningKey, now_ms: u64) {
+        let relayed: Vec<String> = self.mesh.relayed_addresses().iter().map(ToString::to_string).collect();
+        let me = self.overlay.card();
+        if me.body.relayed == relayed {
+            return;
+        }
+        tracing::info!(relays = relayed.len(), "the card names the relays this node is reached through");
+        let body = CardBody { relayed, since_ms: now_ms.max(me.body.since_ms + 1), ..me.body.clone() };
+        self.overlay.set_card(Card::sign(key, body));
+        let hello = NodeMsg::Cards { cards: vec![self.overlay.card().clone()], reply: false };
+        for i in self.others.values().flat_map(|m| m.values().filter_map(|k| k.index)) {
+            self.mesh.send(i, &hello);
         }
     }
 
@@ -205,23 +223,18 @@ impl Reach {
     }
 
     fn index_for(&mut self, card: &Card) -> Option<u16> {
-        let key = VerifyingKey::from_bytes(&card.body.key).ok()?;
+        let peer = card.body.peer_addr()?;
         if card.body.sim == self.sim {
-            return self
-                .mesh
-                .index_of(&key)
-                .or_else(|| self.mesh.add_contact(PeerAddr { key, tcp: Some(card.body.addr), quic: card.body.quic }));
+            return self.mesh.index_of(&peer.key).or_else(|| self.mesh.add_contact(peer));
         }
         if let Some(k) = self.others.get(&card.body.sim).and_then(|m| m.get(&card.body.key))
             && k.addr == card.body.addr
+            && k.card.body.relayed == card.body.relayed
             && k.index.is_some()
         {
             return k.index;
         }
-        let i = *self
-            .mesh
-            .add_outsiders(vec![PeerAddr { key, tcp: Some(card.body.addr), quic: card.body.quic }])
-            .first()?;
+        let i = *self.mesh.add_outsiders(vec![peer]).first()?;
         Some(i)
     }
 

@@ -38,6 +38,7 @@ pub(super) fn reach(
             quic: cfg.quic,
             since_ms: crate::unix_ms(),
             http: cfg.http,
+            relayed: Vec::new(),
         },
     );
     let links = w.links();
@@ -51,12 +52,12 @@ pub(super) fn reach(
     }
     for (i, b) in cfg.raynet.bootstrap.iter().enumerate() {
         let (key, addr) = crate::config::parse_join(b).with_context(|| format!("raynet.bootstrap[{i}]"))?;
-        r.contact(PeerAddr { key, tcp: Some(addr), quic: None });
+        r.contact(PeerAddr::direct(key, Some(addr), None));
     }
     for s in &cfg.sims {
         for v in s.validators.iter().filter(|v| v.address.is_some() || v.quic.is_some()) {
             let key = crate::config::parse_public(&v.key)?;
-            r.contact_outsider(PeerAddr { key, tcp: v.address, quic: v.quic });
+            r.contact_outsider(PeerAddr::direct(key, v.address, v.quic));
         }
     }
     Ok(r)

@@ -336,16 +336,12 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         core.sim().workers()
     );
 
-    let mut peers: Vec<PeerAddr> = cfg
-        .validators
-        .iter()
-        .zip(&keys)
-        .map(|(v, k)| PeerAddr { key: *k, tcp: Some(v.address), quic: v.quic })
-        .collect();
+    let mut peers: Vec<PeerAddr> =
+        cfg.validators.iter().zip(&keys).map(|(v, k)| PeerAddr::direct(*k, Some(v.address), v.quic)).collect();
     if let Some(j) = &cfg.join {
         let (k, addr) = crate::config::parse_join(j)?;
         if !keys.contains(&k) {
-            peers.push(PeerAddr { key: k, tcp: Some(addr), quic: None });
+            peers.push(PeerAddr::direct(k, Some(addr), None));
         }
     }
     if core.is_joining() {
@@ -413,9 +409,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             })
             .collect()
     };
-    let mut hub = Hub::new(cfg.world.sim_id, node_addrs(&cfg.validators));
-    hub.test_pong_delay = Duration::from_millis(args.test_client_delay_ms);
-    let hub = std::sync::Arc::new(hub);
+    let hub = std::sync::Arc::new(Hub::new(cfg.world.sim_id, node_addrs(&cfg.validators)));
     let mut reach = reach(&cfg, &key, &mesh, core.sim().world(), &contacts, hub.clone())?;
     if let Some(n) = Some(reach.neighbour_counts()).filter(|n| !n.is_empty()) {
         let names: Vec<String> = n.keys().map(ToString::to_string).collect();
@@ -554,6 +548,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             _ = tokio::time::sleep(wait), if !wait.is_zero() => core.handle_timeout(now_us()),
             _ = std::future::ready(()), if wait.is_zero() => core.handle_timeout(now_us()),
             _ = rounds.tick() => {
+                reach.refresh_card(&key, crate::unix_ms());
+                meter.status.card_relayed.clone_from(&reach.overlay().card().body.relayed);
                 reach.round();
                 watch_validators(&mut watch, &mut meter, &core, &mesh, &key, &tag);
                 // No tick for 2 s: the sim is paused, whatever the last second's rate was, and

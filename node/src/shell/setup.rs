@@ -92,10 +92,6 @@ pub struct RunArgs {
     /// every directory of the process.
     #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub test_link_delay_ms: u64,
-    /// Tests only: this node answers clients' round-trip probes (`ping`) this many milliseconds
-    /// late, as if it were that much further away from them.
-    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
-    pub test_client_delay_ms: u64,
     /// With `--test-link-delay-ms`: each frame's delay varies by up to this percent of it.
     #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub test_link_jitter_percent: u32,
@@ -335,7 +331,7 @@ pub async fn fetch_config(dir: &DataDir, args: &RunArgs, join: &str, had: Option
     println!("joining through {join}: asking it for the sim's config and genesis");
     // A throwaway mesh on an ephemeral port: the node's own starts once the config is written.
     let local = std::net::SocketAddr::new(listen.ip(), 0);
-    let bootstrap = PeerAddr { key: their_key, tcp: Some(addr), quic: None };
+    let bootstrap = PeerAddr::direct(their_key, Some(addr), None);
     let (mesh, mut rx) = Mesh::start(&key, local, None, vec![bootstrap]).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let mut ask = tokio::time::interval(Duration::from_millis(500));

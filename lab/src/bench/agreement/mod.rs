@@ -481,8 +481,7 @@ async fn bench_libp2p(
         free_ports(n)?.into_iter().map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))).collect();
     let udp: Vec<std::net::SocketAddr> =
         free_udp_ports(n)?.into_iter().map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))).collect();
-    let peers: Vec<PeerAddr> =
-        (0..n).map(|i| PeerAddr { key: vks[i], tcp: Some(tcp[i]), quic: Some(udp[i]) }).collect();
+    let peers: Vec<PeerAddr> = (0..n).map(|i| PeerAddr::direct(vks[i], Some(tcp[i]), Some(udp[i]))).collect();
     let mut meshes = Vec::new();
     for i in 0..n {
         meshes.push(Mesh::start(&keys[i], tcp[i], Some(udp[i]), peers.clone()).await?);
