@@ -66,7 +66,12 @@ impl View {
                         u.apply(o);
                         if let Some(at) = u.at_mm {
                             let vel = u.vel_mm.unwrap_or_else(|| o.motion_mm().1);
-                            self.motion.insert(u.id.clone(), (at, vel, *tick));
+                            match self.motion.get_mut(&u.id) {
+                                Some(m) => *m = (at, vel, *tick),
+                                None => {
+                                    self.motion.insert(u.id.clone(), (at, vel, *tick));
+                                }
+                            }
                         }
                     }
                 }

@@ -268,9 +268,12 @@ pub struct ObjectUpdate {
 impl ObjectUpdate {
     /// Whether it changes nothing (dead reckoning left its motion out and nothing else changed).
     pub fn is_empty(&self) -> bool {
-        self.at_mm.is_none()
-            && self.vel_mm.is_none()
-            && self.text.is_none()
+        self.at_mm.is_none() && self.vel_mm.is_none() && self.is_motion_only()
+    }
+
+    /// Whether it changes the motion only (or nothing).
+    pub fn is_motion_only(&self) -> bool {
+        self.text.is_none()
             && self.color.is_none()
             && self.shape.is_none()
             && self.name.is_none()
@@ -285,6 +288,24 @@ impl ObjectUpdate {
     pub fn extrapolate(at: [i64; 2], vel: [i64; 2], ticks: u64, rate_hz: u32) -> [i64; 2] {
         let (t, r) = (ticks.min(1 << 32) as i64, i64::from(rate_hz.max(1)));
         [at[0].saturating_add(vel[0].saturating_mul(t) / r), at[1].saturating_add(vel[1].saturating_mul(t) / r)]
+    }
+
+    /// An update carrying all of an object's fields but its motion (for a client whose copy
+    /// of them may be older than the last change).
+    pub fn fields_of(v: &ObjectView) -> ObjectUpdate {
+        ObjectUpdate {
+            id: v.id.clone(),
+            at_mm: None,
+            vel_mm: None,
+            text: Some(v.text.clone()),
+            color: Some(v.color.clone()),
+            shape: Some(v.shape.clone()),
+            name: Some(v.name.clone()),
+            owner: Some(v.owner.clone()),
+            scripted: Some(v.scripted),
+            body: Some(v.body.clone()),
+            surface: Some(v.surface.clone()),
+        }
     }
 
     /// The update that turns `old` into `new` (the same object).
@@ -335,10 +356,12 @@ impl ObjectUpdate {
             }
         }
         if let Some([x, y]) = self.at_mm {
-            o.position = [decimal_of_mm(x), decimal_of_mm(y)];
+            write_decimal_of_mm(&mut o.position[0], x);
+            write_decimal_of_mm(&mut o.position[1], y);
         }
         if let Some([x, y]) = self.vel_mm {
-            o.velocity = [decimal_of_mm(x), decimal_of_mm(y)];
+            write_decimal_of_mm(&mut o.velocity[0], x);
+            write_decimal_of_mm(&mut o.velocity[1], y);
         }
         set(&mut o.text, &self.text);
         set(&mut o.color, &self.color);
@@ -369,10 +392,30 @@ pub fn millimetres(decimal: &str) -> i64 {
 
 /// Millimetres as a decimal of metres: `-12376` → `-12.376`.
 pub fn decimal_of_mm(mm: i64) -> String {
-    let sign = if mm < 0 { "-" } else { "" };
+    let mut s = String::with_capacity(16);
+    write_decimal_of_mm(&mut s, mm);
+    s
+}
+
+/// [`decimal_of_mm`] into `out` (its old text replaced; no allocation once it has room): a
+/// client applies many positions a second.
+pub fn write_decimal_of_mm(out: &mut String, mm: i64) {
+    use std::fmt::Write;
+    out.clear();
+    if mm < 0 {
+        out.push('-');
+    }
     let a = mm.unsigned_abs();
-    let (m, r) = (a / 1000, a % 1000);
-    if r == 0 { format!("{sign}{m}") } else { format!("{sign}{m}.{}", format!("{r:03}").trim_end_matches('0')) }
+    let (m, mut r) = (a / 1000, a % 1000);
+    let _ = write!(out, "{m}");
+    if r != 0 {
+        let mut digits = 3;
+        while r % 10 == 0 {
+            r /= 10;
+            digits -= 1;
+        }
+        let _ = write!(out, ".{r:0digits$}");
+    }
 }
 
 /// The whole metres of a decimal like `-12.375` (rounded down; 0 if it is not a number).
@@ -784,6 +827,17 @@ mod tests {
         }
         assert_eq!(decimal_of_mm(-12340), "-12.34");
         assert_eq!(decimal_of_mm(7000), "7");
+        // The same text as the plain formatting it replaced, into a reused buffer too.
+        let plain = |mm: i64| {
+            let sign = if mm < 0 { "-" } else { "" };
+            let (m, r) = (mm.unsigned_abs() / 1000, mm.unsigned_abs() % 1000);
+            if r == 0 { format!("{sign}{m}") } else { format!("{sign}{m}.{}", format!("{r:03}").trim_end_matches('0')) }
+        };
+        let mut buf = String::from("left over");
+        for mm in (-30_000..30_000).chain([i64::MIN, i64::MAX, 1_000_001, -999_999_990]) {
+            write_decimal_of_mm(&mut buf, mm);
+            assert_eq!(buf, plain(mm), "{mm}");
+        }
     }
 
     #[test]

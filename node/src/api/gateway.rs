@@ -13,8 +13,10 @@
 //!
 //! Limits: a client may submit at most [`SUBMITS_PER_SECOND`] events a second, frames are bounded,
 //! and a frame that is not a message is answered with an error and the connection is cut; the
-//! loop that runs the sim is never waited on by a session. A session too slow for the per-tick
-//! deltas loses them (the broadcast channel drops them) and gets its whole area again.
+//! loop that runs the sim is never waited on by a session. A session makes each delta from the
+//! index as it is (see [`crate::api::hub`]): one too slow for every tick skips ticks and its
+//! next delta brings its client up to date; a session more than [`crate::api::hub::FEED`] chat
+//! lines behind loses the oldest.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -183,14 +185,17 @@ struct View {
     authors: BTreeSet<String>,
     radius_m: Option<u32>,
     known: BTreeMap<u64, Sent>,
-    /// The area as last computed, and at which tick (it is recomputed every [`AREA_EVERY`]
-    /// ticks: objects enter a little late, at walking speeds a few decimetres, for a fraction
-    /// of the cost; what is known keeps being updated meanwhile).
-    area: Option<(u64, BTreeSet<u64>)>,
-    /// Send a delta every this many ticks (from the client's `max_hz`); what changed in between
-    /// waits in `pending`, folded per object.
+    /// The tick the area was last computed at (it is recomputed every [`AREA_EVERY`] ticks:
+    /// objects enter a little late, at walking speeds a few decimetres, for a fraction of the
+    /// cost; what is known keeps being updated meanwhile).
+    area: Option<u64>,
+    /// The area's objects as last computed, in key order (kept to reuse its room).
+    in_area: Vec<u64>,
+    /// Send a delta every this many ticks (from the client's `max_hz`).
     stride: u64,
-    pending: BTreeMap<u64, ObjectUpdate>,
+    /// The index's tick at the last delta (0: none yet): the client has every object it knows
+    /// as of then.
+    last_tick: u64,
 }
 
 /// Ticks between recomputations of a session's area of interest.
@@ -202,34 +207,36 @@ impl View {
         View { follow: Some(String::new()), ..View::default() }
     }
 
-    /// Where the followed avatar stands, and the ids in the area (`None`: the whole sim).
-    fn area(&self, index: &AoiIndex) -> (Option<[i64; 2]>, BTreeSet<u64>) {
+    /// The ids in the area, into `in_area` in key order (no interest: the whole sim).
+    fn compute_area(&mut self, index: &AoiIndex) {
         match &self.follow {
-            None => (None, index.all()),
+            None => index.all(&mut self.in_area),
             Some(account) => match index.avatar_at(account) {
                 Some(at) => {
                     let r = self.radius_m.unwrap_or(index.radius_m).clamp(1, 4096);
-                    (Some(at), index.within(at, r))
+                    index.within(at, r, &mut self.in_area);
                 }
-                None => (None, BTreeSet::new()),
+                None => self.in_area.clear(),
             },
         }
     }
 
-    /// The delta that brings the client from what it knows to the area now. Motion is dead
-    /// reckoned: a moving object's position is sent again only when the client's extrapolation
-    /// would be off by more than [`proto::DEAD_RECKONING_MM`], or its velocity changed as much.
-    fn delta(&mut self, index: &AoiIndex, changed: &[(u64, ObjectUpdate)]) -> ServerMsg {
+    /// The delta that brings the client from what it knows to the area now: what entered and
+    /// left its area, and for each object it knows, its motion when the client's dead reckoning
+    /// would be off by more than [`proto::DEAD_RECKONING_MM`] (or its velocity changed as
+    /// much), and its other fields when they changed since the last delta. It reads the index
+    /// only: its cost is the client's area, whatever the rest of the world did.
+    fn delta(&mut self, index: &AoiIndex) -> ServerMsg {
         let tick = index.tick;
-        let fresh = match &self.area {
-            Some((at, _)) => tick < *at || tick - *at >= AREA_EVERY,
+        let fresh = match self.area {
+            Some(at) => tick < at || tick - at >= AREA_EVERY,
             None => true,
         };
         let mut enter = Vec::new();
         let mut leave = Vec::new();
         if fresh {
-            let (_, area) = self.area(index);
-            for k in &area {
+            self.compute_area(index);
+            for k in &self.in_area {
                 if !self.known.contains_key(k)
                     && let (Some(v), Some((at, vel))) = (index.get(*k), index.motion(*k))
                 {
@@ -237,12 +244,15 @@ impl View {
                     enter.push(v.clone());
                 }
             }
-            let gone: Vec<u64> = self.known.keys().filter(|k| !area.contains(*k)).copied().collect();
-            for k in gone {
-                self.known.remove(&k);
-                leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
-            }
-            self.area = Some((tick, area));
+            let area = &self.in_area;
+            self.known.retain(|k, _| {
+                let stays = area.binary_search(k).is_ok();
+                if !stays {
+                    leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
+                }
+                stays
+            });
+            self.area = Some(tick);
         } else {
             // Between recomputations: only removals from the world leave.
             let gone: Vec<u64> = self.known.keys().filter(|k| index.get(**k).is_none()).copied().collect();
@@ -251,26 +261,37 @@ impl View {
                 leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
             }
         }
+        let since = self.last_tick;
         let mut update = Vec::new();
-        for (k, u) in changed {
-            let (Some(sent), Some((at, vel))) = (self.known.get_mut(k), index.motion(*k)) else { continue };
+        for (k, sent) in self.known.iter_mut() {
             if sent.tick == tick {
                 continue; // entered whole this tick
             }
-            let mut u = u.clone();
-            let guess = ObjectUpdate::extrapolate(sent.at, sent.vel, tick - sent.tick, index.rate_hz);
+            let Some(e) = index.entry(*k) else { continue };
+            let (v, (at, vel), meta) = (&e.view, e.motion, &e.meta);
+            let guess = ObjectUpdate::extrapolate(sent.at, sent.vel, tick.saturating_sub(sent.tick), index.rate_hz);
             let off = |a: [i64; 2], b: [i64; 2]| (a[0] - b[0]).abs().max((a[1] - b[1]).abs());
             let stopped = vel == [0, 0] && sent.vel != [0, 0];
-            if off(guess, at) > proto::DEAD_RECKONING_MM || off(vel, sent.vel) > proto::DEAD_RECKONING_MM || stopped {
+            let motion =
+                off(guess, at) > proto::DEAD_RECKONING_MM || off(vel, sent.vel) > proto::DEAD_RECKONING_MM || stopped;
+            // Most objects of a crowd move as the client's dead reckoning says: they cost this
+            // comparison, not a copy.
+            let fields = meta.tick > since;
+            if !motion && !fields {
+                continue;
+            }
+            let mut u = match (&meta.diff, fields) {
+                (Some(d), true) if meta.prev <= since => ObjectUpdate { id: v.id.clone(), ..(**d).clone() },
+                (_, true) => ObjectUpdate::fields_of(v),
+                (_, false) => ObjectUpdate { id: v.id.clone(), ..ObjectUpdate::default() },
+            };
+            if motion {
                 (u.at_mm, u.vel_mm) = (Some(at), Some(vel));
                 *sent = Sent { at, vel, tick };
-            } else {
-                (u.at_mm, u.vel_mm) = (None, None);
             }
-            if !u.is_empty() {
-                update.push(u);
-            }
+            update.push(u);
         }
+        self.last_tick = tick;
         ServerMsg::Tick { tick, enter, update, leave }
     }
 
@@ -295,9 +316,9 @@ async fn full_state<T: Transport>(t: &mut T, s: &Service, hub: &Hub, view: &mut 
     let m = {
         let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
         view.known.clear();
-        view.pending.clear();
         view.area = None;
-        let mut m = view.delta(&index, &[]);
+        view.last_tick = 0;
+        let mut m = view.delta(&index);
         if let ServerMsg::Tick { tick: t, .. } = &mut m {
             // An index nobody kept (no session listened) is refilled at the next tick.
             *t = (*t).max(tick);
@@ -335,6 +356,7 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
     hub.clients.fetch_add(1, Ordering::Relaxed);
     let _counted = Counted(&hub.clients);
     let mut feed = hub.feed.subscribe();
+    let mut ticks = hub.ticks.subscribe();
     if !full_state(&mut t, &s, &hub, &mut view).await {
         return;
     }
@@ -415,24 +437,27 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                     return;
                 }
             }
+            r = ticks.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                let tick = *ticks.borrow_and_update();
+                if tick < view.last_tick.saturating_add(view.stride.max(1)) {
+                    continue;
+                }
+                let m = {
+                    let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
+                    if index.tick <= view.last_tick {
+                        continue;
+                    }
+                    view.delta(&index)
+                };
+                if !t.send(&m).await {
+                    return;
+                }
+            }
             f = feed.recv() => {
                 let m = match f {
-                    Ok(Feed::Tick { tick, changed }) => {
-                        for (k, u) in changed.iter().filter(|(k, _)| view.known.contains_key(k)) {
-                            match view.pending.get_mut(k) {
-                                Some(p) => p.merge(u),
-                                None => {
-                                    view.pending.insert(*k, u.clone());
-                                }
-                            }
-                        }
-                        if !tick.is_multiple_of(view.stride.max(1)) {
-                            continue;
-                        }
-                        let pending: Vec<(u64, ObjectUpdate)> = std::mem::take(&mut view.pending).into_iter().collect();
-                        let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
-                        view.delta(&index, &pending)
-                    }
                     Ok(Feed::Chat(c)) => {
                         let heard = view.hears(&c, &hub.index.read().unwrap_or_else(|e| e.into_inner()));
                         if !heard {
@@ -455,11 +480,10 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                         }
                         continue;
                     }
-                    Err(RecvError::Lagged(_)) => {
-                        // Too slow for the deltas: they are dropped; start again from the whole area.
-                        if !full_state(&mut t, &s, &hub, &mut view).await {
-                            return;
-                        }
+                    Err(RecvError::Lagged(n)) => {
+                        // More than `FEED` lines behind (a client that does not read): the
+                        // oldest are lost; its deltas are not (they come from the index).
+                        tracing::debug!(missed = n, "a session fell behind the chat feed");
                         continue;
                     }
                     Err(RecvError::Closed) => return,
@@ -543,7 +567,7 @@ mod tests {
         let changed = index.update(1, world(90, "closed").into_iter());
         assert!(changed.is_empty(), "new objects are not changes");
         let mut view = View { follow: Some(me.clone()), ..View::default() };
-        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index, &changed) else { panic!() };
+        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index) else { panic!() };
         let ids: Vec<&str> = enter.iter().map(|o| o.id.as_str()).collect();
         // 3v0 is 35 x 18 m away (39 m): outside 30 m; 2v0 far away.
         assert_eq!(ids, ["0v0", "1v0"]);
@@ -553,7 +577,7 @@ mod tests {
         let changed = index.update(1 + AREA_EVERY, world(110, "open").into_iter());
         assert_eq!(changed.iter().map(|(_, u)| u.id.as_str()).collect::<Vec<_>>(), ["0v0", "1v0"]);
         assert_eq!(changed.iter().map(|(k, _)| *k).collect::<Vec<_>>(), [0, 1 << 32]);
-        let ServerMsg::Tick { tick, enter, update, leave } = view.delta(&index, &changed) else { panic!() };
+        let ServerMsg::Tick { tick, enter, update, leave } = view.delta(&index) else { panic!() };
         assert_eq!(tick, 1 + AREA_EVERY);
         assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["3v0"]);
         assert_eq!(update.len(), 2);
@@ -566,8 +590,8 @@ mod tests {
         // Far east: everything but 2v0 leaves and 2v0 enters; a removed object leaves too.
         let mut w = world(190, "open");
         w.remove(3);
-        let changed = index.update(1 + 2 * AREA_EVERY, w.into_iter());
-        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index, &changed) else { panic!() };
+        index.update(1 + 2 * AREA_EVERY, w.into_iter());
+        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index) else { panic!() };
         assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["2v0"]);
         assert_eq!(leave, ["1v0", "3v0"]);
         assert_eq!(index.len(), 3);
@@ -592,9 +616,54 @@ mod tests {
         assert!(!view.hears(&line(190, 10, Some("bb".repeat(32))), &index));
         // Without an interest: the whole sim, every public line.
         let mut all = View::default();
-        let ServerMsg::Tick { enter, .. } = all.delta(&index, &[]) else { panic!() };
+        let ServerMsg::Tick { enter, .. } = all.delta(&index) else { panic!() };
         assert_eq!(enter.len(), 3);
         assert!(all.hears(&line(-1000, 10, None), &index));
+    }
+
+    /// Deltas come from the index alone: a session that skips ticks (a slow client, or one
+    /// asking for fewer deltas) still ends with every object as it is. A session that had the
+    /// object's fields before their last change gets that change; one further behind gets the
+    /// fields whole.
+    #[test]
+    fn a_session_that_skips_ticks_gets_what_changed_since_its_last_delta() {
+        let me = "aa".repeat(32);
+        let mut index = AoiIndex { radius_m: 1000, rate_hz: 20, ..AoiIndex::default() };
+        let world = |text: &str, color: &str| {
+            let mut door = obj("1v0", "x", false, 5, 5);
+            (door.text, door.color) = (text.into(), color.into());
+            vec![obj("0v0", &me, true, 0, 0), door].into_iter()
+        };
+        let new = || View { follow: Some(me.clone()), ..View::default() };
+        let (mut quick, mut slow) = (new(), new());
+        let (mut qc, mut sc) = (metatopia_client::View::default(), metatopia_client::View::default());
+        index.update(1, world("closed", "ffffffff"));
+        qc.apply(&quick.delta(&index));
+        sc.apply(&slow.delta(&index));
+        index.update(2, world("open", "ffffffff"));
+        qc.apply(&quick.delta(&index));
+        index.update(3, world("open", "00ff00ff"));
+        // The quick one had tick 2: the recolouring alone.
+        let m = quick.delta(&index);
+        let ServerMsg::Tick { update, .. } = &m else { panic!() };
+        assert_eq!(update.len(), 1, "{update:?}");
+        assert_eq!((update[0].color.as_deref(), update[0].text.as_deref()), (Some("00ff00ff"), None));
+        qc.apply(&m);
+        // The slow one last had tick 1: both changes, as the fields whole.
+        let m = slow.delta(&index);
+        let ServerMsg::Tick { update, enter, leave, .. } = &m else { panic!() };
+        assert!(enter.is_empty() && leave.is_empty(), "no start over: {m:?}");
+        assert_eq!((update[0].color.as_deref(), update[0].text.as_deref()), (Some("00ff00ff"), Some("open")));
+        sc.apply(&m);
+        for c in [&qc, &sc] {
+            assert_eq!(c.objects.get("1v0"), index.get(1 << 32), "the client's door is the index's");
+        }
+        // Nothing changed since: an empty delta for both.
+        index.update(4, world("open", "00ff00ff"));
+        for v in [&mut quick, &mut slow] {
+            let ServerMsg::Tick { update, enter, leave, .. } = v.delta(&index) else { panic!() };
+            assert!(update.is_empty() && enter.is_empty() && leave.is_empty());
+        }
     }
 
     /// One tick: the world is `me` and the ball; the node's delta goes to a real client view.
@@ -606,8 +675,8 @@ mod tests {
         ball: ObjectView,
     ) -> usize {
         let me = "aa".repeat(32);
-        let changed = index.update(tick, vec![obj("0v0", &me, true, 0, 0), ball].into_iter());
-        let m = view.delta(index, &changed);
+        index.update(tick, vec![obj("0v0", &me, true, 0, 0), ball].into_iter());
+        let m = view.delta(index);
         let ServerMsg::Tick { update, .. } = &m else { panic!() };
         let n = update.iter().filter(|u| u.at_mm.is_some()).count();
         client.apply(&m);
@@ -667,8 +736,11 @@ mod tests {
                 })
                 .map(|o| o.id.clone())
                 .collect();
-            let scan: BTreeSet<u64> = scan.iter().filter_map(|id| key_of(id)).collect();
-            assert_eq!(index.within(c, r), scan, "center {c:?} radius {r}");
+            let scan: Vec<u64> =
+                scan.iter().filter_map(|id| key_of(id)).collect::<BTreeSet<u64>>().into_iter().collect();
+            let mut within = Vec::new();
+            index.within(c, r, &mut within);
+            assert_eq!(within, scan, "center {c:?} radius {r}");
         }
     }
 }

@@ -1,27 +1,29 @@
 //! The node's side of the client service that the loop feeds: the [`Hub`] (what every session
-//! reads: the tick's deltas, the area-of-interest index, counts) and the grid [`AoiIndex`].
+//! reads: the area-of-interest index and the tick it is at, chat and status, counts) and the
+//! grid [`AoiIndex`].
+//!
+//! A session makes its client's delta from the index alone: what it sent of each object it
+//! knows (the motion its client extrapolates, the tick of its last delta) against the index
+//! now. So a delta costs what the client's area holds, a session that falls behind skips ticks
+//! instead of queueing them (and never starts over from the whole area), and the loop publishes
+//! a tick as one number.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::RwLock;
 use std::sync::atomic::AtomicU32;
-use std::sync::{Arc, RwLock};
 
 use metatopia_client::proto::{self, ChatView, NodeAddr, ObjectUpdate, ObjectView};
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{broadcast, oneshot, watch};
 
 /// Events one connection may submit per second.
 pub const SUBMITS_PER_SECOND: u32 = 50;
 /// The side of the index's grid cells, metres.
 const CELL_M: i64 = 16;
 
-/// What the node's loop publishes to every session.
+/// Lines, statuses and notices the node's loop publishes to every session (the ticks go by
+/// [`Hub::ticks`]).
 #[derive(Clone, Debug)]
 pub enum Feed {
-    /// A tick executed; these objects changed. Created and removed objects are found by
-    /// comparing the index with what a session has sent.
-    Tick {
-        tick: u64,
-        changed: Arc<Vec<(u64, ObjectUpdate)>>,
-    },
     Chat(ChatView),
     Status(Box<proto::Status>),
     /// The sim's admin kicked or banned this account: its sessions are closed.
@@ -37,6 +39,9 @@ pub enum Feed {
     },
 }
 
+/// Lines and notices a session may be behind by before it misses some.
+pub const FEED: usize = 1024;
+
 /// Crossed avatars remembered for `Route`.
 pub const MAX_MOVED: usize = 65_536;
 
@@ -44,6 +49,8 @@ pub const MAX_MOVED: usize = 65_536;
 #[derive(Debug)]
 pub struct Hub {
     pub feed: broadcast::Sender<Feed>,
+    /// The tick the index is at, as the loop last brought it there: sessions wake on it.
+    pub ticks: watch::Sender<u64>,
     pub index: RwLock<AoiIndex>,
     /// The sim this node serves and the nodes clients may connect to for it.
     pub sim: u32,
@@ -65,7 +72,8 @@ pub struct Hub {
 impl Hub {
     pub fn new(sim: u32, nodes: Vec<NodeAddr>) -> Hub {
         Hub {
-            feed: broadcast::channel(64).0,
+            feed: broadcast::channel(FEED).0,
+            ticks: watch::channel(0).0,
             index: RwLock::new(AoiIndex::default()),
             sim,
             nodes,
@@ -131,6 +139,11 @@ impl Hub {
     pub fn publish(&self, f: Feed) {
         let _ = self.feed.send(f);
     }
+
+    /// The index is at `tick` now: sessions make their deltas.
+    pub fn publish_tick(&self, tick: u64) {
+        self.ticks.send_replace(tick);
+    }
 }
 
 /// An object id (`SLOTvGEN`) as one number, for the index's sets.
@@ -174,21 +187,48 @@ impl Raw {
 /// One object in the index: its view, where it is (whole metres) and its grid cell.
 #[derive(Debug)]
 pub(crate) struct Entry {
-    view: ObjectView,
+    pub(crate) view: ObjectView,
     /// What the view was built from (`None`: given as a view).
     raw: Option<Raw>,
     at: [i64; 2],
     cell: (i64, i64),
     /// Position (mm) and velocity (mm/s), parsed once per change for every session's dead reckoning.
-    motion: ([i64; 2], [i64; 2]),
+    pub(crate) motion: ([i64; 2], [i64; 2]),
+    /// When its other fields last changed, and how.
+    pub(crate) meta: Meta,
 }
+
+/// When an object's fields other than its motion last changed: a session whose last delta
+/// is at or after `prev` needs only `diff`; one further behind (or that never had it), the
+/// whole of them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Meta {
+    pub tick: u64,
+    pub prev: u64,
+    /// What changed at `tick` (no motion), `None` when it came into the index then.
+    pub diff: Option<Box<ObjectUpdate>>,
+}
+
+impl Meta {
+    fn after(old: Meta, tick: u64, u: &ObjectUpdate) -> Meta {
+        if u.is_motion_only() {
+            return old;
+        }
+        let diff = ObjectUpdate { at_mm: None, vel_mm: None, ..u.clone() };
+        Meta { tick, prev: old.tick, diff: Some(Box::new(diff)) }
+    }
+}
+
+/// An object of a grid cell: its key and where it is (whole metres).
+pub(crate) type Placed = (u64, [i64; 2]);
 
 /// Every object's view, on a grid of [`CELL_M`]-metre cells, and each account's avatar.
 #[derive(Debug, Default)]
 pub struct AoiIndex {
     pub tick: u64,
     pub(crate) objects: BTreeMap<u64, Entry>,
-    pub(crate) cells: BTreeMap<(i64, i64), BTreeSet<u64>>,
+    /// Each cell's objects by key, with where they are (whole metres).
+    pub(crate) cells: BTreeMap<(i64, i64), Vec<Placed>>,
     pub(crate) avatars: BTreeMap<String, u64>,
     /// The index's keys, reused by [`AoiIndex::update_world`] from tick to tick.
     pub(crate) scratch: Vec<u64>,
@@ -212,15 +252,16 @@ impl AoiIndex {
         for v in now {
             let Some(k) = key_of(&v.id) else { continue };
             seen.insert(k);
-            match self.objects.get(&k) {
+            match self.objects.get_mut(&k) {
                 Some(e) if e.view == v => continue,
                 Some(e) => {
-                    changed.push((k, ObjectUpdate::between(&e.view, &v)));
-                    self.remove(k);
+                    let u = ObjectUpdate::between(&e.view, &v);
+                    let meta = Meta::after(std::mem::take(&mut e.meta), tick, &u);
+                    changed.push((k, u));
+                    self.replace(k, v, meta);
                 }
-                None => {}
+                None => self.insert(k, v),
             }
-            self.insert(k, v);
         }
         let gone: Vec<u64> = self.objects.keys().filter(|k| !seen.contains(*k)).copied().collect();
         for k in gone {
@@ -267,10 +308,11 @@ impl AoiIndex {
                         e.raw = Some(raw);
                         continue;
                     }
-                    changed.push((k, ObjectUpdate::between(&e.view, &v)));
-                    self.remove(k);
-                    self.insert(k, v);
-                    self.objects.get_mut(&k).expect("just inserted").raw = Some(raw);
+                    let u = ObjectUpdate::between(&e.view, &v);
+                    let meta = Meta::after(std::mem::take(&mut e.meta), tick, &u);
+                    changed.push((k, u));
+                    self.replace(k, v, meta);
+                    self.objects.get_mut(&k).expect("just replaced").raw = Some(raw);
                 }
                 None => {
                     self.insert(k, view(o));
@@ -289,18 +331,60 @@ impl AoiIndex {
         let motion = view.motion_mm();
         let at = [motion.0[0].div_euclid(1000), motion.0[1].div_euclid(1000)];
         let cell = Self::cell(at);
-        self.cells.entry(cell).or_default().insert(k);
+        let objects = self.cells.entry(cell).or_default();
+        if let Err(i) = objects.binary_search_by_key(&k, |(k, _)| *k) {
+            objects.insert(i, (k, at));
+        }
         if view.avatar {
             self.avatars.insert(view.owner.clone(), k);
         }
-        self.objects.insert(k, Entry { view, raw: None, at, cell, motion });
+        let meta = Meta { tick: self.tick, prev: self.tick, diff: None };
+        self.objects.insert(k, Entry { view, raw: None, at, cell, motion, meta });
+    }
+
+    /// A known object's new view: moved between cells only when its cell changed, its avatar
+    /// entry touched only when its owner or kind did (a walking crowd costs no allocation).
+    fn replace(&mut self, k: u64, view: ObjectView, meta: Meta) {
+        let Some(e) = self.objects.get(&k) else {
+            self.insert(k, view);
+            return;
+        };
+        if e.view.avatar != view.avatar || e.view.owner != view.owner {
+            self.remove(k);
+            self.insert(k, view);
+            self.objects.get_mut(&k).expect("just inserted").meta = meta;
+            return;
+        }
+        let motion = view.motion_mm();
+        let at = [motion.0[0].div_euclid(1000), motion.0[1].div_euclid(1000)];
+        let cell = Self::cell(at);
+        let old = e.cell;
+        if old != cell
+            && let Some(objects) = self.cells.get_mut(&old)
+        {
+            if let Ok(i) = objects.binary_search_by_key(&k, |(k, _)| *k) {
+                objects.remove(i);
+            }
+            if objects.is_empty() {
+                self.cells.remove(&old);
+            }
+        }
+        let objects = self.cells.entry(cell).or_default();
+        match objects.binary_search_by_key(&k, |(k, _)| *k) {
+            Ok(i) => objects[i].1 = at,
+            Err(i) => objects.insert(i, (k, at)),
+        }
+        let e = self.objects.get_mut(&k).expect("present");
+        (e.view, e.at, e.cell, e.motion, e.meta) = (view, at, cell, motion, meta);
     }
 
     fn remove(&mut self, k: u64) {
         if let Some(e) = self.objects.remove(&k) {
-            if let Some(set) = self.cells.get_mut(&e.cell) {
-                set.remove(&k);
-                if set.is_empty() {
+            if let Some(objects) = self.cells.get_mut(&e.cell) {
+                if let Ok(i) = objects.binary_search_by_key(&k, |(k, _)| *k) {
+                    objects.remove(i);
+                }
+                if objects.is_empty() {
                     self.cells.remove(&e.cell);
                 }
             }
@@ -323,6 +407,11 @@ impl AoiIndex {
         self.objects.get(&k).map(|e| e.motion)
     }
 
+    /// An object's view, motion and the last change of its other fields.
+    pub(crate) fn entry(&self, k: u64) -> Option<&Entry> {
+        self.objects.get(&k)
+    }
+
     pub fn len(&self) -> usize {
         self.objects.len()
     }
@@ -336,27 +425,28 @@ impl AoiIndex {
         self.objects.get(self.avatars.get(account)?).map(|e| e.at)
     }
 
-    /// The objects within `radius` metres of `center`.
-    pub fn within(&self, center: [i64; 2], radius: u32) -> BTreeSet<u64> {
+    /// The objects within `radius` metres of `center`, into `out` (cleared first) in key order.
+    pub fn within(&self, center: [i64; 2], radius: u32, out: &mut Vec<u64>) {
+        out.clear();
         let r = i64::from(radius);
         let (lo, hi) = (Self::cell([center[0] - r, center[1] - r]), Self::cell([center[0] + r, center[1] + r]));
-        let mut out = BTreeSet::new();
-        for (_, ids) in
+        for (_, objects) in
             self.cells.range((lo.0, i64::MIN)..=(hi.0, i64::MAX)).filter(|((_, y), _)| (lo.1..=hi.1).contains(y))
         {
-            for k in ids {
-                let p = self.objects[k].at;
+            for (k, p) in objects {
                 let (dx, dy) = (i128::from(p[0] - center[0]), i128::from(p[1] - center[1]));
                 if dx * dx + dy * dy <= i128::from(r) * i128::from(r) {
-                    out.insert(*k);
+                    out.push(*k);
                 }
             }
         }
-        out
+        out.sort_unstable();
     }
 
-    pub fn all(&self) -> BTreeSet<u64> {
-        self.objects.keys().copied().collect()
+    /// Every object, into `out` (cleared first) in key order.
+    pub fn all(&self, out: &mut Vec<u64>) {
+        out.clear();
+        out.extend(self.objects.keys().copied());
     }
 }
 

@@ -15,7 +15,8 @@ pub const SUBMISSIONS_REMEMBERED: usize = 8192;
 
 #[derive(Debug, Default)]
 pub struct Latencies {
-    proposed_at: BTreeMap<u64, Micros>,
+    /// By (tick, view): views start again at each epoch, ticks do not.
+    proposed_at: BTreeMap<(u64, u64), Micros>,
     commit_us: VecDeque<u64>,
     submitted_at: BTreeMap<EventId, Micros>,
     submitted_order: VecDeque<EventId>,
@@ -23,18 +24,18 @@ pub struct Latencies {
 }
 
 impl Latencies {
-    /// A proposal of `view` seen (made or received) at `now`: the first sight counts.
-    pub fn proposal_seen(&mut self, view: u64, now: Micros) {
-        self.proposed_at.entry(view).or_insert(now);
+    /// A proposal of (tick, view) seen (made or received) at `now`: the first sight counts.
+    pub fn proposal_seen(&mut self, block: (u64, u64), now: Micros) {
+        self.proposed_at.entry(block).or_insert(now);
         while self.proposed_at.len() > PROPOSALS_REMEMBERED {
             self.proposed_at.pop_first();
         }
     }
 
-    /// The block of `view` committed at `now`.
-    pub fn committed(&mut self, view: u64, now: Micros) {
-        if let Some(seen) = self.proposed_at.get(&view) {
-            push(&mut self.commit_us, now.saturating_sub(*seen));
+    /// The block of (tick, view) committed at `now`.
+    pub fn committed(&mut self, block: (u64, u64), now: Micros) {
+        if let Some(seen) = self.proposed_at.remove(&block) {
+            push(&mut self.commit_us, now.saturating_sub(seen));
         }
     }
 
@@ -83,18 +84,37 @@ fn median_and_p99(v: &VecDeque<u64>) -> Option<(u64, u64)> {
     Some((at(50), at(99)))
 }
 
-/// The view of a proposal (any of its forms), if `msg` is one.
-pub fn proposal_view(msg: &Message) -> Option<u64> {
+/// The tick and view of a proposal (any of its forms), if `msg` is one.
+pub fn proposal_view(msg: &Message) -> Option<(u64, u64)> {
     match msg {
         Message::Propose { block, .. } | Message::ProposeIds { block, .. } | Message::ProposeRefs { block, .. } => {
-            Some(block.view.0)
+            Some((block.tick, block.view.0))
         }
         Message::Authenticated { inner, .. } => match &**inner {
             Signed::Propose { block, .. } | Signed::ProposeIds { block, .. } | Signed::ProposeRefs { block, .. } => {
-                Some(block.view.0)
+                Some((block.tick, block.view.0))
             }
             _ => None,
         },
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Views start again at each epoch: a view's proposal that never committed in one epoch
+    /// does not become the start of the same view's block in the next (a 50 s "latency").
+    #[test]
+    fn a_view_number_seen_again_in_a_later_epoch_is_a_new_proposal() {
+        let mut l = Latencies::default();
+        l.proposal_seen((100, 5), 0);
+        l.proposal_seen((1100, 5), 50_000_000);
+        l.committed((1100, 5), 50_020_000);
+        assert_eq!(l.commit_us(), Some((20_000, 20_000)));
+        // A second sight of a committed block's proposal is not counted again.
+        l.committed((1100, 5), 50_040_000);
+        assert_eq!(l.commit_us(), Some((20_000, 20_000)));
     }
 }

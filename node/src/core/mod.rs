@@ -960,7 +960,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
 
     /// A commit at `now`: its latency from the proposal's first sight, if it was seen here.
     fn committed_at(&mut self, c: &metatopia_consensus::Commit, now: Micros) -> &mut Self {
-        self.latency.committed(c.block.view.0, now);
+        self.latency.committed((c.block.tick, c.block.view.0), now);
         self
     }
 

@@ -567,9 +567,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
                     if index.is_empty() && !w.objects().is_empty() {
                         let tick = w.tick().0;
-                        let changed = index.update_world(tick, w, |o| object_view(w, o, false));
+                        index.update_world(tick, w, |o| object_view(w, o, false));
                         drop(index);
-                        hub.publish(Feed::Tick { tick, changed: std::sync::Arc::new(changed) });
+                        hub.publish_tick(tick);
                     }
                 }
             }
@@ -686,9 +686,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         index.radius_m = w.settings().aoi_radius_m;
                         index.rate_hz = meter.status.tick_rate_hz;
                         if hub.listened() {
-                            let changed = index.update_world(tick.0, w, |o| object_view(w, o, false));
+                            index.update_world(tick.0, w, |o| object_view(w, o, false));
                             drop(index);
-                            hub.publish(Feed::Tick { tick: tick.0, changed: std::sync::Arc::new(changed) });
+                            hub.publish_tick(tick.0);
                         } else if !index.is_empty() {
                             // Nobody looks: building views every tick would be wasted.
                             index.clear();
