@@ -448,6 +448,7 @@ mod tests {
         s.peer_paths.insert("cc".repeat(32), "relayed".into());
         s.reachability = "private".into();
         s.relays = vec!["dd".repeat(32)];
+        s.card_relayed = vec!["/ip4/10.0.0.1/udp/7000/quic-v1/p2p/RELAY/p2p-circuit/p2p/ME".into()];
         (s.hole_punched, s.hole_punch_failed) = (1, 2);
         let out = render_stats(&s);
         assert!(out.contains("2 direct, 1 relayed (cccccccc…)"), "{out}");
@@ -456,6 +457,13 @@ mod tests {
                 "reachability       private, reachable through relays dddddddd…; hole punching 1 direct, 2 failed\n"
             ),
             "{out}"
+        );
+        // Relays held but not yet in the signed card (it is signed again at the next round).
+        let pending = Status { card_relayed: Vec::new(), ..s.clone() };
+        assert!(
+            render_stats(&pending).contains("dddddddd… (0 named in its card so far);"),
+            "{}",
+            render_stats(&pending)
         );
         s.relay_serving = [2, 1];
         assert!(render_stats(&s).contains("relaying for others: 2 reservations, 1 circuits, 0 refused"));
