@@ -10,8 +10,6 @@ use libp2p::multiaddr::Protocol;
 use metatopia_raynet::{Entry, PeerId, Point};
 use serde::{Deserialize, Serialize};
 
-use crate::net::PeerAddr;
-
 /// Domain separation of card signatures.
 const CARD_DOMAIN: &[u8] = b"metatopia/raynet-card/v1";
 /// Coordinates beyond this (metres) are refused: no world is that large, and it keeps the
@@ -59,7 +57,7 @@ impl CardBody {
             return Err(format!("card with {} relayed addresses (at most {MAX_RELAYED})", self.relayed.len()));
         }
         let key = VerifyingKey::from_bytes(&self.key).map_err(|_| "card key is not an ed25519 point".to_owned())?;
-        let me = crate::net::peer_id(&key);
+        let me = peer_id(&key);
         self.relayed
             .iter()
             .map(|a| {
@@ -74,13 +72,6 @@ impl CardBody {
                 Ok(m)
             })
             .collect()
-    }
-
-    /// Where the mesh dials this card's node: directly first, then through its relays.
-    pub fn peer_addr(&self) -> Option<PeerAddr> {
-        let key = VerifyingKey::from_bytes(&self.key).ok()?;
-        let relayed = self.relayed_addrs().unwrap_or_default();
-        Some(PeerAddr { key, tcp: Some(self.addr), quic: self.quic, relayed })
     }
 }
 
@@ -129,6 +120,13 @@ impl Card {
     pub(crate) fn entry(&self) -> Entry {
         Entry { id: self.id(), pos: self.point(), age: 0 }
     }
+}
+
+/// A node's libp2p peer id: its ed25519 node key, inlined.
+pub fn peer_id(key: &VerifyingKey) -> libp2p::PeerId {
+    let public = libp2p::identity::ed25519::PublicKey::try_from_bytes(key.as_bytes())
+        .expect("an ed25519-dalek verifying key is a valid ed25519 public key");
+    libp2p::identity::PublicKey::from(public).to_peer_id()
 }
 
 /// A key's Raynet id: the first 8 bytes of its blake3 hash.

@@ -15,6 +15,8 @@ pub mod frames;
 pub mod reach;
 pub mod wire;
 
+pub use card::peer_id;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::num::NonZeroU8;
@@ -108,6 +110,13 @@ pub struct PeerAddr {
 }
 
 impl PeerAddr {
+    /// Where the mesh dials a card's node: directly first, then through the relays it names.
+    pub fn of_card(card: &card::CardBody) -> Option<PeerAddr> {
+        let key = VerifyingKey::from_bytes(&card.key).ok()?;
+        let relayed = card.relayed_addrs().unwrap_or_default();
+        Some(PeerAddr { key, tcp: Some(card.addr), quic: card.quic, relayed })
+    }
+
     /// A node at these direct addresses (no relays known).
     pub fn direct(key: VerifyingKey, tcp: Option<SocketAddr>, quic: Option<SocketAddr>) -> PeerAddr {
         PeerAddr { key, tcp, quic, relayed: Vec::new() }
@@ -128,13 +137,6 @@ pub enum MeshEvent {
     Message(ValidatorIndex, NodeMsg),
     /// A node outside the list connected and got this index.
     Joined { index: u16, key: VerifyingKey },
-}
-
-/// The libp2p identity of an ed25519 node key.
-pub fn peer_id(key: &VerifyingKey) -> PeerId {
-    let public = identity::ed25519::PublicKey::try_from_bytes(key.as_bytes())
-        .expect("an ed25519-dalek verifying key is a valid ed25519 public key");
-    identity::PublicKey::from(public).to_peer_id()
 }
 
 /// The node key behind a peer id, when it is an ed25519 key (inlined in the id).

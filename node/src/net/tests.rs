@@ -265,7 +265,7 @@ fn a_card_names_only_circuits_to_its_own_node() {
     let addr = loopback(7000);
     let good = card_of(&k, addr, vec![circuit(me)]);
     assert_eq!(good.check(), Ok(()));
-    assert_eq!(good.body.peer_addr().unwrap().relayed, vec![circuit(me).parse::<Multiaddr>().unwrap()]);
+    assert_eq!(PeerAddr::of_card(&good.body).unwrap().relayed, vec![circuit(me).parse::<Multiaddr>().unwrap()]);
     let bad = |relayed: Vec<String>| card_of(&k, addr, relayed).check().unwrap_err();
     assert!(bad(vec![circuit(me); 5]).contains("5 relayed addresses"), "{}", bad(vec![circuit(me); 5]));
     assert!(bad(vec![circuit(them)]).contains("not a circuit to the card's node"));
@@ -308,7 +308,7 @@ async fn a_node_behind_a_nat_is_dialed_through_the_relays_its_card_names() {
     assert_eq!(card.check(), Ok(()));
     let (far, _rf) =
         Mesh::start_with(&kc, a[2].0, Some(a[2].1), vec![at(&kc, 2)], options(Reachability::Private)).await.unwrap();
-    let to = far.add_outsiders(vec![card.body.peer_addr().unwrap()])[0];
+    let to = far.add_outsiders(vec![PeerAddr::of_card(&card.body).unwrap()])[0];
     let t0 = std::time::Instant::now();
     while far.net_info().paths.get(&hex(&kb)) != Some(&"relayed") {
         assert!(t0.elapsed() < Duration::from_secs(20), "connected through the relay: {:?}", far.net_info());

@@ -223,7 +223,7 @@ impl Reach {
     }
 
     fn index_for(&mut self, card: &Card) -> Option<u16> {
-        let peer = card.body.peer_addr()?;
+        let peer = PeerAddr::of_card(&card.body)?;
         if card.body.sim == self.sim {
             return self.mesh.index_of(&peer.key).or_else(|| self.mesh.add_contact(peer));
         }
