@@ -39,11 +39,13 @@ fn transport() -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(10_000))));
     t.keep_alive_interval(Some(Duration::from_secs(2)));
-    // A client that does not keep up should be told by flow control soon (the node then drops
-    // its deltas and sends its area again), not buffer megabytes: 256 KiB in flight per stream.
-    t.stream_receive_window(quinn::VarInt::from_u32(256 * 1024));
-    t.receive_window(quinn::VarInt::from_u32(512 * 1024));
-    t.send_window(512 * 1024);
+    // A client that does not keep up is told by flow control soon (the node's session then waits
+    // and skips ticks; its next delta brings the client up to date), and a node with a thousand
+    // clients does not buffer megabytes for each: 128 KiB in flight per stream, 256 KiB per
+    // connection (a delta is a few KiB; a whole area on login, up to a few hundred, flows on).
+    t.stream_receive_window(quinn::VarInt::from_u32(128 * 1024));
+    t.receive_window(quinn::VarInt::from_u32(256 * 1024));
+    t.send_window(256 * 1024);
     // One control stream per client; nobody needs more.
     t.max_concurrent_bidi_streams(quinn::VarInt::from_u32(2));
     t.max_concurrent_uni_streams(quinn::VarInt::from_u32(0));
