@@ -1,5 +1,5 @@
 //! `metatopia-lab bench agreement` as a user runs it, small: a real process with four validators
-//! over loopback TCP, its report read back. (What it measures is for the by-hand runs; this
+//! on the node's mesh (its default) or the lab's transports over loopback, its report read back. (What it measures is for the by-hand runs; this
 //! checks that it runs, commits what it was given and reports it.)
 
 use std::process::Command;
@@ -35,7 +35,7 @@ fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_o
     let variants =
         [(true, true, None), (false, false, None), (true, true, Some("core")), (false, true, Some("validator"))];
     for (pin, spin, threads) in variants {
-        let mut extra = vec!["--idle", if spin { "spin" } else { "block" }];
+        let mut extra = vec!["--transport", "tcp", "--idle", if spin { "spin" } else { "block" }];
         if !pin {
             extra.push("--no-pin");
         }
@@ -88,6 +88,21 @@ fn bench_agreement_commits_the_load_and_reports_latency_pinned_or_not_spinning_o
         assert!(cpu[2] > 2.0 * cpu[1], "spinning a thread per core {}% against sleeping {}%", cpu[2], cpu[1]);
         assert!(cpu[3] > 2.0 * cpu[1], "spinning a thread per validator {}% against sleeping {}%", cpu[3], cpu[1]);
     }
+}
+
+/// Its default is what nodes run: the node's libp2p mesh (QUIC), the round trip measured on it.
+#[test]
+fn bench_agreement_runs_on_the_nodes_mesh_by_default() {
+    let out = bench(&[]);
+    assert!(out.starts_with("bench agreement: 4 validators on loopback (the node's libp2p mesh)"), "{out}");
+    let submitted = 95.0 * 40.0;
+    let committed = number_after(&out, "events committed:");
+    assert!(committed >= 0.9 * submitted && committed <= submitted, "{committed} of {submitted}\n{out}");
+    let rtt = out.lines().find(|l| l.starts_with("libp2p round trip")).expect("a round-trip line");
+    assert!(rtt.contains("quic") && number_after(rtt, "p50") > 0.0, "{rtt}");
+    let latency = out.lines().find(|l| l.starts_with("commit latency")).expect("a latency line");
+    assert!(number_after(latency, "p50") <= number_after(latency, "p99"), "{latency}");
+    assert!(out.contains("targets: p50 <= 0.8 ms"), "{out}");
 }
 
 #[test]

@@ -45,10 +45,11 @@ pub struct AgreementArgs {
     /// Signed events submitted per tick.
     #[arg(long, default_value_t = 1_000)]
     events_per_tick: usize,
-    /// `tcp`: plain TCP between the validators (the agreement alone); `udp`: a UDP socket per
-    /// validator, frames longer than a datagram in pieces (on the reactor only); `libp2p`: the
-    /// node's mesh (QUIC, encrypted, multiplexed), what real nodes use.
-    #[arg(long, default_value = "tcp", value_parser = ["tcp", "udp", "libp2p"])]
+    /// `libp2p`: the node's mesh (QUIC, encrypted, multiplexed), what real nodes use; lab
+    /// variants the node does not run: `tcp`, plain TCP between the validators on a
+    /// busy-polling reactor (the agreement alone), and `udp`, a UDP socket per validator, frames
+    /// longer than a datagram in pieces (on the reactor only).
+    #[arg(long, default_value = "libp2p", value_parser = ["libp2p", "tcp", "udp"])]
     transport: String,
     /// Leaders send full proposals (every event's bytes) instead of compact ones (the events'
     /// ids; the events were disseminated before): for comparison.

@@ -28,8 +28,10 @@ pub(super) fn report(shared: &Shared, args: &AgreementArgs, rtt: Duration) {
         pct(&lat, 0.99),
         lat.last().copied().unwrap_or(f64::NAN)
     );
+    // The targets: on the node's mesh (what nodes run) p50 0.8 ms; on the lab's reactor 0.5 ms.
+    let p50_target = if args.transport == "libp2p" { 0.8 } else { 0.5 };
     println!(
-        "ratio to the loopback round trip: p50 {:.1}x, p99 {:.1}x (targets: p50 <= 0.5 ms, p99 <= 2 ms at {} Hz with {} events/tick)",
+        "ratio to the loopback round trip: p50 {:.1}x, p99 {:.1}x (targets: p50 <= {p50_target} ms, p99 <= 2 ms at {} Hz with {} events/tick)",
         pct(&lat, 0.5) / rtt_ms,
         pct(&lat, 0.99) / rtt_ms,
         args.rate_hz,
