@@ -233,41 +233,33 @@ impl View {
             None => true,
         };
         let mut enter = Vec::new();
-        let mut leave = Vec::new();
         if fresh {
             self.compute_area(index);
             for k in &self.in_area {
                 if !self.known.contains_key(k)
-                    && let (Some(v), Some((at, vel))) = (index.get(*k), index.motion(*k))
+                    && let Some(e) = index.entry(*k)
                 {
-                    self.known.insert(*k, Sent { at, vel, tick });
-                    enter.push(v.clone());
+                    self.known.insert(*k, Sent { at: e.motion.0, vel: e.motion.1, tick });
+                    enter.push(e.view.clone());
                 }
             }
-            let area = &self.in_area;
-            self.known.retain(|k, _| {
-                let stays = area.binary_search(k).is_ok();
-                if !stays {
-                    leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
-                }
-                stays
-            });
             self.area = Some(tick);
-        } else {
-            // Between recomputations: only removals from the world leave.
-            let gone: Vec<u64> = self.known.keys().filter(|k| index.get(**k).is_none()).copied().collect();
-            for k in gone {
-                self.known.remove(&k);
-                leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
-            }
         }
-        let since = self.last_tick;
-        let mut update = Vec::new();
-        for (k, sent) in self.known.iter_mut() {
+        // One pass over what the client knows, one index lookup each: what left (the area,
+        // when it was recomputed, or the world) and what changed.
+        let (since, in_area) = (self.last_tick, fresh.then_some(&self.in_area));
+        let (mut update, mut leave) = (Vec::new(), Vec::new());
+        self.known.retain(|k, sent| {
+            let e = match index.entry(*k) {
+                Some(e) if in_area.is_none_or(|a| a.binary_search(k).is_ok()) => e,
+                _ => {
+                    leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
+                    return false;
+                }
+            };
             if sent.tick == tick {
-                continue; // entered whole this tick
+                return true; // entered whole this tick
             }
-            let Some(e) = index.entry(*k) else { continue };
             let (v, (at, vel), meta) = (&e.view, e.motion, &e.meta);
             let guess = ObjectUpdate::extrapolate(sent.at, sent.vel, tick.saturating_sub(sent.tick), index.rate_hz);
             let off = |a: [i64; 2], b: [i64; 2]| (a[0] - b[0]).abs().max((a[1] - b[1]).abs());
@@ -278,7 +270,7 @@ impl View {
             // comparison, not a copy.
             let fields = meta.tick > since;
             if !motion && !fields {
-                continue;
+                return true;
             }
             let mut u = match (&meta.diff, fields) {
                 (Some(d), true) if meta.prev <= since => ObjectUpdate { id: v.id.clone(), ..(**d).clone() },
@@ -290,7 +282,8 @@ impl View {
                 *sent = Sent { at, vel, tick };
             }
             update.push(u);
-        }
+            true
+        });
         self.last_tick = tick;
         ServerMsg::Tick { tick, enter, update, leave }
     }

@@ -419,11 +419,6 @@ impl AoiIndex {
         self.objects.get(&k).map(|e| &e.view)
     }
 
-    /// An object's position (mm) and velocity (mm/s).
-    pub(crate) fn motion(&self, k: u64) -> Option<([i64; 2], [i64; 2])> {
-        self.objects.get(&k).map(|e| e.motion)
-    }
-
     /// An object's view, motion and the last change of its other fields.
     pub(crate) fn entry(&self, k: u64) -> Option<&Entry> {
         self.objects.get(&k)
