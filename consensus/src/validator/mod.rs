@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 mod auth;
 mod compact;
 mod intake;
+mod leaders;
 mod persist;
 mod roots;
 mod simplex;
@@ -24,6 +25,7 @@ use crate::types::{
     ValidatorIndex, View, Vote, VoteKind, event_ids, pair_key,
 };
 use compact::{Incomplete, Prepared, Spare};
+use leaders::Leaders;
 use store::{Blocks, Stored};
 
 /// Tuning. Times are in microseconds of the caller's clock.
@@ -86,6 +88,12 @@ pub struct Config {
     /// rate whatever the latency; the ticks before the block's own are handed out empty. Below
     /// one period (the default, 0): one tick per block.
     pub max_span_us: Micros,
+    /// Leaders are chosen among the validators the committed chain shows alive and not
+    /// failing (`leaders`: a crashed validator stops leading); `false`: plain round robin.
+    pub leader_reputation: bool,
+    /// Validators that start this instance demoted (they lead once the chain shows them
+    /// alive): the previous epoch's, from [`Validator::demoted`].
+    pub demoted: Vec<VerifyingKey>,
     /// Test-only planted bug: accept 2f votes as a quorum. The Byzantine suite must catch it.
     #[cfg(feature = "mocks")]
     pub planted_bug_weak_quorum: bool,
@@ -116,6 +124,8 @@ impl Default for Config {
             compact_proposals: true,
             vote_macs: true,
             max_span_us: 0,
+            leader_reputation: true,
+            demoted: Vec::new(),
             #[cfg(feature = "mocks")]
             planted_bug_weak_quorum: false,
         }
@@ -333,6 +343,8 @@ pub struct Validator {
     /// and on every retry, until the certificate is formed again.
     repair: BTreeSet<(VoteKind, View)>,
     pool: Pool,
+    /// Who leads each view (leader reputation).
+    leaders: Leaders,
     /// The batch of this validator's next proposal, built while its events arrive.
     prepared: Option<Prepared>,
     /// Room for the next compact proposal's ids and events, its memory touched ahead of time.
@@ -425,6 +437,9 @@ impl Validator {
             4 * cfg.max_batch_events,
             4 * cfg.max_batch_bytes,
         );
+        let demoted = keys.iter().map(|k| cfg.demoted.contains(k)).collect();
+        let mut leaders = Leaders::new(keys.len(), quorum, cfg.leader_reputation, demoted);
+        leaders.fix(View(1));
         let mac_keys = match me {
             Some(me) if cfg.vote_macs => keys
                 .iter()
@@ -474,6 +489,7 @@ impl Validator {
             mac_banned: BTreeSet::new(),
             repair: BTreeSet::new(),
             pool,
+            leaders,
             prepared: None,
             spare: Spare::default(),
             recent_events: 0,
@@ -648,9 +664,17 @@ impl Validator {
         self.advance_commits(now);
     }
 
-    /// The leader of a view: round robin.
+    /// The leader of a view: round robin over the validators the committed chain shows alive
+    /// and not failing (see `leaders`).
     pub fn leader(&self, view: View) -> ValidatorIndex {
-        ValidatorIndex((view.0 % self.keys.len() as u64) as u16)
+        self.leaders.leader(view)
+    }
+
+    /// The validators that would not lead now (the chain shows them failed, or no sign of
+    /// life): what the next epoch starts demoted with ([`Config::demoted`]).
+    pub fn demoted(&self) -> Vec<VerifyingKey> {
+        let out = self.leaders.demoted_now();
+        out.iter().filter_map(|i| self.keys.get(usize::from(i.0)).copied()).collect()
     }
 
     /// Next output to act on. Call until `None` after every input.

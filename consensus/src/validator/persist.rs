@@ -110,7 +110,7 @@ impl Validator {
                 && n.kind == VoteKind::Notarize
                 && !self.blocks.contains_key(&n.digest)
             {
-                let block = Block {
+                let mut block = Block {
                     view: n.view,
                     leader: self.leader(n.view),
                     parent,
@@ -120,7 +120,16 @@ impl Validator {
                     parent_certificate,
                 };
                 let ids = event_ids(&block.events);
-                if block.digest_with_ids(&ids) == n.digest {
+                // The log does not name the leader: the one this validator would choose now,
+                // else each validator in turn (it may lack the chain its choice then came from).
+                let expected = block.leader;
+                let others = (0..self.keys.len() as u16).map(ValidatorIndex).filter(|i| *i != expected);
+                let leader = std::iter::once(expected).chain(others).find(|l| {
+                    block.leader = *l;
+                    block.digest_with_ids(&ids) == n.digest
+                });
+                if let Some(l) = leader {
+                    block.leader = l;
                     self.blocks.insert(n.digest, Stored::with_ids(block, ids));
                     kept += 1;
                 }

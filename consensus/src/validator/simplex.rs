@@ -621,6 +621,7 @@ impl Validator {
         self.view = view;
         self.view_started = now;
         self.last_retry = now;
+        self.leaders.fix(view);
         if let Some((b, v, n)) = self.buffered.remove(&view) {
             self.on_proposal(now, b.leader, b, v, n);
         }

@@ -241,6 +241,59 @@ fn a_crashed_validator_costs_almost_no_ticks() {
     assert!(worst <= 600 * MS, "an event took {} ms", worst / MS);
 }
 
+/// A crashed validator stops leading once the committed chain shows it failed and silent
+/// (leader reputation): its views no longer wait out the leader timeout, so after the first
+/// seconds no view fails and an event waits for no timeout. With plain round robin every
+/// fourth view fails for as long as it is down.
+#[test]
+fn a_crashed_validator_stops_leading() {
+    let run = |round_robin: bool| {
+        let cache = Arc::new(SigCache::new());
+        let setup = Setup { period_us: Some(16_667), round_robin, ..Setup::honest(4) };
+        let net = NetConfig { delay_min_us: 20 * MS, delay_max_us: 30 * MS, loss_ppm: 0, duplicate_ppm: 0 };
+        let mut cluster = build(&setup, 7, net, &cache);
+        let mut checker = Checker::new(4, &cache);
+        cluster.schedule_fault(2 * SEC, Fault::Crash(2));
+        let mut submitted = Vec::new();
+        for step in 0..200u64 {
+            let e = format!("e{step}").into_bytes();
+            submit(&mut cluster, [0, 1, 3][(step % 3) as usize], e.clone());
+            submitted.push((step * 50 * MS, e));
+            cluster.run_until((step + 1) * 50 * MS, |c| checker.check(c));
+        }
+        cluster.run_until(12 * SEC, |c| checker.check(c));
+        assert!(checker.violations.is_empty(), "{:?}", checker.violations);
+        let commits = &cluster.node(0).unwrap().commits;
+        // Views nullified between the blocks committed from 5 s on, and those led by node 2.
+        let late = || commits.iter().filter(|(at, c)| *at >= 5 * SEC && !c.filler);
+        let failed: u64 = late().map(|(_, c)| c.block.view.0 - c.block.parent.view.0 - 1).sum();
+        let led_by_dead = late().filter(|(_, c)| c.block.leader.0 == 2).count();
+        let worst = submitted
+            .iter()
+            .filter(|(at, _)| *at >= 5 * SEC)
+            .map(|(at, e)| {
+                let (t, _) = commits.iter().find(|(_, c)| c.block.events.iter().any(|x| x[..] == e[..])).unwrap();
+                t - at
+            })
+            .max()
+            .unwrap();
+        let ticks = commits.iter().filter(|(at, _)| (5 * SEC..10 * SEC).contains(at)).count();
+        eprintln!(
+            "round robin {round_robin}: {failed} views failed from 5 s, slowest event {} ms, {ticks} ticks",
+            worst / MS
+        );
+        (failed, led_by_dead, worst, ticks)
+    };
+    let (failed, led_by_dead, worst, ticks) = run(false);
+    assert_eq!((failed, led_by_dead), (0, 0), "no view failed and none led by the dead validator from 5 s");
+    // Proposed within a period or two and committed with its child: about five one-way delays.
+    assert!(worst <= 250 * MS, "an event took {} ms", worst / MS);
+    assert!(ticks * 100 >= 5 * 60 * 97, "{ticks} ticks of 300");
+    let (failed, _, worst_rr, _) = run(true);
+    assert!(failed >= 5, "round robin: {failed} views failed");
+    assert!(worst_rr > worst, "round robin: the slowest event took {} ms", worst_rr / MS);
+}
+
 /// A network slower than the view timeouts assume (one-way delays above the leader timeout):
 /// with fixed timeouts every view was nullified before its proposal arrived and nothing was
 /// ever committed again. Views failing more than f in a row make validators more patient, so

@@ -206,6 +206,8 @@ pub struct Setup {
     pub max_span_us: Option<Micros>,
     /// `Config::last_tick`: the epoch's last tick.
     pub last_tick: Option<u64>,
+    /// Plain round robin (`Config::leader_reputation` off): what a crashed leader cost before.
+    pub round_robin: bool,
 }
 
 impl Setup {
@@ -221,6 +223,7 @@ impl Setup {
             period_us: None,
             max_span_us: None,
             last_tick: None,
+            round_robin: false,
         }
     }
 
@@ -248,6 +251,7 @@ pub fn build(setup: &Setup, seed: u64, net: NetConfig, cache: &Arc<SigCache>) ->
         cfg.max_span_us = span;
     }
     cfg.last_tick = setup.last_tick;
+    cfg.leader_reputation = !setup.round_robin;
     if let Some(min) = setup.keep_bytes_min_blocks {
         cfg.keep_bytes = 1;
         cfg.keep_blocks_min = min;

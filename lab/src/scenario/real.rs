@@ -220,7 +220,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
             let place = (sims > 1).then(|| metatopia_node::world::place_of(&spec.world, k as u32, &accounts));
             metatopia_node::world::genesis_in(spec, opts.seed, opts, &accounts[k], place.as_ref())
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, _>>()?;
     let honest: Vec<usize> = (0..n).filter(|i| !diverging.contains(i)).collect();
 
     let mut procs: Vec<Proc> = Vec::new();

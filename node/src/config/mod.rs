@@ -6,7 +6,50 @@ pub mod reference;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use anyhow::Context;
+use metatopia_client::keys::KeyError;
+
+/// What is wrong with a node's config, said for its operator (the file, the field, the rule).
+/// Each error carries its cause in its message, so it says all of itself however it is printed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {cause}")]
+    Read { path: String, cause: std::io::Error },
+    #[error("{path}: {msg}")]
+    Parse { path: String, msg: String },
+    #[error("checking {path}: {cause}")]
+    Check { path: String, cause: Box<ConfigError> },
+    /// A rule the config breaks.
+    #[error("{0}")]
+    Invalid(String),
+    /// A key or hash field that does not parse.
+    #[error("{field}: {cause}")]
+    Key { field: String, cause: KeyError },
+    /// A join address field that does not parse.
+    #[error("{field}: {cause}")]
+    Field { field: String, cause: Box<ConfigError> },
+}
+
+/// The config's results.
+pub type Result<T, E = ConfigError> = std::result::Result<T, E>;
+
+/// `Err(ConfigError::Invalid(..))` unless the condition holds.
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(ConfigError::Invalid(format!($($fmt)+)));
+        }
+    };
+}
+
+fn key_field(field: impl Into<String>) -> impl FnOnce(KeyError) -> ConfigError {
+    let field = field.into();
+    move |cause| ConfigError::Key { field, cause }
+}
+
+fn join_field(field: impl Into<String>) -> impl FnOnce(ConfigError) -> ConfigError {
+    let field = field.into();
+    move |cause| ConfigError::Field { field, cause: Box::new(cause) }
+}
 use metatopia_consensus::VerifyingKey;
 use serde::{Deserialize, Serialize};
 
@@ -370,21 +413,19 @@ fn default_snapshot_every() -> u64 {
 }
 
 impl NodeConfig {
-    pub fn load(path: &Path) -> anyhow::Result<NodeConfig> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let cfg: NodeConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        cfg.check().with_context(|| format!("checking {}", path.display()))?;
+    pub fn load(path: &Path) -> Result<NodeConfig> {
+        let shown = || path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: shown(), cause })?;
+        let cfg: NodeConfig =
+            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: shown(), msg: e.to_string() })?;
+        cfg.check().map_err(|cause| ConfigError::Check { path: shown(), cause: Box::new(cause) })?;
         Ok(cfg)
     }
 
-    pub fn check(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            (1..=240).contains(&self.tick_rate_hz),
-            "tick_rate_hz must be 1..=240, not {}",
-            self.tick_rate_hz
-        );
+    pub fn check(&self) -> Result<()> {
+        ensure!((1..=240).contains(&self.tick_rate_hz), "tick_rate_hz must be 1..=240, not {}", self.tick_rate_hz);
         let every = metatopia_physics::region::FULL_ROOT_EVERY;
-        anyhow::ensure!(
+        ensure!(
             self.snapshot_every >= every && self.snapshot_every.is_multiple_of(every),
             "snapshot_every must be a multiple of {every} (the ticks whose root covers the whole physics state), not {}",
             self.snapshot_every
@@ -393,76 +434,72 @@ impl NodeConfig {
         // A node made by `init` alone waits for a genesis (`sim new`, `init --genesis`) or a join:
         // it lists no validators yet.
         let awaiting = self.genesis_hash.is_none() && !self.world.demo && self.validators.is_empty();
-        anyhow::ensure!(
+        ensure!(
             awaiting || voting >= 4,
             "validators: a sim needs at least 4 (n = 3f + 1 with f >= 1), this config lists {voting} (not counting observers); add the others' keys and addresses",
         );
         if let Some(h) = &self.genesis_hash {
-            parse_hex32(h).context("genesis_hash")?;
+            parse_hex32(h).map_err(key_field("genesis_hash"))?;
         }
-        anyhow::ensure!(self.world.time_scale >= 1, "world.time_scale must be at least 1");
-        anyhow::ensure!(
+        ensure!(self.world.time_scale >= 1, "world.time_scale must be at least 1");
+        ensure!(
             !self.world.demo || self.world.genesis_time_ms.is_some(),
             "world.demo needs world.genesis_time_ms: the demo sim's genesis time in Unix milliseconds, the same on every node"
         );
-        anyhow::ensure!(
+        ensure!(
             self.world.demo || self.bots.events_per_tick == 0,
             "bots sign as a demo world's players: they need world.demo = true"
         );
-        anyhow::ensure!(self.validators.len() <= 100, "validators: at most 100");
-        anyhow::ensure!(
+        ensure!(self.validators.len() <= 100, "validators: at most 100");
+        ensure!(
             ["auto", "public", "private"].contains(&self.network.reachability.as_str()),
             "network.reachability must be \"auto\", \"public\" or \"private\", not {:?}",
             self.network.reachability
         );
-        anyhow::ensure!(
+        ensure!(
             self.network.relay_circuit_mib >= 1 && self.network.relay_circuit_secs >= 10,
             "network.relay_circuit_mib must be at least 1 and network.relay_circuit_secs at least 10"
         );
-        anyhow::ensure!(!self.world.demo || self.world.players >= 1, "world.players must be at least 1");
+        ensure!(!self.world.demo || self.world.players >= 1, "world.players must be at least 1");
         for (i, v) in self.validators.iter().enumerate() {
-            parse_public(&v.key).with_context(|| format!("validators[{i}].key"))?;
+            parse_public(&v.key).map_err(key_field(format!("validators[{i}].key")))?;
         }
         if let Some(j) = &self.join {
-            parse_join(j).context("join")?;
+            parse_join(j).map_err(join_field("join"))?;
         }
         for (i, b) in self.raynet.bootstrap.iter().enumerate() {
-            parse_join(b).with_context(|| format!("raynet.bootstrap[{i}]"))?;
+            parse_join(b).map_err(join_field(format!("raynet.bootstrap[{i}]")))?;
         }
         if let Some(w) = self.sim_workers {
-            anyhow::ensure!((1..=64).contains(&w), "sim_workers must be 1..=64, not {w}");
+            ensure!((1..=64).contains(&w), "sim_workers must be 1..=64, not {w}");
         }
         if let Some(m) = self.block_history_mib {
-            anyhow::ensure!((1..=65_536).contains(&m), "block_history_mib must be 1..=65536, not {m}");
+            ensure!((1..=65_536).contains(&m), "block_history_mib must be 1..=65536, not {m}");
         }
-        anyhow::ensure!(
+        ensure!(
             (50..=60_000).contains(&self.raynet.round_ms),
             "raynet.round_ms must be 50..=60000, not {}",
             self.raynet.round_ms
         );
         let mut ids = std::collections::BTreeSet::from([self.world.sim_id]);
         for (i, s) in self.sims.iter().enumerate() {
-            anyhow::ensure!(
-                ids.insert(s.sim_id),
-                "sims[{i}]: sim {} is listed twice (or is this node's own sim)",
-                s.sim_id
-            );
-            anyhow::ensure!(!s.validators.is_empty(), "sims[{i}] (sim {}): no validators", s.sim_id);
+            ensure!(ids.insert(s.sim_id), "sims[{i}]: sim {} is listed twice (or is this node's own sim)", s.sim_id);
+            ensure!(!s.validators.is_empty(), "sims[{i}] (sim {}): no validators", s.sim_id);
             for (j, v) in s.validators.iter().enumerate() {
-                parse_public(&v.key).with_context(|| format!("sims[{i}].validators[{j}].key"))?;
+                parse_public(&v.key).map_err(key_field(format!("sims[{i}].validators[{j}].key")))?;
             }
         }
         Ok(())
     }
 
     /// The genesis validators of another sim of the world, from `[[sims]]`.
-    pub fn sim_validators(&self, sim_id: u32) -> anyhow::Result<Option<Vec<VerifyingKey>>> {
+    pub fn sim_validators(&self, sim_id: u32) -> Result<Option<Vec<VerifyingKey>>> {
         let Some(s) = self.sims.iter().find(|s| s.sim_id == sim_id) else { return Ok(None) };
         s.validators
             .iter()
             .filter(|v| !v.observer)
-            .map(|v| Ok(parse_public(&v.key)?))
-            .collect::<anyhow::Result<_>>()
+            .map(|v| parse_public(&v.key).map_err(key_field("sims.validators.key")))
+            .collect::<Result<_>>()
             .map(Some)
     }
 
@@ -482,13 +519,17 @@ impl NodeConfig {
     }
 
     /// Every node of the sim's mesh, validators and observers, in index order.
-    pub fn keys(&self) -> anyhow::Result<Vec<VerifyingKey>> {
-        self.validators.iter().map(|v| Ok(parse_public(&v.key)?)).collect()
+    pub fn keys(&self) -> Result<Vec<VerifyingKey>> {
+        self.validators.iter().map(|v| parse_public(&v.key).map_err(key_field("validators.key"))).collect()
     }
 
     /// The genesis validator set: the entries that are not observers.
-    pub fn genesis_validators(&self) -> anyhow::Result<Vec<VerifyingKey>> {
-        self.validators.iter().filter(|v| !v.observer).map(|v| Ok(parse_public(&v.key)?)).collect()
+    pub fn genesis_validators(&self) -> Result<Vec<VerifyingKey>> {
+        self.validators
+            .iter()
+            .filter(|v| !v.observer)
+            .map(|v| parse_public(&v.key).map_err(key_field("validators.key")))
+            .collect()
     }
 
     /// A commented config for a new node (`metatopia init`).
@@ -512,22 +553,22 @@ impl NodeConfig {
 
 /// A join address, `KEY@HOST:PORT`: a node's public key (64 hex digits) and its peer address;
 /// `KEY@HOST:PORT/HASH` names the sim's genesis hash too (see [`parse_join_genesis`]).
-pub fn parse_join(s: &str) -> anyhow::Result<(VerifyingKey, SocketAddr)> {
+pub fn parse_join(s: &str) -> Result<(VerifyingKey, SocketAddr)> {
     parse_join_genesis(s).map(|(k, a, _)| (k, a))
 }
 
 /// A join address with the genesis hash it may name (`KEY@HOST:PORT/HASH`): a node joining
 /// through it refuses a sim whose genesis has another hash.
-pub fn parse_join_genesis(s: &str) -> anyhow::Result<(VerifyingKey, SocketAddr, Option<[u8; 32]>)> {
-    let (key, rest) = s
-        .split_once('@')
-        .with_context(|| format!("a join address is KEY@HOST:PORT (as `init` and `devnet` print it), not {s:?}"))?;
-    let key = parse_public(key).context("the key before '@'")?;
+pub fn parse_join_genesis(s: &str) -> Result<(VerifyingKey, SocketAddr, Option<[u8; 32]>)> {
+    let (key, rest) = s.split_once('@').ok_or_else(|| {
+        ConfigError::Invalid(format!("a join address is KEY@HOST:PORT (as `init` and `devnet` print it), not {s:?}"))
+    })?;
+    let key = parse_public(key).map_err(key_field("the key before '@'"))?;
     let (addr, genesis) = match rest.split_once('/') {
-        Some((a, h)) => (a, Some(parse_hex32(h).context("the genesis hash after '/'")?)),
+        Some((a, h)) => (a, Some(parse_hex32(h).map_err(key_field("the genesis hash after '/'"))?)),
         None => (rest, None),
     };
-    let addr = addr.parse().with_context(|| format!("{addr:?} is not HOST:PORT"))?;
+    let addr = addr.parse().map_err(|e| ConfigError::Invalid(format!("{addr:?} is not HOST:PORT ({e})")))?;
     Ok((key, addr, genesis))
 }
 

@@ -272,7 +272,10 @@ impl Epochs {
         } else {
             self.cfg.period_us
         };
-        let c = Config { last_tick: Some(last_tick), anchor: Some(anchor), period_us, ..self.cfg.clone() };
+        // A validator that the old epoch's chain shows failed and silent starts demoted (it
+        // leads again once the chain shows it alive), so a crash costs no timeouts per epoch.
+        let demoted = self.current.validator.demoted();
+        let c = Config { last_tick: Some(last_tick), anchor: Some(anchor), period_us, demoted, ..self.cfg.clone() };
         let mut validator = Validator::new(c, self.key.clone(), keys.clone(), now);
         validator.continue_schedule(&self.current.validator);
         if let Some((tick, root)) = self.last_root {

@@ -94,7 +94,7 @@ impl Persister {
 
     /// A certified snapshot installed: the state the log replays on after a restart.
     pub fn resynced(&mut self, tick: u64, snapshot: &[u8]) -> anyhow::Result<()> {
-        self.dir.write_snapshot(tick, snapshot)
+        Ok(self.dir.write_snapshot(tick, snapshot)?)
     }
 
     /// Before the turn's messages leave: the commits synced, then the agreement's state

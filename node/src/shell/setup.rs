@@ -132,7 +132,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
                 sim_workers: None,
                 block_history_mib: None,
             },
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         if let Some(file) = &args.genesis {
             let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;

@@ -29,7 +29,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context;
+use super::error::{Doing, Result};
 use serde::{Deserialize, Serialize};
 
 use super::disk::{Disk, OsDisk};
@@ -93,9 +93,9 @@ fn segment_path(dir: &Path, first: u64) -> PathBuf {
 }
 
 /// The segments in `dir`, by first tick.
-fn segments(disk: &dyn Disk, dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
+fn segments(disk: &dyn Disk, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut v = Vec::new();
-    for p in disk.list(dir).with_context(|| format!("listing {}", dir.display()))? {
+    for p in disk.list(dir).doing(|| format!("listing {}", dir.display()))? {
         if p.extension().is_some_and(|x| x == EXT)
             && let Some(t) = p.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok())
         {
@@ -116,9 +116,9 @@ struct Read_ {
 /// Read a segment's records up to the first bad one. `torn` (the third field of `bad`): the bad
 /// record is the file's last (its claimed end reaches the end of the file), as a crash mid-write
 /// leaves it; anything else is damage.
-fn read_segment(disk: &dyn Disk, path: &Path, first: u64) -> anyhow::Result<Read_> {
-    let bytes = disk.read(path).with_context(|| format!("reading {}", path.display()))?;
-    read_records(&bytes[..], bytes.len() as u64, first).with_context(|| format!("reading {}", path.display()))
+fn read_segment(disk: &dyn Disk, path: &Path, first: u64) -> Result<Read_> {
+    let bytes = disk.read(path).doing(|| format!("reading {}", path.display()))?;
+    read_records(&bytes[..], bytes.len() as u64, first).doing(|| format!("reading {}", path.display()))
 }
 
 /// The records of a segment of `size` bytes whose first tick is `first`, read from `r`, up to
@@ -127,7 +127,7 @@ pub fn read_records_for_fuzzing(bytes: &[u8]) -> usize {
     read_records(bytes, bytes.len() as u64, 0).map_or(0, |r| r.records.len())
 }
 
-fn read_records(mut r: impl Read, size: u64, first: u64) -> anyhow::Result<Read_> {
+fn read_records(mut r: impl Read, size: u64, first: u64) -> io::Result<Read_> {
     let mut out = Read_ { records: Vec::new(), good_len: 0, bad: None };
     let mut at = 0u64;
     let mut head = [0u8; HEADER];
@@ -178,14 +178,14 @@ impl CommitLog {
     /// (the oldest snapshot it may load): the segments that can hold ticks at or after it.
     /// A torn tail of the newest segment is cut off; damage elsewhere is reported in
     /// [`Recovery::damaged`] and the segment kept up to it.
-    pub fn open(dir: &Path, from: u64) -> anyhow::Result<(CommitLog, Recovery)> {
+    pub fn open(dir: &Path, from: u64) -> Result<(CommitLog, Recovery)> {
         CommitLog::open_on(Arc::new(OsDisk::default()), dir, from)
     }
 
     /// [`CommitLog::open`] on `disk` (the machine's, or a simulated one).
-    pub fn open_on(disk: Arc<dyn Disk>, dir: &Path, from: u64) -> anyhow::Result<(CommitLog, Recovery)> {
+    pub fn open_on(disk: Arc<dyn Disk>, dir: &Path, from: u64) -> Result<(CommitLog, Recovery)> {
         let d = &*disk;
-        d.create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        d.create_dir_all(dir).doing(|| format!("creating {}", dir.display()))?;
         adopt_single_file_log(d, dir)?;
         let all = segments(d, dir)?;
         let mut recovery = Recovery::default();
@@ -198,13 +198,13 @@ impl CommitLog {
             }
             let read = read_segment(d, path, *first)?;
             if let Some((offset, reason, torn)) = &read.bad {
-                let size = d.len(path)?;
+                let size = d.len(path).doing(|| format!("reading the size of {}", path.display()))?;
                 if newest && *torn {
                     recovery.truncated = size - offset;
                     recovery.reason = Some(format!("{reason} at offset {offset} of {}", path.display()));
                 } else {
                     let keep = path.with_extension(format!("{EXT}.damaged"));
-                    d.copy(path, &keep).with_context(|| format!("keeping a copy of {}", path.display()))?;
+                    d.copy(path, &keep).doing(|| format!("keeping a copy of {}", path.display()))?;
                     recovery.damaged.push(format!(
                         "{}: {reason} at offset {offset}; the segment is kept up to there (a copy is {})",
                         path.display(),
@@ -213,7 +213,7 @@ impl CommitLog {
                 }
                 d.truncate(path, read.good_len)
                     .and_then(|()| d.sync(path))
-                    .with_context(|| format!("cutting {} at {}", path.display(), read.good_len))?;
+                    .doing(|| format!("cutting {} at {}", path.display(), read.good_len))?;
             }
             recovery.records.retain(|r| r.tick < *first);
             let n = read.records.len() as u64;
@@ -280,19 +280,19 @@ impl CommitLog {
     }
 
     /// Delete the segments wholly below `tick` (the oldest snapshot kept); the current one stays.
-    pub fn prune_below(&mut self, tick: u64) -> anyhow::Result<u32> {
+    pub fn prune_below(&mut self, tick: u64) -> Result<u32> {
         let all = segments(&*self.disk, &self.dir)?;
         let current = self.current.as_ref().map(|c| c.first);
         let mut removed = 0;
         for w in all.windows(2) {
             let ((first, path), (next_first, _)) = (&w[0], &w[1]);
             if *next_first <= tick && Some(*first) != current {
-                self.disk.remove(path).with_context(|| format!("removing {}", path.display()))?;
+                self.disk.remove(path).doing(|| format!("removing {}", path.display()))?;
                 removed += 1;
             }
         }
         if removed > 0 {
-            self.disk.sync_dir(&self.dir)?;
+            self.disk.sync_dir(&self.dir).doing(|| format!("syncing {}", self.dir.display()))?;
         }
         Ok(removed)
     }
@@ -313,25 +313,28 @@ impl CommitLog {
 }
 
 /// A log from before segments (`log/commits.log`): it becomes the segment of its first tick.
-fn adopt_single_file_log(disk: &dyn Disk, dir: &Path) -> anyhow::Result<()> {
+fn adopt_single_file_log(disk: &dyn Disk, dir: &Path) -> Result<()> {
     let old = dir.join("commits.log");
     if !disk.exists(&old) {
         return Ok(());
     }
     // Its first record's header, then the record (not the whole log, which can be gigabytes).
-    let head = disk.read_prefix(&old, HEADER as u64).context("reading log/commits.log")?;
+    let head = disk.read_prefix(&old, HEADER as u64).doing(|| "reading log/commits.log".to_owned())?;
     let len = head.get(..4).map_or(0, |l| u32::from_le_bytes(l.try_into().expect("4 bytes")).min(MAX_RECORD));
-    let bytes = disk.read_prefix(&old, HEADER as u64 + u64::from(len)).context("reading log/commits.log")?;
+    let bytes =
+        disk.read_prefix(&old, HEADER as u64 + u64::from(len)).doing(|| "reading log/commits.log".to_owned())?;
     let first = bytes.get(..HEADER).and_then(|head| {
         let len = u32::from_le_bytes(head[..4].try_into().ok()?).min(MAX_RECORD) as usize;
         let payload = bytes.get(HEADER..HEADER + len)?;
         postcard::from_bytes::<LogRecord>(payload).ok().map(|r| r.tick)
     });
     match first {
-        Some(t) => disk.rename(&old, &segment_path(dir, t)).context("adopting log/commits.log as a segment")?,
-        None => disk.remove(&old).context("removing an empty log/commits.log")?,
+        Some(t) => {
+            disk.rename(&old, &segment_path(dir, t)).doing(|| "adopting log/commits.log as a segment".to_owned())?
+        }
+        None => disk.remove(&old).doing(|| "removing an empty log/commits.log".to_owned())?,
     }
-    disk.sync_dir(dir).with_context(|| format!("syncing {}", dir.display()))
+    disk.sync_dir(dir).doing(|| format!("syncing {}", dir.display()))
 }
 
 fn checksum(payload: &[u8]) -> [u8; 8] {
@@ -346,7 +349,7 @@ mod tests {
     use super::*;
     use std::fs::{self, OpenOptions};
 
-    fn segments(dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
+    fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
         super::segments(&OsDisk::default(), dir)
     }
 

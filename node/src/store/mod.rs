@@ -26,11 +26,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context;
+pub use error::{Doing, Result, StoreError};
 use metatopia_sim::SigningKey;
 
 pub mod disk;
 pub mod durable;
+mod error;
 #[cfg(test)]
 mod faults;
 pub mod log;
@@ -56,12 +57,12 @@ impl DataDir {
     /// Open (creating what is missing) the data directory at `root`. A directory holding
     /// consensus state or a log in another format (or from before formats were recorded) is an
     /// error that says so.
-    pub fn open(root: &Path) -> anyhow::Result<DataDir> {
+    pub fn open(root: &Path) -> Result<DataDir> {
         DataDir::open_on(Arc::new(OsDisk::default()), root)
     }
 
     /// [`DataDir::open`] on `disk` (the machine's, or a simulated one).
-    pub fn open_on(disk: Arc<dyn Disk>, root: &Path) -> anyhow::Result<DataDir> {
+    pub fn open_on(disk: Arc<dyn Disk>, root: &Path) -> Result<DataDir> {
         let d = &*disk;
         let marker = root.join("format");
         let logged = d.list(&root.join("log")).is_ok_and(|l| !l.is_empty());
@@ -72,30 +73,36 @@ impl DataDir {
             // An empty marker (written before markers were synced, and cut short by a crash) in a
             // directory with nothing else of ours yet: written again below.
             Ok(text) if text.trim().is_empty() && !used => {
-                d.remove(&marker).with_context(|| format!("removing the empty {}", marker.display()))?;
+                d.remove(&marker).doing(|| format!("removing the empty {}", marker.display()))?;
             }
-            Ok(text) if text.trim().is_empty() => anyhow::bail!(
-                "{}'s format marker is empty (a crash while it was written?); if the directory is this version's, write {DATA_FORMAT} into {}",
-                root.display(),
-                marker.display()
-            ),
-            Ok(text) => anyhow::bail!(
-                "{} holds data format {}, this node writes format {DATA_FORMAT}: move it away or start a new one",
-                root.display(),
-                text.trim()
-            ),
-            Err(_) if used => anyhow::bail!(
-                "{} holds data from an older version (no format marker; this node writes format {DATA_FORMAT}): move it away or start a new one",
-                root.display()
-            ),
+            Ok(text) if text.trim().is_empty() => {
+                return Err(StoreError::Format(format!(
+                    "{}'s format marker is empty (a crash while it was written?); if the directory is this version's, write {DATA_FORMAT} into {}",
+                    root.display(),
+                    marker.display()
+                )));
+            }
+            Ok(text) => {
+                return Err(StoreError::Format(format!(
+                    "{} holds data format {}, this node writes format {DATA_FORMAT}: move it away or start a new one",
+                    root.display(),
+                    text.trim()
+                )));
+            }
+            Err(_) if used => {
+                return Err(StoreError::Format(format!(
+                    "{} holds data from an older version (no format marker; this node writes format {DATA_FORMAT}): move it away or start a new one",
+                    root.display()
+                )));
+            }
             Err(_) => {}
         }
         for dir in [root.to_owned(), root.join("log"), root.join("snapshots")] {
-            d.create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            d.create_dir_all(&dir).doing(|| format!("creating {}", dir.display()))?;
         }
         if !d.exists(&marker) {
             d.write_atomic(&marker, format!("{DATA_FORMAT}\n").as_bytes())
-                .with_context(|| format!("writing {}", marker.display()))?;
+                .doing(|| format!("writing {}", marker.display()))?;
         }
         Ok(DataDir { root: root.to_owned(), disk })
     }
@@ -124,23 +131,23 @@ impl DataDir {
     }
 
     /// The node key, created on first use.
-    pub fn key(&self) -> anyhow::Result<SigningKey> {
+    pub fn key(&self) -> Result<SigningKey> {
         let path = self.root.join("node.key");
-        match read_key(&path) {
-            Ok(Some(key)) => Ok(key),
-            Ok(None) => {
-                let key = fresh_key()?;
-                write_key(&path, &key)?;
+        let key_error = |cause| StoreError::Key { path: path.display().to_string(), cause };
+        match read_key(&path).map_err(key_error)? {
+            Some(key) => Ok(key),
+            None => {
+                let key = fresh_key().map_err(key_error)?;
+                write_key(&path, &key).map_err(key_error)?;
                 Ok(key)
             }
-            Err(e) => Err(e).with_context(|| format!("reading the node key {}", path.display())),
         }
     }
 
     /// Write the snapshot after `tick`; keep the newest two.
-    pub fn write_snapshot(&self, tick: u64, bytes: &[u8]) -> anyhow::Result<()> {
+    pub fn write_snapshot(&self, tick: u64, bytes: &[u8]) -> Result<()> {
         let path = self.root.join("snapshots").join(format!("{tick:012}.snap"));
-        self.disk.write_atomic(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        self.disk.write_atomic(&path, bytes).doing(|| format!("writing {}", path.display()))?;
         let mut all = self.snapshots()?;
         while all.len() > 2 {
             let (_, old) = all.remove(0);
@@ -150,14 +157,18 @@ impl DataDir {
     }
 
     /// The tick of the oldest snapshot kept (what the log must reach back to).
-    pub fn oldest_snapshot(&self) -> anyhow::Result<Option<u64>> {
+    pub fn oldest_snapshot(&self) -> Result<Option<u64>> {
         Ok(self.snapshots()?.first().map(|(t, _)| *t))
     }
 
     /// Snapshots on disk, oldest first.
-    pub fn snapshots(&self) -> anyhow::Result<Vec<(u64, PathBuf)>> {
+    pub fn snapshots(&self) -> Result<Vec<(u64, PathBuf)>> {
         let mut v = Vec::new();
-        for p in self.disk.list(&self.root.join("snapshots"))? {
+        for p in self
+            .disk
+            .list(&self.root.join("snapshots"))
+            .doing(|| format!("listing {}/snapshots", self.root.display()))?
+        {
             if p.extension().is_some_and(|x| x == "snap")
                 && let Some(t) = p.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok())
             {
@@ -170,7 +181,7 @@ impl DataDir {
 
     /// The agreement's state as last written: the journal's newest whole record, or (a data
     /// directory from before the journal) the whole of `consensus.state`.
-    pub fn read_consensus_state(&self) -> anyhow::Result<Option<Vec<u8>>> {
+    pub fn read_consensus_state(&self) -> Result<Option<Vec<u8>>> {
         let (_, newest) = StateJournal::scan(&*self.disk, &self.root.join(JOURNAL))?;
         if newest.is_some() {
             return Ok(newest);
@@ -178,7 +189,7 @@ impl DataDir {
         match self.disk.read(&self.root.join("consensus.state")) {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).context("reading consensus.state"),
+            Err(e) => Err(e).doing(|| "reading consensus.state".to_owned()),
         }
     }
 }
@@ -202,41 +213,42 @@ pub struct StateJournal {
 
 impl StateJournal {
     /// Open the journal (creating it), cutting off a torn tail.
-    pub fn open(dir: &DataDir) -> anyhow::Result<StateJournal> {
+    pub fn open(dir: &DataDir) -> Result<StateJournal> {
         let (disk, path) = (dir.disk.clone(), dir.root.join(JOURNAL));
         let (good, newest) = StateJournal::scan(&*disk, &path)?;
         // A data directory from before the journal: its state becomes the first record.
         let legacy = dir.root.join("consensus.state");
         if newest.is_none() && disk.exists(&legacy) {
-            let bytes = disk.read(&legacy).with_context(|| format!("reading {}", legacy.display()))?;
+            let bytes = disk.read(&legacy).doing(|| format!("reading {}", legacy.display()))?;
             let mut first = Vec::new();
-            let len = u32::try_from(bytes.len()).context("consensus.state is too big")?;
+            let len = u32::try_from(bytes.len())
+                .map_err(|_| StoreError::TooBig { what: "consensus.state", len: bytes.len() })?;
             push_record(&mut first, &bytes, len);
-            disk.write_atomic(&path, &first).with_context(|| format!("writing {}", path.display()))?;
-            disk.remove(&legacy).with_context(|| format!("removing {}", legacy.display()))?;
+            disk.write_atomic(&path, &first).doing(|| format!("writing {}", path.display()))?;
+            disk.remove(&legacy).doing(|| format!("removing {}", legacy.display()))?;
             return StateJournal::open(dir);
         }
         if disk.exists(&path) {
-            if disk.len(&path)? > good {
+            if disk.len(&path).doing(|| format!("reading the size of {}", path.display()))? > good {
                 disk.truncate(&path, good)
                     .and_then(|()| disk.sync(&path))
-                    .with_context(|| format!("cutting the torn tail of {}", path.display()))?;
+                    .doing(|| format!("cutting the torn tail of {}", path.display()))?;
             }
         } else {
             // Created and its name made durable, so a sync of it later keeps what it holds.
             disk.create(&path)
                 .and_then(|()| disk.sync_dir(&dir.root))
-                .with_context(|| format!("creating {}", path.display()))?;
+                .doing(|| format!("creating {}", path.display()))?;
         }
         Ok(StateJournal { disk, path, len: good })
     }
 
     /// The length of the whole records at the start of the file at `path`, and the newest one.
-    fn scan(disk: &dyn Disk, path: &Path) -> anyhow::Result<(u64, Option<Vec<u8>>)> {
+    fn scan(disk: &dyn Disk, path: &Path) -> Result<(u64, Option<Vec<u8>>)> {
         let bytes = match disk.read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, None)),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            Err(e) => return Err(e).doing(|| format!("reading {}", path.display())),
         };
         Ok(StateJournal::scan_bytes(&bytes))
     }
@@ -257,26 +269,28 @@ impl StateJournal {
     }
 
     /// Append `bytes` as the newest state (compacting first when the journal is long).
-    pub fn write(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
-        let len =
-            u32::try_from(bytes.len()).ok().filter(|l| *l <= MAX_RECORD).context("the agreement's state is too big")?;
+    pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let len = u32::try_from(bytes.len())
+            .ok()
+            .filter(|l| *l <= MAX_RECORD)
+            .ok_or(StoreError::TooBig { what: "the agreement's state", len: bytes.len() })?;
         if self.len + (HEADER + bytes.len()) as u64 > JOURNAL_MAX && self.len > 0 {
             let mut fresh = Vec::with_capacity(HEADER + bytes.len());
             push_record(&mut fresh, bytes, len);
-            self.disk.write_atomic(&self.path, &fresh).with_context(|| format!("writing {}", self.path.display()))?;
+            self.disk.write_atomic(&self.path, &fresh).doing(|| format!("writing {}", self.path.display()))?;
             self.len = fresh.len() as u64;
         } else {
             let mut rec = Vec::with_capacity(HEADER + bytes.len());
             push_record(&mut rec, bytes, len);
-            self.disk.append(&self.path, &rec).with_context(|| format!("writing {}", self.path.display()))?;
+            self.disk.append(&self.path, &rec).doing(|| format!("writing {}", self.path.display()))?;
             self.len += rec.len() as u64;
         }
         Ok(())
     }
 
     /// Make the written state durable (`fdatasync`): before the votes it holds are sent.
-    pub fn sync(&mut self) -> anyhow::Result<()> {
-        self.disk.sync(&self.path).with_context(|| format!("syncing {}", self.path.display()))
+    pub fn sync(&mut self) -> Result<()> {
+        self.disk.sync(&self.path).doing(|| format!("syncing {}", self.path.display()))
     }
 }
 

@@ -6,14 +6,15 @@
 use std::path::Path;
 
 use crate::config::NodeConfig;
+use crate::world::error::{Result, WorldError, ensure};
 use metatopia_sim::SimId;
 use metatopia_sim::genesis::{DemoSpec, DemoWorld};
 
 /// The genesis world a demo config describes (`world.demo`): the seeded demo world (or the
 /// scenario file's), with the config's validators and tick rate in its governance state; and
 /// its physics. Its keys are demo keys anyone can derive: devnets and tests only.
-pub fn demo_of(cfg: &NodeConfig) -> anyhow::Result<(DemoWorld, String)> {
-    anyhow::ensure!(cfg.world.demo, "a demo world needs world.demo = true (devnets and tests only)");
+pub fn demo_of(cfg: &NodeConfig) -> Result<(DemoWorld, String)> {
+    ensure!(cfg.world.demo, "a demo world needs world.demo = true (devnets and tests only)");
     // The genesis set is the validators, not the observers (they vote once admitted).
     let keys = cfg.genesis_validators()?;
     let validators: Vec<metatopia_sim::AccountId> =
@@ -55,10 +56,10 @@ fn place_in_world(
     cfg: &NodeConfig,
     spec: &metatopia_scenarios::spec::Scenario,
     own: &[metatopia_sim::AccountId],
-) -> anyhow::Result<crate::world::Place> {
+) -> Result<crate::world::Place> {
     let sims = spec.world.sims;
     let k = cfg.world.sim_id;
-    anyhow::ensure!(
+    ensure!(
         (1..=sims).contains(&k),
         "world.sim_id is {k}, but the scenario's world has sims 1..={sims}: set world.sim_id to this node's sim"
     );
@@ -73,11 +74,10 @@ fn place_in_world(
     }
     let place = crate::world::place_of(&spec.world, k - 1, &accounts);
     if let Some((sim, _)) = place.neighbours.iter().find(|(_, n)| n.validators.is_empty()) {
-        anyhow::bail!(
+        return Err(WorldError::Invalid(format!(
             "sim {} is a neighbour of this node's sim {k}: list its validators' keys under [[sims]] (sim_id = {})",
-            sim.0,
-            sim.0
-        );
+            sim.0, sim.0
+        )));
     }
     Ok(place)
 }

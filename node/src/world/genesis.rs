@@ -15,7 +15,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use metatopia_scenarios::spec::{ObjectSpec, WorldSpec};
 use metatopia_scripting::RhaiHost;
 use metatopia_sim::state::{Genesis as WorldGenesis, Region, World};
@@ -23,6 +22,7 @@ use metatopia_sim::{AccountId, Fx, SimId, Snapshot, Vec2};
 use serde::{Deserialize, Serialize};
 
 use crate::world::AnyPhysics;
+use crate::world::error::{Bad, Result, WorldError, ensure};
 
 /// The genesis file's name in a data directory.
 pub const FILE: &str = "genesis.bin";
@@ -79,9 +79,9 @@ impl std::fmt::Display for GenesisHash {
 }
 
 impl std::str::FromStr for GenesisHash {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> anyhow::Result<GenesisHash> {
-        let bytes = crate::config::parse_hex32(s).context("a genesis hash is 64 hex digits")?;
+    type Err = WorldError;
+    fn from_str(s: &str) -> Result<GenesisHash> {
+        let bytes = crate::config::parse_hex32(s).bad(|| "a genesis hash is 64 hex digits".to_owned())?;
         Ok(GenesisHash(bytes))
     }
 }
@@ -99,54 +99,41 @@ fn hash_of(physics: &str, time_scale: u64, snapshot: &[u8]) -> GenesisHash {
 impl Genesis {
     /// The genesis of a world at tick 0, run by `physics`: its physics state is loaded once so the
     /// snapshot carries it, as every node will have it.
-    pub fn of_world(world: World, physics: &str, time_scale: u64, contacts: Vec<Contact>) -> anyhow::Result<Genesis> {
-        anyhow::ensure!(world.tick().0 == 0, "a genesis is a world at tick 0, not {}", world.tick());
-        world.validate().map_err(|e| anyhow::anyhow!("the genesis world is not valid: {e}"))?;
+    pub fn of_world(world: World, physics: &str, time_scale: u64, contacts: Vec<Contact>) -> Result<Genesis> {
+        ensure!(world.tick().0 == 0, "a genesis is a world at tick 0, not {}", world.tick());
+        world.validate().bad(|| "the genesis world is not valid".to_owned())?;
         let mut sim = metatopia_sim::Sim::new(world, RhaiHost::default(), AnyPhysics::of(physics), 1)
-            .context("loading the genesis world's physics")?;
+            .bad(|| "loading the genesis world's physics".to_owned())?;
         let snapshot = sim.snapshot();
         let stored =
             Stored { format: FORMAT, physics: physics.to_owned(), time_scale, contacts, snapshot: snapshot.encode() };
-        let bytes = postcard::to_allocvec(&stored).context("encoding the genesis")?;
+        let bytes = postcard::to_allocvec(&stored).bad(|| "encoding the genesis".to_owned())?;
         Genesis::decode(&bytes)
     }
 
     /// Read and check untrusted bytes (a file, or a peer's answer to a joining node).
-    pub fn decode(bytes: &[u8]) -> anyhow::Result<Genesis> {
-        anyhow::ensure!(
-            bytes.len() <= MAX_BYTES,
-            "a genesis is at most {MAX_BYTES} bytes, this one has {}",
-            bytes.len()
-        );
-        let stored: Stored =
-            postcard::from_bytes(bytes).map_err(|e| anyhow::anyhow!("the genesis does not decode: {e}"))?;
-        anyhow::ensure!(
-            stored.format == FORMAT,
-            "the genesis is in format {}, this node reads format {FORMAT}",
-            stored.format
-        );
-        anyhow::ensure!(
+    pub fn decode(bytes: &[u8]) -> Result<Genesis> {
+        ensure!(bytes.len() <= MAX_BYTES, "a genesis is at most {MAX_BYTES} bytes, this one has {}", bytes.len());
+        let stored: Stored = postcard::from_bytes(bytes).bad(|| "the genesis does not decode".to_owned())?;
+        ensure!(stored.format == FORMAT, "the genesis is in format {}, this node reads format {FORMAT}", stored.format);
+        ensure!(
             stored.physics == "rapier" || stored.physics == "kinematic",
             "the genesis names physics {:?} (rapier or kinematic)",
             stored.physics
         );
-        anyhow::ensure!(
+        ensure!(
             (1..=1_000_000).contains(&stored.time_scale),
             "the genesis's time scale is {} (1..=1000000)",
             stored.time_scale
         );
-        anyhow::ensure!(stored.contacts.len() <= MAX_CONTACTS, "the genesis lists more than {MAX_CONTACTS} contacts");
-        let snapshot = Snapshot::decode(&stored.snapshot, MAX_BYTES as u32).context("the genesis state")?;
+        ensure!(stored.contacts.len() <= MAX_CONTACTS, "the genesis lists more than {MAX_CONTACTS} contacts");
+        let snapshot = Snapshot::decode(&stored.snapshot, MAX_BYTES as u32).bad(|| "the genesis state".to_owned())?;
         let w = &snapshot.world;
-        anyhow::ensure!(w.tick().0 == 0, "the genesis state is at {}, not tick 0", w.tick());
+        ensure!(w.tick().0 == 0, "the genesis state is at {}, not tick 0", w.tick());
         let validators = &w.governance().validators;
-        anyhow::ensure!(
-            validators.len() >= 4,
-            "the genesis names {} validators; a sim needs at least 4",
-            validators.len()
-        );
+        ensure!(validators.len() >= 4, "the genesis names {} validators; a sim needs at least 4", validators.len());
         for c in &stored.contacts {
-            anyhow::ensure!(
+            ensure!(
                 validators.contains(&AccountId(c.key)),
                 "the genesis lists a contact ({}) that is not one of its validators",
                 metatopia_sim::ids::hex(&c.key)
@@ -154,7 +141,7 @@ impl Genesis {
         }
         // The state must be what it claims to be (its root), physics included.
         metatopia_sim::Sim::restore(snapshot.clone(), RhaiHost::default(), AnyPhysics::of(&stored.physics), 1)
-            .context("the genesis state does not load")?;
+            .bad(|| "the genesis state does not load".to_owned())?;
         let hash = hash_of(&stored.physics, stored.time_scale, &stored.snapshot);
         Ok(Genesis {
             physics: stored.physics,
@@ -167,17 +154,17 @@ impl Genesis {
     }
 
     /// The genesis of a data directory, if it has one.
-    pub fn read(dir: &Path) -> anyhow::Result<Option<Genesis>> {
+    pub fn read(dir: &Path) -> Result<Option<Genesis>> {
         let path = dir.join(FILE);
         match std::fs::read(&path) {
-            Ok(bytes) => Genesis::decode(&bytes).with_context(|| format!("reading {}", path.display())).map(Some),
+            Ok(bytes) => Genesis::decode(&bytes).bad(|| format!("reading {}", path.display())).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+            Err(e) => Err(e).bad(|| format!("reading {}", path.display())),
         }
     }
 
     /// Write it into a data directory (atomically).
-    pub fn write(&self, dir: &Path) -> anyhow::Result<PathBuf> {
+    pub fn write(&self, dir: &Path) -> Result<PathBuf> {
         let path = dir.join(FILE);
         crate::store::write_atomic(&path, &self.bytes)?;
         Ok(path)
@@ -227,41 +214,36 @@ pub struct WorldFile {
 }
 
 impl WorldFile {
-    pub fn load(path: &Path) -> anyhow::Result<WorldFile> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let wf: WorldFile = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        wf.check().with_context(|| format!("checking {}", path.display()))?;
+    pub fn load(path: &Path) -> Result<WorldFile> {
+        let text = std::fs::read_to_string(path).bad(|| format!("reading {}", path.display()))?;
+        let wf: WorldFile = toml::from_str(&text).bad(|| format!("{}", path.display()))?;
+        wf.check().bad(|| format!("checking {}", path.display()))?;
         Ok(wf)
     }
 
-    fn check(&self) -> anyhow::Result<()> {
+    fn check(&self) -> Result<()> {
         let w = &self.world;
-        anyhow::ensure!(w.sims == 1, "world.sims: a world file describes one sim (`sim new` makes one sim at a time)");
-        anyhow::ensure!(
+        ensure!(w.sims == 1, "world.sims: a world file describes one sim (`sim new` makes one sim at a time)");
+        ensure!(
             w.random_objects == 0 && w.random_players == 0,
             "world.random_objects and world.random_players are for demo worlds (their owners' keys are public)"
         );
-        anyhow::ensure!(
-            (1..=240).contains(&w.tick_rate_hz),
-            "world.tick_rate_hz must be 1..=240, not {}",
-            w.tick_rate_hz
-        );
-        anyhow::ensure!(
+        ensure!((1..=240).contains(&w.tick_rate_hz), "world.tick_rate_hz must be 1..=240, not {}", w.tick_rate_hz);
+        ensure!(
             (8..=4096).contains(&w.region_size),
             "world.region_size must be 8..=4096 metres, not {}",
             w.region_size
         );
-        anyhow::ensure!(
+        ensure!(
             w.physics == "kinematic" || w.physics == "rapier",
             "world.physics must be \"kinematic\" or \"rapier\", not {:?}",
             w.physics
         );
-        anyhow::ensure!(self.objects.len() <= 100_000, "at most 100,000 objects");
+        ensure!(self.objects.len() <= 100_000, "at most 100,000 objects");
         for (i, o) in self.objects.iter().enumerate() {
             if let Some(owner) = &o.owner {
-                crate::config::parse_hex32(owner).with_context(|| {
-                    format!("objects[{i}] ({:?}).owner must be an account key (64 hex digits)", o.name)
-                })?;
+                crate::config::parse_hex32(owner)
+                    .bad(|| format!("objects[{i}] ({:?}).owner must be an account key (64 hex digits)", o.name))?;
             }
         }
         Ok(())
@@ -280,7 +262,7 @@ pub struct NewSim<'a> {
 }
 
 /// Build the genesis of a new sim owned by `admin`.
-pub fn new_sim(n: NewSim<'_>) -> anyhow::Result<Genesis> {
+pub fn new_sim(n: NewSim<'_>) -> Result<Genesis> {
     let empty = WorldFile::default();
     let (wf, scripts_dir) = match n.world {
         Some((wf, path)) => (wf, path.parent().unwrap_or(Path::new(".")).to_owned()),
@@ -293,12 +275,12 @@ pub fn new_sim(n: NewSim<'_>) -> anyhow::Result<Genesis> {
     settings.epoch_ticks = spec.epoch_ticks.unwrap_or(settings.epoch_ticks);
     settings.kick_cooldown_ms = spec.kick_cooldown_secs.map_or(settings.kick_cooldown_ms, |s| s.saturating_mul(1000));
     settings.aoi_radius_m = spec.aoi_radius_m.unwrap_or(settings.aoi_radius_m);
-    settings.check().context("the world's settings")?;
+    settings.check().bad(|| "the world's settings".to_owned())?;
     let mut keys = std::collections::BTreeSet::new();
     for v in &n.validators {
-        anyhow::ensure!(keys.insert(AccountId(v.key)), "validator {} is listed twice", metatopia_sim::ids::hex(&v.key));
+        ensure!(keys.insert(AccountId(v.key)), "validator {} is listed twice", metatopia_sim::ids::hex(&v.key));
     }
-    anyhow::ensure!(
+    ensure!(
         (4..=100).contains(&keys.len()),
         "a sim needs 4 to 100 validators (n = 3f + 1 with f >= 1), {} given",
         keys.len()
@@ -315,7 +297,7 @@ pub fn new_sim(n: NewSim<'_>) -> anyhow::Result<Genesis> {
     let host = RhaiHost::default();
     for o in &wf.objects {
         let owner = match &o.owner {
-            Some(k) => AccountId(crate::config::parse_hex32(k)?),
+            Some(k) => AccountId(crate::config::parse_hex32(k).bad(|| format!("object {:?}: its owner", o.name))?),
             None => n.admin,
         };
         crate::world::add_object(&mut world, &host, o, owner, &scripts_dir)?;

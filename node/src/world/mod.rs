@@ -4,12 +4,14 @@
 //! scenario runner its clusters.
 
 pub mod demo;
+pub mod error;
 pub mod genesis;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+pub use error::{Bad, Result, WorldError};
+
 use metatopia_consensus::SigningKey;
 use metatopia_physics::RegionStage;
 use metatopia_scenarios::spec::Scenario;
@@ -131,7 +133,7 @@ pub struct Genesis {
 
 /// Build a scenario's genesis world for these validators (a pure function of its arguments: every
 /// node of a sim builds the same one).
-pub fn genesis(spec: &Scenario, seed: u64, opts: &Options, validators: &[AccountId]) -> anyhow::Result<Genesis> {
+pub fn genesis(spec: &Scenario, seed: u64, opts: &Options, validators: &[AccountId]) -> Result<Genesis> {
     genesis_in(spec, seed, opts, validators, None)
 }
 
@@ -177,7 +179,7 @@ pub fn genesis_in(
     opts: &Options,
     validators: &[AccountId],
     place: Option<&Place>,
-) -> anyhow::Result<Genesis> {
+) -> Result<Genesis> {
     let w = &spec.world;
     let demo = demo_world(DemoSpec {
         seed,
@@ -199,7 +201,9 @@ pub fn genesis_in(
                 settings: demo.world.settings().clone(),
                 time_ms: 0,
             });
-            world.set_genesis_neighbours(p.neighbours.clone(), p.bounds).map_err(|e| anyhow::anyhow!("{e}"))?;
+            world
+                .set_genesis_neighbours(p.neighbours.clone(), p.bounds)
+                .bad(|| format!("sim {}'s neighbours", p.sim.0))?;
             // The demo's random prims (seeded per sim), moved into this sim's square.
             let prims = demo_world(DemoSpec {
                 seed: seed ^ u64::from(p.sim.0).wrapping_mul(0x9e37_79b9),
@@ -245,7 +249,7 @@ pub fn genesis_in(
         objects.insert(v.name.clone(), id);
     }
     world.set_genesis_time(w.start_unix_ms);
-    world.validate().map_err(|e| anyhow::anyhow!("the scenario's world is not valid: {e}"))?;
+    world.validate().bad(|| "the scenario's world is not valid".to_owned())?;
     Ok(Genesis { world, demo, objects })
 }
 
@@ -257,7 +261,7 @@ pub fn add_object(
     v: &metatopia_scenarios::spec::ObjectSpec,
     owner: AccountId,
     scripts_dir: &Path,
-) -> anyhow::Result<ObjectId> {
+) -> Result<ObjectId> {
     let shape = if v.shape == "circle" {
         Shape::Circle { radius: fx(v.size[0]) }
     } else {
@@ -268,8 +272,9 @@ pub fn add_object(
     let body = match v.body.as_deref() {
         None if v.velocity.is_some() => BodyKind::Dynamic,
         None => BodyKind::Static,
-        Some(b) => BodyKind::parse(b)
-            .with_context(|| format!("object {:?}: body is static, kinematic or dynamic, not {b:?}", v.name))?,
+        Some(b) => BodyKind::parse(b).ok_or_else(|| {
+            WorldError::Invalid(format!("object {:?}: body is static, kinematic or dynamic, not {b:?}", v.name))
+        })?,
     };
     let id = world.add_genesis_object(
         ObjectKind::Prim,
@@ -284,17 +289,17 @@ pub fn add_object(
     );
     if let Some(file) = &v.script {
         let path = scripts_dir.join(file);
-        let src = std::fs::read_to_string(&path).with_context(|| format!("object {:?}: {}", v.name, path.display()))?;
+        let src = std::fs::read_to_string(&path).bad(|| format!("object {:?}: {}", v.name, path.display()))?;
         attach_script(world, host, id, owner, &src, &v.licence)
-            .map_err(|e| anyhow::anyhow!("object {:?}: script {file}: {e}", v.name))?;
+            .bad(|| format!("object {:?}: script {file}", v.name))?;
     }
     Ok(id)
 }
 
 /// Read a scenario file.
-pub fn load(path: &Path) -> anyhow::Result<(Scenario, String)> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let spec = Scenario::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+pub fn load(path: &Path) -> Result<(Scenario, String)> {
+    let text = std::fs::read_to_string(path).bad(|| format!("reading {}", path.display()))?;
+    let spec = Scenario::parse(&text).bad(|| format!("{}", path.display()))?;
     Ok((spec, text))
 }
 
@@ -309,7 +314,7 @@ pub const EXAMPLE_SCRIPTS: [(&str, &str); 5] = [
 
 /// The node's default world: the seeded demo world, with one prim in `every` carrying one of
 /// the example rhai scripts (in turn) by its owner.
-pub fn rhai_demo_world(spec: DemoSpec, every: usize) -> anyhow::Result<DemoWorld> {
+pub fn rhai_demo_world(spec: DemoSpec, every: usize) -> Result<DemoWorld> {
     let mut demo = demo_world(DemoSpec { scripted_per_mille: 0, ..spec });
     let host = RhaiHost::default();
     let prims: Vec<(ObjectId, AccountId)> =
@@ -317,7 +322,7 @@ pub fn rhai_demo_world(spec: DemoSpec, every: usize) -> anyhow::Result<DemoWorld
     for (n, (id, owner)) in prims.into_iter().enumerate().filter(|(n, _)| n % every.max(1) == 0) {
         let (name, src) = EXAMPLE_SCRIPTS[(n / every.max(1)) % EXAMPLE_SCRIPTS.len()];
         attach_script(&mut demo.world, &host, id, owner, src, "AGPL-3.0-or-later")
-            .map_err(|e| anyhow::anyhow!("the example script {name}: {e}"))?;
+            .bad(|| format!("the example script {name}"))?;
     }
     Ok(demo)
 }
