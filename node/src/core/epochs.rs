@@ -323,14 +323,12 @@ impl Agreement for Epochs {
     }
     fn learn_peer(&mut self, index: u16, key: VerifyingKey) {
         // The transport numbers nodes in order (also nodes of other sims, which the agreement
-        // never hears of: holes); one it numbered before keeps its key.
+        // never hears of: holes), and gives an index an unlisted node left to the next one.
         let i = usize::from(index);
         if i >= self.peers.len() {
             self.peers.resize(i + 1, None);
         }
-        if self.peers[i].is_none() {
-            self.peers[i] = Some(key);
-        }
+        self.peers[i] = Some(key);
     }
     fn handle_epoch_message(&mut self, now: Micros, from: ValidatorIndex, epoch: u64, msg: Message) {
         self.route(now, from, epoch, msg);
@@ -458,7 +456,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_peer_numbered_after_other_sims_nodes_is_known_by_its_key() {
+    fn a_peer_numbered_after_other_sims_nodes_is_known_by_its_key_until_its_index_is_taken_again() {
         use crate::core::agreement::Agreement as _;
         let keys: Vec<VerifyingKey> = (1..=5u8).map(|i| SigningKey::from_bytes(&[i; 32]).verifying_key()).collect();
         // Five validators; the mesh listed four, gave indices 4..=8 to nodes of other sims (the
@@ -466,12 +464,16 @@ mod tests {
         let mut e =
             Epochs::new(Config::default(), SigningKey::from_bytes(&[1; 32]), keys[..4].to_vec(), keys.clone(), 40, 0);
         e.learn_peer(9, keys[4]);
-        e.learn_peer(9, keys[0]);
         assert_eq!(e.current.local(&e.peers, ValidatorIndex(9)), ValidatorIndex(4));
         assert_eq!(e.current.peer(&e.peers, ValidatorIndex(4)), Some(ValidatorIndex(9)));
         assert_eq!(e.current.local(&e.peers, ValidatorIndex(2)), ValidatorIndex(2));
         // A hole is nobody's.
         assert_eq!(e.current.local(&e.peers, ValidatorIndex(6)), ValidatorIndex(OUTSIDE + 6));
+        // The fifth left and a stranger took its index: the index is the stranger's now.
+        let stranger = SigningKey::from_bytes(&[9; 32]).verifying_key();
+        e.learn_peer(9, stranger);
+        assert_eq!(e.current.local(&e.peers, ValidatorIndex(9)), ValidatorIndex(OUTSIDE + 9));
+        assert_eq!(e.current.peer(&e.peers, ValidatorIndex(4)), None);
     }
 
     #[test]

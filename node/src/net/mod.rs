@@ -7,8 +7,11 @@
 //! address fails unless the node there holds that node's key, and an inbound connection is
 //! numbered by its key. The numbering ("peer index") is the config's order of the sim's nodes;
 //! nodes outside the list (a node that joined with `run --join` and follows the sim) get the
-//! next free indices as they connect, up to [`MAX_UNLISTED`] at a time. Messages carry their own
-//! signatures besides (votes, proposals, events), so the index only says whom to answer.
+//! next free indices as they connect, up to [`MAX_UNLISTED`] at a time, and give them back when
+//! they disconnect (a later one takes the index: [`MeshEvent::Joined`] says with which key); they
+//! get the sim's broadcasts once they ask for them ([`NodeMsg::asks_for_the_sim`]), so a node
+//! that merely connects costs nothing. Messages carry their own signatures besides (votes,
+//! proposals, events), so the index only says whom to answer.
 
 pub mod card;
 pub mod frames;
@@ -135,7 +138,8 @@ impl PeerAddr {
 pub enum MeshEvent {
     /// A message from the node with this peer index.
     Message(ValidatorIndex, NodeMsg),
-    /// A node outside the list connected and got this index.
+    /// A node outside the list connected and got this index (one freed by a node that left,
+    /// perhaps: the key is now this one).
     Joined { index: u16, key: VerifyingKey },
 }
 
@@ -174,6 +178,12 @@ struct Book {
     /// Nodes of the world: keys from the config, the genesis or a card (not a node that just
     /// connected). Only they may hold a reservation on this node's relay.
     members: BTreeSet<PeerId>,
+    /// Indices of unlisted nodes that disconnected, given to the next ones (so strangers that
+    /// come and go cannot use the index space up).
+    freed: BTreeSet<u16>,
+    /// Unlisted nodes that have not asked for the sim's messages yet (a join, a snapshot, a
+    /// consensus message): left out of broadcasts until they do.
+    quiet: BTreeSet<u16>,
 }
 
 impl Book {
@@ -204,13 +214,39 @@ impl Book {
             .iter()
             .filter(|p| self.by_peer.get(p).is_none_or(|&i| usize::from(i) >= self.listed))
             .count();
-        if unlisted >= MAX_UNLISTED || self.keys.len() >= MAX_INDEX {
+        if unlisted >= MAX_UNLISTED {
             return None;
         }
-        let i = self.keys.len() as u16;
-        self.keys.push(key);
+        let i = match self.freed.pop_first() {
+            Some(i) => {
+                self.keys[usize::from(i)] = key;
+                i
+            }
+            None if self.keys.len() < MAX_INDEX => {
+                self.keys.push(key);
+                (self.keys.len() - 1) as u16
+            }
+            None => return None,
+        };
         self.by_peer.insert(*peer, i);
+        if !self.members.contains(peer) {
+            self.quiet.insert(i);
+        }
         Some((i, true))
+    }
+
+    /// `peer` has no connection left: an unlisted node's index is freed (a node of the world
+    /// keeps its own). The index freed, if it was.
+    fn release(&mut self, peer: &PeerId) -> Option<u16> {
+        self.connected.remove(peer);
+        let i = *self.by_peer.get(peer)?;
+        if usize::from(i) < self.listed || self.members.contains(peer) || self.outsiders.contains(&i) {
+            return None;
+        }
+        self.by_peer.remove(peer);
+        self.quiet.remove(&i);
+        self.freed.insert(i);
+        Some(i)
     }
 }
 
@@ -295,6 +331,8 @@ fn delayed(
 
 enum Command {
     Add(Vec<PeerAddr>),
+    /// Close every connection (so the peers learn at once) and stop.
+    Stop,
 }
 
 /// This node's side of the mesh.
@@ -348,6 +386,8 @@ impl Mesh {
             connected: BTreeSet::new(),
             outsiders: BTreeSet::new(),
             members: peers.iter().map(|p| peer_id(&p.key)).collect(),
+            freed: BTreeSet::new(),
+            quiet: BTreeSet::new(),
         };
         let shared = Arc::new(Shared {
             book: Mutex::new(book),
@@ -455,6 +495,12 @@ impl Mesh {
         }
     }
 
+    /// Close every connection, so the peers learn of it at once (rather than by a missed ping),
+    /// and stop the mesh.
+    pub fn stop(&self) {
+        let _ = self.commands.send(Command::Stop);
+    }
+
     /// Keep connections to these nodes too (after the ones the mesh started with).
     pub fn add_peers(&self, peers: Vec<PeerAddr>) {
         let _ = self.commands.send(Command::Add(peers));
@@ -502,7 +548,11 @@ impl Mesh {
 
     /// The key of the node with this peer index.
     pub fn key_of(&self, index: u16) -> Option<VerifyingKey> {
-        lock(&self.shared.book).keys.get(usize::from(index)).copied()
+        let book = lock(&self.shared.book);
+        if book.freed.contains(&index) {
+            return None;
+        }
+        book.keys.get(usize::from(index)).copied()
     }
 
     pub fn send(&self, to: u16, msg: &NodeMsg) {
@@ -523,11 +573,15 @@ impl Mesh {
 
     /// Send an encoded [`NodeMsg`] to every connected peer of this sim.
     pub fn broadcast_frame(&self, frame: Arc<Vec<u8>>) {
-        let outsiders = lock(&self.shared.book).outsiders.clone();
+        // Not to other sims' nodes, nor to unlisted nodes that have not asked for the sim's.
+        let skip: BTreeSet<u16> = {
+            let book = lock(&self.shared.book);
+            book.outsiders.union(&book.quiet).copied().collect()
+        };
         let writers = lock(&self.shared.writers);
         let mut sent = 0;
         for (i, (_, w)) in writers.iter() {
-            if !outsiders.contains(i) {
+            if !skip.contains(i) {
                 let _ = w.send(frame.clone());
                 sent += 1;
             }
@@ -640,6 +694,20 @@ async fn drive(
                         }
                     }
                 }
+                Some(Command::Stop) => {
+                    let peers: Vec<PeerId> = swarm.connected_peers().copied().collect();
+                    for p in peers {
+                        let _ = swarm.disconnect_peer_id(p);
+                    }
+                    // Until the connections are closed (their close frames sent), 1 s at most.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                        while swarm.connected_peers().next().is_some() {
+                            swarm.select_next_some().await;
+                        }
+                    })
+                    .await;
+                    return;
+                }
                 None => return,
             },
             _ = redial.tick() => {
@@ -731,7 +799,11 @@ async fn drive(
                     }
                     if num_established == 0 {
                         tracing::debug!(%peer_id, "disconnected: {cause:?}");
-                        lock(&shared.book).connected.remove(&peer_id);
+                        let freed = lock(&shared.book).release(&peer_id);
+                        if let Some(i) = freed {
+                            // Its writer ends with it (nothing may be waiting to be written).
+                            lock(&shared.writers).remove(&i);
+                        }
                     }
                 }
                 SwarmEvent::ListenerClosed { listener_id, reason, addresses } => {
@@ -895,11 +967,13 @@ async fn read_streams(
         let mut stream = stream.compat();
         let Some(index) = number(&shared, &peer, &events, false) else { continue };
         let events = events.clone();
+        let shared = shared.clone();
         tokio::spawn(async move {
             if stream.write_all(&[ACK]).await.is_err() || stream.flush().await.is_err() {
                 return;
             }
             let mut bad = 0u64;
+            let mut asked = false;
             loop {
                 let frame = match read_frame(&mut stream).await {
                     Ok(f) => f,
@@ -912,6 +986,10 @@ async fn read_streams(
                 metrics::counter!("metatopia_net_bytes_in_total").increment(frame.len() as u64 + 4);
                 match NodeMsg::decode(&frame, MAX_FRAME as usize) {
                     Ok(m) => {
+                        if !asked && m.asks_for_the_sim() {
+                            asked = true;
+                            lock(&shared.book).quiet.remove(&index);
+                        }
                         if events.send(MeshEvent::Message(ValidatorIndex(index), m)).is_err() {
                             break;
                         }

@@ -164,6 +164,67 @@ async fn garbage_on_the_port_harms_nothing() {
     assert_eq!(next(&mut rx1).await, (ValidatorIndex(0), NodeMsg::SnapshotRequest));
 }
 
+/// A node outside the list gets the sim's broadcasts only once it asks (a join, a snapshot, a
+/// consensus message), and gives its index back when it leaves: strangers coming and going one
+/// after another all take the same index, and none can use the index space up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_gets_broadcasts_only_after_asking_and_its_index_is_taken_again() {
+    let a = addrs(6);
+    let listed = vec![PeerAddr::direct(key(1).verifying_key(), Some(a[0].0), Some(a[0].1))];
+    let (m0, mut rx0) = Mesh::start(&key(1), a[0].0, Some(a[0].1), listed.clone()).await.unwrap();
+    let frame = |tick| NodeMsg::Snapshot { tick, bytes: vec![1; 10] };
+    for s in 1..6u8 {
+        let stranger = key(40 + s);
+        let mut theirs = listed.clone();
+        theirs.push(PeerAddr::direct(stranger.verifying_key(), None, None));
+        let i = usize::from(s);
+        let (m, mut rx) = Mesh::start(&stranger, a[i].0, Some(a[i].1), theirs).await.unwrap();
+        // Node 0 numbers it: the index the stranger before it left.
+        let index = match tokio::time::timeout(Duration::from_secs(10), rx0.recv()).await.unwrap().unwrap() {
+            MeshEvent::Joined { index, key } => {
+                assert_eq!(key, stranger.verifying_key());
+                index
+            }
+            MeshEvent::Message(from, msg) => panic!("from {from:?} before it joined: {msg:?}"),
+        };
+        assert_eq!(index, 1, "stranger {s}");
+        assert_eq!(m0.key_of(1), Some(stranger.verifying_key()));
+        // A message to it arrives once its stream is open (sent again until then), a broadcast
+        // does not...
+        let t0 = std::time::Instant::now();
+        loop {
+            m0.send(index, &frame(0));
+            if let Ok(Some(MeshEvent::Message(_, f))) =
+                tokio::time::timeout(Duration::from_millis(200), rx.recv()).await
+            {
+                assert_eq!(f, frame(0));
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "stranger {s}: no stream");
+        }
+        m0.broadcast(&frame(1));
+        // ...until it asks: then the next broadcast is the next thing it gets (after any of the
+        // messages sent while its stream opened).
+        m.send(0, &NodeMsg::JoinRequest);
+        assert_eq!(next(&mut rx0).await, (ValidatorIndex(1), NodeMsg::JoinRequest));
+        m0.broadcast(&frame(2));
+        let got = loop {
+            let (_, f) = next(&mut rx).await;
+            if f != frame(0) {
+                break f;
+            }
+        };
+        assert_eq!(got, frame(2), "stranger {s}");
+        m.stop();
+        drop((m, rx));
+        let t0 = std::time::Instant::now();
+        while m0.connected() > 0 {
+            assert!(t0.elapsed() < Duration::from_secs(20), "stranger {s} still connected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 /// The relay's bounds, measured: a node of the world holds a reservation and is reached
 /// through the relay; a stranger is refused a reservation, and what it pushes through
 /// circuits to a node of the world is cut at each circuit's byte limit, with no more than

@@ -69,6 +69,18 @@ pub enum NodeMsg {
     },
 }
 
+impl NodeMsg {
+    /// Whether the sender asks to follow the sim (a node outside the config gets the sim's
+    /// broadcasts once it does): a join, a snapshot, or a consensus message (a vote, or a
+    /// follower's fetch).
+    pub fn asks_for_the_sim(&self) -> bool {
+        matches!(
+            self,
+            NodeMsg::Consensus { .. } | NodeMsg::SnapshotRequest | NodeMsg::SimInfoRequest | NodeMsg::JoinRequest
+        )
+    }
+}
+
 /// Why bytes are not a node message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecodeError(pub String);

@@ -845,6 +845,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             break s;
         }
     };
+    // The peers learn at once that this node stopped (not by a missed ping seconds later).
+    mesh.stop();
     quic.close(0u32.into(), b"the node is stopping");
     quic_task.abort();
     let _ = http_stop.send(());
