@@ -18,9 +18,14 @@
 //!   it starts demoted is a candidate ([`crate::Config::demoted`], handed on by the previous
 //!   epoch); with fewer candidates than a quorum (not enough known), every validator is one.
 //! - Every honest validator that has committed the chain through view `v - LAG` chooses alike.
-//!   One that has not (it lags, or it joined or restarted without the chain before) may choose
-//!   another leader: that costs liveness in that view only (it does not vote for the proposal of
-//!   the leader it does not expect), never safety, which does not depend on who leads.
+//!   One that has not, or whose history starts too late (a restart whose commit log gave back
+//!   less than a window and a lag), chooses by plain round robin over everyone but the demoted:
+//!   a leader the others may not expect, which costs liveness in that view only (it does not
+//!   vote for the proposal of the leader it does not expect), never safety, which does not
+//!   depend on who leads. When such differences stall the sim, views go on without commits, and
+//!   after `LAG` of them every validator's knowledge is incomplete alike: all choose by round
+//!   robin, agree, and commit again. A restarted validator rebuilds its history from the blocks
+//!   its commit log gives back (`Validator::recall`).
 //! - A view's leader is fixed (remembered) once chosen with complete knowledge, so the leader of
 //!   a nullified view is the one who was expected to lead it.
 //!
@@ -56,8 +61,11 @@ pub(super) struct Leaders {
     /// demoted (one whose vote is in the chain's certificates since did not crash: its view
     /// may have failed for its parent's sake, a block stamped ahead of the clocks).
     quiet: u64,
-    /// Every view below this has its outcome recorded.
+    /// Every view below this has its outcome recorded...
     complete_below: View,
+    /// ...from this one on (the first view recorded; a restarted validator's history starts
+    /// where its commit log gave it back).
+    known_from: Option<View>,
     /// Per validator, the views of its signs of life and of its failures, ascending.
     life: Vec<VecDeque<View>>,
     fail: Vec<VecDeque<View>>,
@@ -76,6 +84,7 @@ impl Leaders {
             window: MIN_WINDOW.max(16 * n as u64),
             quiet: 8.max(2 * n as u64),
             complete_below: View(1),
+            known_from: None,
             life: vec![VecDeque::new(); n],
             fail: vec![VecDeque::new(); n],
             demoted,
@@ -98,18 +107,39 @@ impl Leaders {
     /// Remember the leader of `view` if it is chosen with complete knowledge (call on entering
     /// a view, so the leader of a view later nullified is the one expected then).
     pub(super) fn fix(&mut self, view: View) {
-        if self.on && self.knows_for(view) && !self.chosen.contains_key(&view) {
+        if self.on && self.complete(view) && !self.chosen.contains_key(&view) {
             let l = self.leader(view);
             self.chosen.insert(view, l);
         }
     }
 
-    fn knows_for(&self, view: View) -> bool {
-        view.0.saturating_sub(LAG) <= self.complete_below.0
+    /// Whether this validator knows all a choice for `view` looks at, as every validator that
+    /// followed the chain does: every view of the window, each failure in it attributed to the
+    /// leader expected then (so a history that starts late must reach a window and a lag back).
+    fn complete(&self, view: View) -> bool {
+        let hi = view.0.saturating_sub(LAG);
+        if hi <= 1 {
+            return true; // nothing to look at, for anyone
+        }
+        let lo = hi.saturating_sub(self.window);
+        self.complete_below.0 >= hi && self.known_from.is_some_and(|k| k.0 <= 1 || lo >= k.0 + LAG + self.window)
     }
 
-    /// The candidates for `view`, ascending; never empty.
+    /// Every validator but those this instance started demoted (all, if too few are left).
+    fn everyone(&self) -> Vec<ValidatorIndex> {
+        let all = (0..self.n).map(|i| ValidatorIndex(i as u16));
+        let c: Vec<ValidatorIndex> = all.clone().filter(|i| !self.demoted[usize::from(i.0)]).collect();
+        if c.len() < self.quorum { all.collect() } else { c }
+    }
+
+    /// The candidates for `view`, ascending; never empty. Without complete knowledge, everyone
+    /// (round robin): when the validators' knowledge differs (a restart, a long stall), they
+    /// agree again once views go on without commits for a lag, everyone's knowledge then
+    /// incomplete alike.
     pub(super) fn candidates(&self, view: View) -> Vec<ValidatorIndex> {
+        if !self.complete(view) {
+            return self.everyone();
+        }
         let hi = View(view.0.saturating_sub(LAG));
         let lo = View(hi.0.saturating_sub(self.window));
         let last = |views: &VecDeque<View>| {
@@ -128,7 +158,7 @@ impl Leaders {
             }
         }
         if !any_life {
-            alive = (0..self.n).filter(|i| !self.demoted[*i]).map(|i| ValidatorIndex(i as u16)).collect();
+            return self.everyone();
         }
         if alive.len() < self.quorum {
             alive = (0..self.n).map(|i| ValidatorIndex(i as u16)).collect();
@@ -147,6 +177,16 @@ impl Leaders {
     pub(super) fn committed(&mut self, view: View, leader: ValidatorIndex, parent: View, signers: &[ValidatorIndex]) {
         if !self.on || view < self.complete_below {
             return;
+        }
+        match self.known_from {
+            None => self.known_from = Some(View(parent.0.max(1))),
+            // A hole in what was recorded (a block its commit log could not give back): start
+            // over from here.
+            Some(_) if parent > self.complete_below => {
+                self.life.iter_mut().chain(self.fail.iter_mut()).for_each(VecDeque::clear);
+                self.known_from = Some(parent);
+            }
+            Some(_) => {}
         }
         // The parent's signers (the first block of an instance embeds none of this instance).
         if parent > View(0) {
@@ -244,6 +284,60 @@ mod tests {
         healthy(&mut l, 33, 60, None);
         assert!(l.candidates(View(45)).contains(&failed));
         assert_eq!(l.candidates(View(70)).len(), 4);
+    }
+
+    /// A chain where validator 2 is dead from view 10 on: its views nullified, its votes absent.
+    fn dead_two(l: &mut Leaders, chain: &mut Vec<(View, ValidatorIndex, View)>, to: u64) {
+        let mut view = chain.last().map_or(1, |(v, _, _)| v.0 + 1);
+        let mut parent = chain.last().map_or(View(0), |(v, _, _)| *v);
+        while view <= to {
+            let leader = l.leader(View(view));
+            if view >= 10 && leader == v(2) {
+                view += 1;
+                continue;
+            }
+            let signers: Vec<_> = (0..4).filter(|i| view < 10 || *i != 2).map(v).collect();
+            l.committed(View(view), leader, parent, &signers);
+            chain.push((View(view), leader, parent));
+            parent = View(view);
+            view += 1;
+        }
+    }
+
+    #[test]
+    fn a_history_that_starts_late_is_used_once_it_reaches_a_window_and_a_lag_back() {
+        let mut full = Leaders::new(4, 3, true, vec![false; 4]);
+        let mut chain = Vec::new();
+        dead_two(&mut full, &mut chain, 300);
+        assert_eq!(full.candidates(View(300)), vec![v(0), v(1), v(3)]);
+        // A validator restarted with the chain from view 100 on (its commit log's), votes and
+        // all as the others saw them.
+        let mut late = Leaders::new(4, 3, true, vec![false; 4]);
+        let from = chain.iter().position(|(w, _, _)| w.0 >= 100).unwrap();
+        for (w, leader, parent) in &chain[from..] {
+            let signers: Vec<_> = (0..4).filter(|i| *i != 2).map(v).collect();
+            late.committed(*w, *leader, *parent, &signers);
+        }
+        let parent = chain[from].2;
+        // Too little history for a choice that looks back a window and a lag: round robin.
+        let early = View(parent.0 + LAG + 1 + 64);
+        assert_eq!(late.candidates(early), vec![v(0), v(1), v(2), v(3)]);
+        // Far enough on, it chooses as the validator that saw it all.
+        for w in (parent.0 + 2 * (LAG + 64) + 1)..300 {
+            assert_eq!(late.candidates(View(w)), full.candidates(View(w)), "view {w}");
+        }
+    }
+
+    #[test]
+    fn views_without_commits_for_a_lag_bring_everyone_back_to_round_robin() {
+        let mut l = Leaders::new(4, 3, true, vec![false; 4]);
+        let mut chain = Vec::new();
+        dead_two(&mut l, &mut chain, 200);
+        let last = chain.last().unwrap().0;
+        assert_eq!(l.candidates(View(last.0 + LAG)), vec![v(0), v(1), v(3)]);
+        // No commit since: a view a lag past what is known is chosen by round robin, as every
+        // validator would, whatever it knew.
+        assert_eq!(l.candidates(View(last.0 + LAG + 1)), vec![v(0), v(1), v(2), v(3)]);
     }
 
     #[test]

@@ -130,6 +130,12 @@ impl Validator {
                 });
                 if let Some(l) = leader {
                     block.leader = l;
+                    // What the chain tells of who led and who voted, as when it was committed.
+                    if Some(n.digest) != self.anchor_digest {
+                        let signers: Vec<ValidatorIndex> =
+                            block.parent_certificate.iter().flat_map(|c| c.votes.iter().map(|v| v.signer)).collect();
+                        self.leaders.committed(block.view, block.leader, block.parent.view, &signers);
+                    }
                     self.blocks.insert(n.digest, Stored::with_ids(block, ids));
                     kept += 1;
                 }
