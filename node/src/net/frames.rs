@@ -3,6 +3,7 @@
 //! runtimes that read them ([`busy`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::sync::mpsc;
@@ -12,16 +13,79 @@ pub const MAX_FRAME: u32 = 16 << 20;
 
 /// Write queued frames to `w` until the queue closes or the stream fails, flushing once per
 /// burst (whatever is queued goes out in one write).
-pub async fn write_frames(w: impl AsyncWriteExt + Unpin, mut queue: mpsc::UnboundedReceiver<Arc<Vec<u8>>>) {
+pub async fn write_frames(w: impl AsyncWriteExt + Unpin, queue: mpsc::UnboundedReceiver<Arc<Vec<u8>>>) {
+    write_outbox(w, Inbox { queue, queued: Arc::default() }).await;
+}
+
+/// The bytes a peer's [`Outbox`] holds at most (more only as its one frame): a peer that reads
+/// slower than frames come for it loses the newest frames, not this node its memory.
+pub const MAX_QUEUED: u64 = 2 * MAX_FRAME as u64;
+
+/// A peer's queue of frames to write, bounded in bytes ([`MAX_QUEUED`]).
+#[derive(Clone, Debug)]
+pub struct Outbox {
+    queue: mpsc::UnboundedSender<Arc<Vec<u8>>>,
+    queued: Arc<AtomicU64>,
+}
+
+/// The writing end of an [`Outbox`] ([`write_outbox`]).
+#[derive(Debug)]
+pub struct Inbox {
+    queue: mpsc::UnboundedReceiver<Arc<Vec<u8>>>,
+    queued: Arc<AtomicU64>,
+}
+
+/// A bounded queue of frames for one peer.
+pub fn outbox() -> (Outbox, Inbox) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let queued = Arc::new(AtomicU64::new(0));
+    (Outbox { queue: tx, queued: queued.clone() }, Inbox { queue: rx, queued })
+}
+
+impl Outbox {
+    /// Queue a frame; `false` (and the frame dropped) when the queue holds [`MAX_QUEUED`] bytes
+    /// with it, or its writer has gone. An empty queue takes any frame.
+    pub fn push(&self, frame: Arc<Vec<u8>>) -> bool {
+        let len = frame.len() as u64;
+        let held = self.queued.load(Ordering::Relaxed);
+        if held > 0 && held + len > MAX_QUEUED {
+            return false;
+        }
+        self.queued.fetch_add(len, Ordering::Relaxed);
+        self.queue.send(frame).is_ok()
+    }
+
+    /// The bytes queued and not yet written.
+    pub fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
+    }
+}
+
+impl Inbox {
+    /// The same queue with its frames passed through `stage` first (the mesh's test delay):
+    /// they count as queued until written.
+    pub fn through(
+        self,
+        stage: impl FnOnce(mpsc::UnboundedReceiver<Arc<Vec<u8>>>) -> mpsc::UnboundedReceiver<Arc<Vec<u8>>>,
+    ) -> Inbox {
+        Inbox { queue: stage(self.queue), queued: self.queued }
+    }
+}
+
+/// [`write_frames`] from an [`Outbox`]'s queue, counting each frame out once written.
+pub async fn write_outbox(w: impl AsyncWriteExt + Unpin, mut inbox: Inbox) {
     let mut w = BufWriter::new(w);
-    while let Some(f) = queue.recv().await {
+    let written = |f: &Arc<Vec<u8>>| inbox.queued.fetch_sub(f.len() as u64, Ordering::Relaxed);
+    while let Some(f) = inbox.queue.recv().await {
         if write_frame(&mut w, &f).await.is_err() {
             return;
         }
-        while let Ok(f) = queue.try_recv() {
+        written(&f);
+        while let Ok(f) = inbox.queue.try_recv() {
             if write_frame(&mut w, &f).await.is_err() {
                 return;
             }
+            written(&f);
         }
         if w.flush().await.is_err() {
             return;
@@ -77,6 +141,29 @@ pub async fn busy<F: std::future::Future>(f: F, spin: bool) -> F::Output {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer that does not read holds at most `MAX_QUEUED` bytes of this node's memory; once
+    /// its frames are written the queue takes more again.
+    #[tokio::test]
+    async fn a_peers_queue_is_bounded_in_bytes_and_drains_as_it_is_written() {
+        let (out, inbox) = outbox();
+        let big = Arc::new(vec![7u8; MAX_FRAME as usize]);
+        assert!(out.push(big.clone()), "an empty queue takes any frame");
+        assert!(out.push(big.clone()), "two of the largest fit");
+        assert!(!out.push(big.clone()), "a third is dropped");
+        assert!(!out.push(Arc::new(vec![1; 10])), "so is anything more");
+        assert_eq!(out.queued(), 2 * u64::from(MAX_FRAME));
+        // The writer takes them (a sink that reads everything).
+        let writer = tokio::spawn(write_outbox(tokio::io::sink(), inbox));
+        let t0 = std::time::Instant::now();
+        while out.queued() > 0 {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "{} bytes still queued", out.queued());
+            tokio::task::yield_now().await;
+        }
+        assert!(out.push(big));
+        drop(out);
+        writer.await.unwrap();
+    }
 
     #[tokio::test]
     async fn frames_round_trip_and_a_short_one_is_an_error_not_a_big_allocation() {

@@ -40,7 +40,7 @@ use tokio::sync::mpsc;
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt};
 
 pub use crate::net::frames::MAX_FRAME;
-use crate::net::frames::{read_frame, write_frames};
+use crate::net::frames::{Outbox, outbox, read_frame, write_outbox};
 use crate::net::reach::{NetInfo, Path, Reach, RelayLimits};
 use crate::net::wire::NodeMsg;
 
@@ -152,8 +152,8 @@ struct Behaviour {
     dcutr: libp2p::swarm::behaviour::toggle::Toggle<dcutr::Behaviour>,
 }
 
-/// Per peer index: the connection's number and its writer (a new stream replaces both).
-type Writers = BTreeMap<u16, (u64, mpsc::UnboundedSender<Arc<Vec<u8>>>)>;
+/// Per peer index: the connection's number and its queue (a new stream replaces both).
+type Writers = BTreeMap<u16, (u64, Outbox)>;
 
 #[derive(Debug)]
 struct Shared {
@@ -468,8 +468,12 @@ impl Mesh {
     /// Send an encoded [`NodeMsg`] (encoded once for many sends).
     pub fn send_frame(&self, to: u16, frame: Arc<Vec<u8>>) {
         if let Some((_, w)) = lock(&self.shared.writers).get(&to) {
-            metrics::counter!("metatopia_net_bytes_out_total").increment(frame.len() as u64 + 4);
-            let _ = w.send(frame);
+            let len = frame.len() as u64 + 4;
+            if w.push(frame) {
+                metrics::counter!("metatopia_net_bytes_out_total").increment(len);
+            } else {
+                metrics::counter!("metatopia_net_frames_dropped_total").increment(1);
+            }
         }
     }
 
@@ -484,8 +488,11 @@ impl Mesh {
         let mut sent = 0;
         for (i, (_, w)) in writers.iter() {
             if !skip.contains(i) {
-                let _ = w.send(frame.clone());
-                sent += 1;
+                if w.push(frame.clone()) {
+                    sent += 1;
+                } else {
+                    metrics::counter!("metatopia_net_frames_dropped_total").increment(1);
+                }
             }
         }
         metrics::counter!("metatopia_net_bytes_out_total").increment((frame.len() as u64 + 4) * sent);
@@ -828,13 +835,13 @@ async fn write_stream(mut control: libp2p_stream::Control, shared: Arc<Shared>, 
             }
             Err(_) => continue,
         };
-        let (wtx, mut wrx) = mpsc::unbounded_channel::<Arc<Vec<u8>>>();
+        let (wtx, mut wrx) = outbox();
         let n = shared.streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if shared.delay != LinkDelay::NONE {
-            wrx = delayed(wrx, shared.delay, (u64::from(index) << 32) ^ n);
+            wrx = wrx.through(|q| delayed(q, shared.delay, (u64::from(index) << 32) ^ n));
         }
         lock(&shared.writers).insert(index, (n, wtx));
-        write_frames(stream, wrx).await;
+        write_outbox(stream, wrx).await;
         {
             let mut w = lock(&shared.writers);
             if w.get(&index).is_some_and(|(c, _)| *c == n) {
