@@ -96,13 +96,28 @@ pub async fn write_outbox(w: impl AsyncWriteExt + Unpin, mut inbox: Inbox) {
 /// One length-prefixed frame (u32 LE length, at most [`MAX_FRAME`] bytes). The buffer grows
 /// as the bytes arrive: a peer that sends a large length and little else costs at most
 /// [`FIRST_READ`] bytes, not the length it claims.
-pub async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> anyhow::Result<Vec<u8>> {
+pub async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> Result<Vec<u8>, FrameError> {
     let len = r.read_u32_le().await?;
-    anyhow::ensure!(len <= MAX_FRAME, "a frame of {len} bytes is over the limit");
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLong(len));
+    }
     let mut buf = Vec::with_capacity((len as usize).min(FIRST_READ));
     let got = r.take(u64::from(len)).read_to_end(&mut buf).await?;
-    anyhow::ensure!(got == len as usize, "the stream ended {got} bytes into a frame of {len}");
+    if got != len as usize {
+        return Err(FrameError::Short { got, len });
+    }
     Ok(buf)
+}
+
+/// Why a frame could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("reading: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("a frame of {0} bytes is over the limit")]
+    TooLong(u32),
+    #[error("the stream ended {got} bytes into a frame of {len}")]
+    Short { got: usize, len: u32 },
 }
 
 /// What a frame's buffer starts at (it grows as the frame's bytes come).

@@ -23,6 +23,27 @@ use book::Book;
 pub use book::{MAX_UNLISTED, peer_key};
 pub use card::peer_id;
 
+/// Why the mesh could not start, or a stream to a peer could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// The node key is not usable as a libp2p identity.
+    #[error("the node key as a libp2p identity: {0}")]
+    Identity(String),
+    /// The transports or behaviours could not be built.
+    #[error("setting up the transports: {0}")]
+    Setup(String),
+    /// A listening address could not be taken.
+    #[error("listening: {0}")]
+    Listen(String),
+    /// The peer did not take a stream of the sim's protocol.
+    #[error("a stream to a peer: {0}")]
+    Stream(String),
+}
+
+fn setup_error(e: impl std::fmt::Display) -> NetError {
+    NetError::Setup(e.to_string())
+}
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::num::NonZeroU8;
@@ -254,7 +275,7 @@ impl Mesh {
         tcp: SocketAddr,
         quic: Option<SocketAddr>,
         peers: Vec<PeerAddr>,
-    ) -> anyhow::Result<(Mesh, mpsc::UnboundedReceiver<MeshEvent>)> {
+    ) -> Result<(Mesh, mpsc::UnboundedReceiver<MeshEvent>), NetError> {
         Mesh::start_delayed(key, tcp, quic, peers, LinkDelay::NONE).await
     }
 
@@ -265,7 +286,7 @@ impl Mesh {
         quic: Option<SocketAddr>,
         peers: Vec<PeerAddr>,
         delay: LinkDelay,
-    ) -> anyhow::Result<(Mesh, mpsc::UnboundedReceiver<MeshEvent>)> {
+    ) -> Result<(Mesh, mpsc::UnboundedReceiver<MeshEvent>), NetError> {
         Mesh::start_with(key, tcp, quic, peers, MeshOptions { delay, ..MeshOptions::default() }).await
     }
 
@@ -276,9 +297,9 @@ impl Mesh {
         quic: Option<SocketAddr>,
         peers: Vec<PeerAddr>,
         options: MeshOptions,
-    ) -> anyhow::Result<(Mesh, mpsc::UnboundedReceiver<MeshEvent>)> {
-        let keypair = identity::Keypair::ed25519_from_bytes(key.to_bytes())
-            .map_err(|e| anyhow::anyhow!("the node key as a libp2p identity: {e}"))?;
+    ) -> Result<(Mesh, mpsc::UnboundedReceiver<MeshEvent>), NetError> {
+        let keypair =
+            identity::Keypair::ed25519_from_bytes(key.to_bytes()).map_err(|e| NetError::Identity(e.to_string()))?;
         let me = keypair.public().to_peer_id();
         let book = Book {
             keys: peers.iter().map(|p| p.key).collect(),
@@ -310,12 +331,14 @@ impl Mesh {
         );
         let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
             .with_tokio()
-            .with_tcp(tcp::Config::new().nodelay(true), noise::Config::new, yamux::Config::default)?
+            .with_tcp(tcp::Config::new().nodelay(true), noise::Config::new, yamux::Config::default)
+            .map_err(setup_error)?
             .with_quic_config(|mut c| {
                 c.handshake_timeout = Duration::from_secs(2);
                 c
             })
-            .with_relay_client(noise::Config::new, yamux::Config::default)?
+            .with_relay_client(noise::Config::new, yamux::Config::default)
+            .map_err(setup_error)?
             .with_behaviour(|k, relay_client| Behaviour {
                 identify: identify::Behaviour::new(
                     identify::Config::new("/metatopia/1".into(), k.public()).with_agent_version(AGENT.into()),
@@ -328,7 +351,8 @@ impl Mesh {
                 relay: relay::Behaviour::new(me, relay_config),
                 relay_client,
                 dcutr: (!options.no_hole_punching).then(|| dcutr::Behaviour::new(me)).into(),
-            })?
+            })
+            .map_err(setup_error)?
             .with_swarm_config(|c| {
                 c.with_idle_connection_timeout(Duration::from_secs(3600))
                     // QUIC first, TCP only when QUIC fails.
@@ -343,9 +367,12 @@ impl Mesh {
         } else {
             relay::Status::Disable
         }));
-        swarm.listen_on(Multiaddr::from(tcp.ip()).with(Protocol::Tcp(tcp.port())))?;
+        let listen_error = |e: libp2p::TransportError<std::io::Error>| NetError::Listen(e.to_string());
+        swarm.listen_on(Multiaddr::from(tcp.ip()).with(Protocol::Tcp(tcp.port()))).map_err(listen_error)?;
         if let Some(q) = quic {
-            swarm.listen_on(Multiaddr::from(q.ip()).with(Protocol::Udp(q.port())).with(Protocol::QuicV1))?;
+            swarm
+                .listen_on(Multiaddr::from(q.ip()).with(Protocol::Udp(q.port())).with(Protocol::QuicV1))
+                .map_err(listen_error)?;
         }
         // The listeners are up (or failed) once their first event arrives.
         let mut listening = Vec::new();
@@ -353,12 +380,16 @@ impl Mesh {
         while listening.len() < want {
             match tokio::time::timeout(Duration::from_secs(5), swarm.select_next_some()).await {
                 Ok(SwarmEvent::NewListenAddr { address, .. }) => listening.push(address),
-                Ok(SwarmEvent::ListenerError { error, .. }) => anyhow::bail!("listening: {error}"),
+                Ok(SwarmEvent::ListenerError { error, .. }) => return Err(NetError::Listen(error.to_string())),
                 Ok(SwarmEvent::ListenerClosed { addresses, reason, .. }) => {
-                    anyhow::bail!("listening on {addresses:?}: {:?}", reason.err())
+                    return Err(NetError::Listen(format!("on {addresses:?}: {:?}", reason.err())));
                 }
                 Ok(_) => {}
-                Err(_) => anyhow::bail!("the listeners on {tcp} and {quic:?} did not come up within 5 s"),
+                Err(_) => {
+                    return Err(NetError::Listen(format!(
+                        "the listeners on {tcp} and {quic:?} did not come up within 5 s"
+                    )));
+                }
             }
         }
         if public {
@@ -372,7 +403,7 @@ impl Mesh {
         let (tx, rx) = mpsc::unbounded_channel();
         let (commands, command_rx) = mpsc::unbounded_channel();
         let mut control = swarm.behaviour().stream.new_control();
-        let incoming = control.accept(PROTOCOL).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let incoming = control.accept(PROTOCOL).map_err(setup_error)?;
         tokio::spawn(read_streams(incoming, shared.clone(), tx.clone()));
         tokio::spawn(drive(swarm, control, shared.clone(), peers, command_rx, tx));
         Ok((Mesh { shared, commands, listening }, rx))
@@ -855,11 +886,14 @@ async fn write_stream(mut control: libp2p_stream::Control, shared: Arc<Shared>, 
 /// A stream to `peer` that its node has taken: it answers a new stream with one byte once it
 /// reads it. (Inbound streams the peer's libp2p cannot hand on at once are dropped there, so a
 /// stream is used only after that answer: nothing is written into a stream nobody reads.)
-async fn open(control: &mut libp2p_stream::Control, peer: PeerId) -> anyhow::Result<Compat<libp2p::Stream>> {
-    let mut stream = control.open_stream(peer, PROTOCOL).await?.compat();
+async fn open(control: &mut libp2p_stream::Control, peer: PeerId) -> Result<Compat<libp2p::Stream>, NetError> {
+    let stream_error = |e: &dyn std::fmt::Display| NetError::Stream(e.to_string());
+    let mut stream = control.open_stream(peer, PROTOCOL).await.map_err(|e| stream_error(&e))?.compat();
     let mut ack = [0u8; 1];
-    stream.read_exact(&mut ack).await?;
-    anyhow::ensure!(ack == [ACK], "the peer answered {ack:?}, not a stream acknowledgement");
+    stream.read_exact(&mut ack).await.map_err(|e| stream_error(&e))?;
+    if ack != [ACK] {
+        return Err(NetError::Stream(format!("the peer answered {ack:?}, not a stream acknowledgement")));
+    }
     Ok(stream)
 }
 
