@@ -38,7 +38,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::types::{ValidatorIndex, View};
+use crate::types::{Block, ValidatorIndex, View};
 
 /// Views between the last one a choice looks at and the view chosen for: room for the commits
 /// to arrive (a block's view is known once its child is committed, a few views later).
@@ -174,7 +174,19 @@ impl Leaders {
 
     /// Block `view` (led by `leader`, on parent `parent`, whose notarization's signers are
     /// `signers`) is committed: record what it tells. Blocks come in chain order.
-    pub(super) fn committed(&mut self, view: View, leader: ValidatorIndex, parent: View, signers: &[ValidatorIndex]) {
+    /// [`Leaders::committed`] of a block of this instance (not its anchor).
+    pub(super) fn committed_block(&mut self, block: &Block) {
+        let signers = block.parent_certificate.iter().flat_map(|c| c.votes.iter().map(|v| v.signer));
+        self.committed(block.view, block.leader, block.parent.view, signers);
+    }
+
+    pub(super) fn committed(
+        &mut self,
+        view: View,
+        leader: ValidatorIndex,
+        parent: View,
+        signers: impl IntoIterator<Item = ValidatorIndex>,
+    ) {
         if !self.on || view < self.complete_below {
             return;
         }
@@ -191,7 +203,7 @@ impl Leaders {
         // The parent's signers (the first block of an instance embeds none of this instance).
         if parent > View(0) {
             for s in signers {
-                Self::note(&mut self.life, *s, parent);
+                Self::note(&mut self.life, s, parent);
             }
         }
         self.complete_below = self.complete_below.max(View(parent.0 + 1));
@@ -243,7 +255,7 @@ mod tests {
         for view in from..=to {
             let leader = l.leader(View(view));
             let signers: Vec<_> = (0..4).filter(|i| Some(*i) != absent).map(v).collect();
-            l.committed(View(view), leader, View(view - 1), &signers);
+            l.committed(View(view), leader, View(view - 1), signers);
         }
     }
 
@@ -259,9 +271,9 @@ mod tests {
             if leader == v(2) {
                 view += 1; // nullified: the next block's parent is two views back
                 let next = l.leader(View(view));
-                l.committed(View(view), next, View(view - 2), &[v(0), v(1), v(3)]);
+                l.committed(View(view), next, View(view - 2), [v(0), v(1), v(3)]);
             } else {
-                l.committed(View(view), leader, View(view - 1), &[v(0), v(1), v(3)]);
+                l.committed(View(view), leader, View(view - 1), [v(0), v(1), v(3)]);
             }
             view += 1;
         }
@@ -280,7 +292,7 @@ mod tests {
         healthy(&mut l, 1, 30, None);
         // View 31's leader had to wait for its parent's time: nullified, but it votes on.
         let failed = l.leader(View(31));
-        l.committed(View(32), l.leader(View(32)), View(30), &[v(0), v(1), v(2), v(3)]);
+        l.committed(View(32), l.leader(View(32)), View(30), [v(0), v(1), v(2), v(3)]);
         healthy(&mut l, 33, 60, None);
         assert!(l.candidates(View(45)).contains(&failed));
         assert_eq!(l.candidates(View(70)).len(), 4);
@@ -297,7 +309,7 @@ mod tests {
                 continue;
             }
             let signers: Vec<_> = (0..4).filter(|i| view < 10 || *i != 2).map(v).collect();
-            l.committed(View(view), leader, parent, &signers);
+            l.committed(View(view), leader, parent, signers);
             chain.push((View(view), leader, parent));
             parent = View(view);
             view += 1;
@@ -316,7 +328,7 @@ mod tests {
         let from = chain.iter().position(|(w, _, _)| w.0 >= 100).unwrap();
         for (w, leader, parent) in &chain[from..] {
             let signers: Vec<_> = (0..4).filter(|i| *i != 2).map(v).collect();
-            late.committed(*w, *leader, *parent, &signers);
+            late.committed(*w, *leader, *parent, signers);
         }
         let parent = chain[from].2;
         // Too little history for a choice that looks back a window and a lag: round robin.

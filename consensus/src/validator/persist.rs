@@ -132,9 +132,7 @@ impl Validator {
                     block.leader = l;
                     // What the chain tells of who led and who voted, as when it was committed.
                     if Some(n.digest) != self.anchor_digest {
-                        let signers: Vec<ValidatorIndex> =
-                            block.parent_certificate.iter().flat_map(|c| c.votes.iter().map(|v| v.signer)).collect();
-                        self.leaders.committed(block.view, block.leader, block.parent.view, &signers);
+                        self.leaders.committed_block(&block);
                     }
                     self.blocks.insert(n.digest, Stored::with_ids(block, ids));
                     kept += 1;

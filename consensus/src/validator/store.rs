@@ -217,9 +217,7 @@ impl Validator {
             }
             self.output_tick = Some(block.tick);
             if Some(*digest) != self.anchor_digest {
-                let signers: Vec<ValidatorIndex> =
-                    block.parent_certificate.iter().flat_map(|c| c.votes.iter().map(|v| v.signer)).collect();
-                self.leaders.committed(block.view, block.leader, block.parent.view, &signers);
+                self.leaders.committed_block(block);
             }
             self.out.push_back(Output::Committed(Box::new(Commit {
                 block: (**block).clone(),
