@@ -29,7 +29,8 @@
 //! - **R3 (advance + finalize).** On `q` notarize votes for `(v, B)` (a notarization), a
 //!   validator passes the certificate on, sends `finalize(v, B)` unless it nullified `v`, and
 //!   enters `v + 1`.
-//! - **R4 (timeout).** If the current view has no proposal after `leader_timeout`, or no
+//! - **R4 (timeout).** If the current view has no proposal after `leader_timeout` (a compact
+//!   proposal whose events are still being fetched counts: its leader was heard from), or no
 //!   notarization after `notarize_timeout`, the validator nullifies it; on `q` nullify votes
 //!   (a nullification) everyone enters `v + 1`. A crashed, slow or lying leader costs one
 //!   timeout. While stuck, a validator re-sends its votes and its latest certificates; it

@@ -561,6 +561,15 @@ impl Validator {
         base.saturating_mul(1 + self.patience)
     }
 
+    /// Whether `view`'s leader was heard from: its proposal came, or a compact one whose events
+    /// are being fetched (its leader is alive, so the view waits as long as for a notarization:
+    /// on a long lossy path a gossip batch a proposal names may have been lost, and its fetch,
+    /// a round trip, came after the leader timeout, failing the view of a live leader).
+    fn heard_leader(&self, view: View) -> bool {
+        self.views.get(&view).is_some_and(|s| s.proposal.is_some())
+            || self.incomplete.values().any(|x| x.header.view == view)
+    }
+
     /// How many times the configured view timeouts this validator waits now (1 unless views
     /// failed in a row lately).
     pub fn patience(&self) -> u64 {
@@ -706,8 +715,7 @@ impl Validator {
         let mut t = if timed_out {
             self.last_retry + self.cfg.retry_us
         } else {
-            let has_proposal = s.is_some_and(|s| s.proposal.is_some());
-            self.view_started + self.view_timeout(has_proposal)
+            self.view_started + self.view_timeout(self.heard_leader(self.view))
         };
         if let Some(at) = self.propose_at() {
             t = t.min(at);
@@ -745,7 +753,7 @@ impl Validator {
         self.try_propose(now);
         let view = self.view;
         let finished = self.finished();
-        let deadline = self.view_timeout(self.views.get(&view).is_some_and(|s| s.proposal.is_some()));
+        let deadline = self.view_timeout(self.heard_leader(view));
         let s = self.views.entry(view).or_default();
         if let (Some(me), false) = (self.me, finished)
             && s.my_nullify.is_none()
