@@ -1,6 +1,6 @@
 //! The scenario catalogue in the deterministic cluster, reproducibility, synctest and replay.
 
-use crate::support::cli;
+use crate::support::{Scratch, cli};
 
 use std::path::{Path, PathBuf};
 
@@ -66,8 +66,7 @@ fn the_same_seed_gives_the_same_run_and_another_seed_another() {
 
 #[test]
 fn a_failing_scenario_prints_a_command_that_reproduces_the_failure_exactly() {
-    let dir = std::env::temp_dir().join(format!("metatopia-scenario-fail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::made("scenario-fail");
     let text = std::fs::read_to_string(root().join("catalogue").join("lossy-network.toml")).unwrap()
         + "\n[[expect]]\nkind = \"min_ticks\"\nticks = 100000\n";
     let file = dir.join("impossible.toml");
@@ -94,8 +93,7 @@ fn synctest_and_replay_verify_pass_on_real_runs_and_catch_a_tampered_recording()
     let (ok, out, err) = cli(&["synctest", balls.to_str().unwrap(), "--scripts", scripts.to_str().unwrap()]);
     assert!(ok && out.contains("every root equal"), "{out}{err}");
 
-    let dir = std::env::temp_dir().join(format!("metatopia-recording-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::made("recording");
     let rec = dir.join("door.rec");
     let door = root().join("catalogue").join("door.toml");
     let (ok, out, err) = cli(&["scenario", "run", door.to_str().unwrap(), "--record", rec.to_str().unwrap()]);
@@ -114,8 +112,7 @@ fn synctest_and_replay_verify_pass_on_real_runs_and_catch_a_tampered_recording()
 
 #[test]
 fn a_bad_scenario_file_is_an_error_naming_the_line() {
-    let dir = std::env::temp_dir().join(format!("metatopia-scenario-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::made("scenario-bad");
     let file = dir.join("bad.toml");
     std::fs::write(&file, "name = \"bad\"\nduration_secs = 1\n\n[[faults]]\nkind = \"byzantine\"\nnode = 9\n").unwrap();
     let (ok, _, err) = cli(&["scenario", "run", file.to_str().unwrap()]);
@@ -129,17 +126,16 @@ fn a_bad_scenario_file_is_an_error_naming_the_line() {
 /// ball cross the border between them, each exactly once, the counter's state intact.
 #[test]
 fn two_sims_side_by_side_hand_bodies_over_as_real_processes() {
-    let dir = std::env::temp_dir().join(format!("metatopia-scenario-sims-{}", std::process::id()));
+    let dir = Scratch::new("scenario-sims");
     let file = root().join("catalogue").join("border-crossing.toml");
     let (ok, out, err) = cli(&["scenario", "run", file.to_str().unwrap(), "--real", "--dir", dir.to_str().unwrap()]);
     assert!(ok && out.contains("passed") && !out.contains("FAIL"), "{out}\n{err}");
     assert!(out.contains("2 left, 2 arrived, 0 in transit"), "{out}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_subset_of_the_catalogue_passes_as_real_processes_on_loopback() {
-    let base = std::env::temp_dir().join(format!("metatopia-scenario-real-{}", std::process::id()));
+    let base = Scratch::new("scenario-real");
     // validator-admission: an observer process is admitted and votes from the epoch boundary,
     // a removed validator only follows, and the sim keeps its quorum through two crashes only
     // because the admitted node votes.

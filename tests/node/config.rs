@@ -3,12 +3,11 @@
 
 use std::process::Command;
 
-use crate::support::{bin, cli};
+use crate::support::{Scratch, bin, cli};
 
 #[test]
 fn a_non_ascii_key_in_the_config_is_an_error_naming_its_line() {
-    let dir = std::env::temp_dir().join(format!("metatopia-config-ascii-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = Scratch::new("config-ascii");
     let port = metatopia_node::net::free_ports(1).unwrap()[0].to_string();
     let (ok, out, err) = cli(&["init", "--data-dir", dir.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")]);
     assert!(ok, "{out}{err}");
@@ -27,13 +26,11 @@ fn a_non_ascii_key_in_the_config_is_an_error_naming_its_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "an error, not a panic: {err}");
     assert!(err.contains(&format!("line {line}")) && err.contains("'é'"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_non_ascii_key_in_a_join_address_is_an_error_naming_it() {
-    let dir = std::env::temp_dir().join(format!("metatopia-join-ascii-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = Scratch::new("join-ascii");
     let join = format!("{}é@127.0.0.1:7100", "a".repeat(63));
     let out = Command::new(bin())
         .args(["run", "--data-dir", dir.to_str().unwrap(), "--join", &join])
@@ -43,5 +40,4 @@ fn a_non_ascii_key_in_a_join_address_is_an_error_naming_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "an error, not a panic: {err}");
     assert!(err.contains("'é'") && err.contains("character 64"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

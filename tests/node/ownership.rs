@@ -4,7 +4,7 @@
 //! longest-standing recent player once the admin is away; a node joins with `init` + `run --join`
 //! and refuses a sim whose genesis is not the one its join address names.
 
-use crate::support::{Kill, cli, ok, refused, wait_for};
+use crate::support::{Kill, Scratch, cli, ok, refused, wait_for};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -48,26 +48,19 @@ fn account_of(key_file: &Path) -> String {
 }
 
 struct Sim {
-    root: PathBuf,
+    root: Scratch,
     dirs: Vec<PathBuf>,
     http: Vec<String>,
     listen: Vec<String>,
 }
 
-impl Drop for Sim {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
 /// Four nodes made with `init`, and a sim made for them with `sim new` from a world file.
 fn make_sim(name: &str, world: &str) -> (Sim, String) {
-    let root = std::env::temp_dir().join(format!("metatopia-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
+    let scratch = Scratch::made(name);
+    let root = scratch.0.clone();
     let ports = free_ports(8);
     let quic = metatopia_node::net::free_udp_ports(4).unwrap();
-    let mut sim = Sim { root: root.clone(), dirs: Vec::new(), http: Vec::new(), listen: Vec::new() };
+    let mut sim = Sim { root: scratch, dirs: Vec::new(), http: Vec::new(), listen: Vec::new() };
     for i in 0..4 {
         let d = root.join(format!("node-{i}"));
         let listen = format!("127.0.0.1:{}", ports[i]);

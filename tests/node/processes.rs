@@ -1,7 +1,7 @@
 //! Real `metatopia run` processes on loopback: lockstep, kill -9 and restart with a torn log.
 use crate::support;
 
-use crate::support::cli;
+use crate::support::{Scratch, cli};
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -55,14 +55,13 @@ fn free_ports(n: usize) -> Vec<u16> {
     metatopia_node::net::free_ports(n).unwrap()
 }
 
-fn setup(name: &str, n: usize, rate: u32) -> Vec<PathBuf> {
+fn setup(name: &str, n: usize, rate: u32) -> (Scratch, Vec<PathBuf>) {
     setup_with(name, n, 0, rate)
 }
 
 /// `n` nodes, the last `observers` of them observers (in the mesh, not in the genesis set).
-fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf> {
-    let root = std::env::temp_dir().join(format!("metatopia-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> (Scratch, Vec<PathBuf>) {
+    let root = Scratch::new(name);
     let ports = free_ports(2 * n);
     let quic = metatopia_node::net::free_udp_ports(n).unwrap();
     let dirs: Vec<PathBuf> = (0..n).map(|i| root.join(format!("node-{i}"))).collect();
@@ -103,7 +102,7 @@ fn setup_with(name: &str, n: usize, observers: usize, rate: u32) -> Vec<PathBuf>
         };
         write_atomic(&DataDir::open(d).unwrap().config_path(), cfg.commented().as_bytes()).unwrap();
     }
-    dirs
+    (root, dirs)
 }
 
 fn start(i: usize, dir: &Path, roots: &Roots, extra: &[&str]) -> Node {
@@ -182,7 +181,7 @@ fn interrupt(node: &mut Node) {
 
 #[test]
 fn four_validators_and_an_observer_run_1000_ticks_with_identical_roots() {
-    let dirs = setup_with("thousand", 5, 1, 25);
+    let (_scratch, dirs) = setup_with("thousand", 5, 1, 25);
     let roots: Roots = Arc::default();
     // Each node splits a tick's parallel stages over its own number of threads: the roots
     // must not care (DESIGN §5).
@@ -222,7 +221,7 @@ fn four_validators_and_an_observer_run_1000_ticks_with_identical_roots() {
 
 #[test]
 fn a_validator_killed_and_restarted_with_a_torn_log_catches_up_and_agrees() {
-    let dirs = setup("kill", 4, 20);
+    let (_scratch, dirs) = setup("kill", 4, 20);
     let roots: Roots = Arc::default();
     let mut nodes: Vec<Node> = dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &[])).collect();
     wait_for("tick 100 everywhere", Duration::from_secs(300), || (0..4).all(|i| highest(&roots, i) >= Some(99)));
@@ -257,7 +256,7 @@ fn a_validator_killed_and_restarted_with_a_torn_log_catches_up_and_agrees() {
 
 #[test]
 fn a_node_in_no_config_joins_through_a_join_address_from_a_certified_snapshot_and_follows() {
-    let dirs = setup("join", 4, 20);
+    let (_scratch, dirs) = setup("join", 4, 20);
     let roots: Roots = Arc::default();
     let mut nodes: Vec<Node> = dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &[])).collect();
     wait_for("tick 200 on node 0", Duration::from_secs(300), || highest(&roots, 0) >= Some(199));
@@ -317,7 +316,7 @@ fn a_killed_validator_costs_the_sim_almost_none_of_its_tick_rate() {
     // view of its own and carries one tick (with plain round robin, about 29 views for 80
     // ticks). Counted in agreed time and views, not in the test's clock (a loaded machine can
     // stretch that).
-    let dirs = setup("leader", 4, 20);
+    let (_scratch, dirs) = setup("leader", 4, 20);
     let roots: Roots = Arc::default();
     let mut nodes: Vec<Node> =
         dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &["--report-every", "1"])).collect();
@@ -396,7 +395,7 @@ fn final_root(stdout: &str) -> &str {
 
 #[test]
 fn a_tampered_snapshot_is_refused_with_a_clear_error_and_the_log_rebuilds_the_state() {
-    let dirs = setup("tamper", 4, 50);
+    let (_scratch, dirs) = setup("tamper", 4, 50);
     let runs = |ticks: u64| run_all_to_end(&dirs, &[0, 1, 2, 3], ticks);
     let first = runs(200);
     let roots: Vec<&str> = first.iter().map(|(o, _)| final_root(o)).collect();
@@ -446,7 +445,7 @@ fn a_tampered_snapshot_is_refused_with_a_clear_error_and_the_log_rebuilds_the_st
 /// had nullified the view they stopped in and never committed again).
 #[test]
 fn a_node_started_after_its_peers_finished_is_not_stranded_when_the_sim_stops_whole() {
-    let dirs = setup("late", 4, 50);
+    let (_scratch, dirs) = setup("late", 4, 50);
     run_all_to_end(&dirs, &[0, 1, 2, 3], 40);
     let ticks = ["--report-every", "50", "--ticks", "80"];
     let roots = Roots::default();
@@ -473,7 +472,7 @@ fn a_node_started_after_its_peers_finished_is_not_stranded_when_the_sim_stops_wh
 /// (`NodeCore::recall`); before, it stayed at its tick 43 for ever.
 #[test]
 fn a_validator_down_when_its_sim_stopped_whole_catches_up_after_the_restart() {
-    let dirs = setup("laggard", 4, 50);
+    let (_scratch, dirs) = setup("laggard", 4, 50);
     run_all_to_end(&dirs, &[0, 1, 2, 3], 40);
     // Without node 1, to tick 120 and a little past; then all three are stopped by Ctrl-C.
     let roots = Roots::default();
@@ -506,7 +505,7 @@ fn a_validator_down_when_its_sim_stopped_whole_catches_up_after_the_restart() {
 /// where its agreement stands, instead of sitting silent.
 #[test]
 fn a_validator_without_a_quorum_says_where_its_agreement_stands() {
-    let dirs = setup("alone", 4, 50);
+    let (_scratch, dirs) = setup("alone", 4, 50);
     let node = start(0, &dirs[0], &Roots::default(), &[]);
     let said = wait_for_output("the stall warning", Duration::from_secs(60), &[&node], |said| {
         said[0].contains("warning: no tick committed for 10 s")
@@ -532,7 +531,7 @@ fn http_of(dir: &Path) -> String {
 #[test]
 fn health_metrics_stats_and_signed_admin_acts_through_the_http_service() {
     use metatopia_node::api::http::{AccountView, Client, Status};
-    let dirs = setup("http", 4, 20);
+    let (_scratch, dirs) = setup("http", 4, 20);
     let roots: Roots = Arc::default();
     let mut nodes: Vec<Node> = dirs.iter().enumerate().map(|(i, d)| start(i, d, &roots, &[])).collect();
     let https: Vec<String> = dirs.iter().map(|d| http_of(d)).collect();
@@ -671,7 +670,7 @@ fn restart_twice_in_step(nodes: &mut [Node], dirs: &[PathBuf], roots: &Roots, i:
 
 #[test]
 fn a_node_started_from_another_world_diverges_reports_and_resyncs_from_its_peers() {
-    let dirs = setup("resync", 4, 20);
+    let (_scratch, dirs) = setup("resync", 4, 20);
     // Node 3's config describes another genesis world: its roots differ from tick 0.
     let path = DataDir::open(&dirs[3]).unwrap().config_path();
     let mut cfg = NodeConfig::load(&path).unwrap();
@@ -808,7 +807,7 @@ fn a_joined_node_admitted_by_the_admin_votes_from_the_next_epoch_and_its_votes_c
 
 #[test]
 fn a_process_of_several_nodes_refuses_a_directory_twice_and_stops_them_all_when_one_fails() {
-    let dirs = setup("also", 4, 20);
+    let (_scratch, dirs) = setup("also", 4, 20);
     let d0 = dirs[0].to_str().unwrap();
     let (ok, _, err) = cli(&["run", "--data-dir", d0, "--also", d0]);
     assert!(!ok && err.contains("is given twice"), "{err}");
@@ -831,7 +830,7 @@ fn a_process_of_several_nodes_refuses_a_directory_twice_and_stops_them_all_when_
 /// killed with -9, it restarts and is back in step each time, with its log whole.
 #[test]
 fn a_validator_that_took_a_certified_snapshot_restarts_in_step_after_ctrl_c_and_kill_9() {
-    let dirs = setup("wedge", 4, 50);
+    let (_scratch, dirs) = setup("wedge", 4, 50);
     for d in &dirs {
         let path = DataDir::open(d).unwrap().config_path();
         let mut cfg = NodeConfig::load(&path).unwrap();

@@ -85,6 +85,43 @@ impl Drop for Kill {
     }
 }
 
+/// A test's own directory under the system's temporary one (`metatopia-NAME-PID`), empty and
+/// not yet made: removed when dropped, unless its test is failing, when it stays for a look
+/// (its path printed). A passing run leaves nothing behind.
+pub struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("metatopia-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Scratch(dir)
+    }
+
+    /// Made, for a test that writes into it directly.
+    pub fn made(name: &str) -> Scratch {
+        let s = Scratch::new(name);
+        std::fs::create_dir_all(&s.0).unwrap();
+        s
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept for a look: {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// Four validators of one sim as real `metatopia run` processes on loopback, on the world of a
 /// catalogue scenario; ticking when this returns.
 pub struct Cluster {

@@ -363,10 +363,9 @@ mod tests {
         }
     }
 
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("metatopia-log-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        d
+    /// A test's directory, removed when it ends.
+    fn tmp(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("metatopia-log-{name}-")).tempdir().unwrap()
     }
 
     fn ticks(r: &Recovery) -> Vec<u64> {
@@ -375,27 +374,28 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_a_torn_tail_is_cut_not_misread() {
-        let d = tmp("torn");
-        let (mut log, r) = CommitLog::open(&d, 0).unwrap();
+        let scratch = tmp("torn");
+        let d = scratch.path();
+        let (mut log, r) = CommitLog::open(d, 0).unwrap();
         assert!(r.records.is_empty() && r.truncated == 0);
         for t in 0..11 {
             log.append(&rec(t)).unwrap();
         }
         drop(log);
-        let seg = segment_path(&d, 0);
+        let seg = segment_path(d, 0);
         let whole = fs::metadata(&seg).unwrap().len();
         // Tear the last record in the middle, as a crash mid-write would.
         let f = OpenOptions::new().write(true).open(&seg).unwrap();
         f.set_len(whole - 9).unwrap();
         drop(f);
-        let (mut log, r) = CommitLog::open(&d, 0).unwrap();
+        let (mut log, r) = CommitLog::open(d, 0).unwrap();
         assert_eq!(r.records, (0..10).map(rec).collect::<Vec<_>>());
         assert!(r.truncated > 0 && r.reason.as_deref().unwrap().contains("torn"), "{:?}", r.reason);
         assert!(r.damaged.is_empty());
         // Appending after recovery continues the chain.
         log.append(&rec(10)).unwrap();
         drop(log);
-        let (_, r) = CommitLog::open(&d, 0).unwrap();
+        let (_, r) = CommitLog::open(d, 0).unwrap();
         assert_eq!(ticks(&r), (0..11).collect::<Vec<_>>());
         assert_eq!(r.truncated, 0);
     }
@@ -404,23 +404,25 @@ mod tests {
     /// starts a new segment, and a restart reads every record, cutting nothing.
     #[test]
     fn a_jump_starts_a_segment_and_is_never_taken_for_corruption() {
-        let d = tmp("jump");
-        let (mut log, _) = CommitLog::open(&d, 0).unwrap();
+        let scratch = tmp("jump");
+        let d = scratch.path();
+        let (mut log, _) = CommitLog::open(d, 0).unwrap();
         for t in (0..976).chain(1080..1326) {
             log.append(&rec(t)).unwrap();
         }
         drop(log);
-        let (_, r) = CommitLog::open(&d, 0).unwrap();
+        let (_, r) = CommitLog::open(d, 0).unwrap();
         assert_eq!((r.truncated, r.damaged.len()), (0, 0), "{:?}", r.reason);
         assert_eq!(ticks(&r), (0..976).chain(1080..1326).collect::<Vec<_>>());
-        assert_eq!(segments(&d).unwrap().iter().map(|(t, _)| *t).collect::<Vec<_>>(), vec![0, 1080]);
+        assert_eq!(segments(d).unwrap().iter().map(|(t, _)| *t).collect::<Vec<_>>(), vec![0, 1080]);
     }
 
     /// Back to an older certified snapshot than what was logged: the new segment supersedes.
     #[test]
     fn a_later_segment_supersedes_what_earlier_ones_hold_from_its_first_tick() {
-        let d = tmp("supersede");
-        let (mut log, _) = CommitLog::open(&d, 0).unwrap();
+        let scratch = tmp("supersede");
+        let d = scratch.path();
+        let (mut log, _) = CommitLog::open(d, 0).unwrap();
         for t in 0..50 {
             log.append(&rec(t)).unwrap();
         }
@@ -431,25 +433,26 @@ mod tests {
             log.append(&rec(t)).unwrap();
         }
         drop(log);
-        let (_, r) = CommitLog::open(&d, 0).unwrap();
+        let (_, r) = CommitLog::open(d, 0).unwrap();
         assert_eq!(ticks(&r), (0..40).collect::<Vec<_>>());
         assert_eq!(r.records[30].time_ms, 7, "the later segment's record");
     }
 
     #[test]
     fn damage_in_the_middle_is_reported_with_file_and_offset_and_the_rest_is_kept() {
-        let d = tmp("flip");
-        let (mut log, _) = CommitLog::open(&d, 0).unwrap();
+        let scratch = tmp("flip");
+        let d = scratch.path();
+        let (mut log, _) = CommitLog::open(d, 0).unwrap();
         for t in 0..6 {
             log.append(&rec(t)).unwrap();
         }
         drop(log);
-        let seg = segment_path(&d, 0);
+        let seg = segment_path(d, 0);
         let mut bytes = fs::read(&seg).unwrap();
         let n = bytes.len();
         bytes[n / 4 + 3] ^= 0x10;
         fs::write(&seg, &bytes).unwrap();
-        let (_, r) = CommitLog::open(&d, 0).unwrap();
+        let (_, r) = CommitLog::open(d, 0).unwrap();
         assert!(r.records.len() < 6 && r.truncated == 0);
         assert_eq!(r.damaged.len(), 1);
         assert!(r.damaged[0].contains("000000000000.seg") && r.damaged[0].contains("at offset"), "{}", r.damaged[0]);
@@ -458,32 +461,34 @@ mod tests {
 
     #[test]
     fn segments_roll_and_are_pruned_below_the_oldest_snapshot_and_opening_reads_only_what_it_needs() {
-        let d = tmp("prune");
-        let (mut log, _) = CommitLog::open(&d, 0).unwrap();
+        let scratch = tmp("prune");
+        let d = scratch.path();
+        let (mut log, _) = CommitLog::open(d, 0).unwrap();
         let n = 3 * SEGMENT_RECORDS + 10;
         for t in 0..n {
             log.append(&rec(t)).unwrap();
         }
         let firsts = |d: &Path| segments(d).unwrap().iter().map(|(t, _)| *t).collect::<Vec<_>>();
-        assert_eq!(firsts(&d), vec![0, SEGMENT_RECORDS, 2 * SEGMENT_RECORDS, 3 * SEGMENT_RECORDS]);
+        assert_eq!(firsts(d), vec![0, SEGMENT_RECORDS, 2 * SEGMENT_RECORDS, 3 * SEGMENT_RECORDS]);
         // Opened for a restart from 2·S + 5: the first two segments are not read.
-        let (_, r) = CommitLog::open(&d, 2 * SEGMENT_RECORDS + 5).unwrap();
+        let (_, r) = CommitLog::open(d, 2 * SEGMENT_RECORDS + 5).unwrap();
         assert_eq!(r.records.first().map(|r| r.tick), Some(2 * SEGMENT_RECORDS));
         assert_eq!(r.records.len() as u64, n - 2 * SEGMENT_RECORDS);
         assert_eq!(log.prune_below(2 * SEGMENT_RECORDS + 5).unwrap(), 2);
-        assert_eq!(firsts(&d), vec![2 * SEGMENT_RECORDS, 3 * SEGMENT_RECORDS]);
+        assert_eq!(firsts(d), vec![2 * SEGMENT_RECORDS, 3 * SEGMENT_RECORDS]);
         assert_eq!(log.next_tick(), Some(n));
     }
 
     #[test]
     fn garbage_and_huge_lengths_are_refused_without_allocating() {
-        let d = tmp("garbage");
-        fs::create_dir_all(&d).unwrap();
-        let seg = segment_path(&d, 0);
+        let scratch = tmp("garbage");
+        let d = scratch.path();
+        fs::create_dir_all(d).unwrap();
+        let seg = segment_path(d, 0);
         let mut junk = vec![0xffu8; 4]; // length u32::MAX
         junk.extend_from_slice(&[0; 40]);
         fs::write(&seg, &junk).unwrap();
-        let (_, r) = CommitLog::open(&d, 0).unwrap();
+        let (_, r) = CommitLog::open(d, 0).unwrap();
         assert!(r.records.is_empty());
         assert!(r.reason.unwrap().contains("over the limit"));
         assert_eq!(fs::metadata(&seg).unwrap().len(), 0);
@@ -500,22 +505,23 @@ mod tests {
                 })
                 .collect();
             fs::write(&seg, &bytes).unwrap();
-            let (_, r) = CommitLog::open(&d, 0).unwrap();
+            let (_, r) = CommitLog::open(d, 0).unwrap();
             assert!(r.records.is_empty());
         }
     }
 
     #[test]
     fn a_log_from_before_segments_is_adopted() {
-        let d = tmp("adopt");
-        let (mut log, _) = CommitLog::open(&d, 0).unwrap();
+        let scratch = tmp("adopt");
+        let d = scratch.path();
+        let (mut log, _) = CommitLog::open(d, 0).unwrap();
         for t in 5..9 {
             log.append(&rec(t)).unwrap();
         }
         drop(log);
-        fs::rename(segment_path(&d, 5), d.join("commits.log")).unwrap();
-        let (_, r) = CommitLog::open(&d, 0).unwrap();
+        fs::rename(segment_path(d, 5), d.join("commits.log")).unwrap();
+        let (_, r) = CommitLog::open(d, 0).unwrap();
         assert_eq!(ticks(&r), vec![5, 6, 7, 8]);
-        assert!(segment_path(&d, 5).exists() && !d.join("commits.log").exists());
+        assert!(segment_path(d, 5).exists() && !d.join("commits.log").exists());
     }
 }

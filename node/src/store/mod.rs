@@ -308,17 +308,16 @@ mod tests {
     use std::fs::{self, OpenOptions};
     use std::io::Write;
 
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("metatopia-store-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        d
+    /// A test's directory, removed when it ends.
+    fn tmp(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("metatopia-store-{name}-")).tempdir().unwrap()
     }
 
     #[test]
     fn the_agreement_journal_keeps_the_newest_whole_state_through_torn_tails_and_compaction() {
-        let d = tmp("journal");
-        let dir = DataDir::open(&d).unwrap();
+        let scratch = tmp("journal");
+        let d = scratch.path();
+        let dir = DataDir::open(d).unwrap();
         assert_eq!(dir.read_consensus_state().unwrap(), None);
         let mut j = StateJournal::open(&dir).unwrap();
         let state = |i: u32| -> Vec<u8> { (0..1_000 + i).map(|b| (b ^ i) as u8).collect() };
@@ -358,8 +357,9 @@ mod tests {
 
     #[test]
     fn a_consensus_state_from_before_the_journal_becomes_its_first_record() {
-        let d = tmp("legacy");
-        let dir = DataDir::open(&d).unwrap();
+        let scratch = tmp("legacy");
+        let d = scratch.path();
+        let dir = DataDir::open(d).unwrap();
         fs::write(d.join("consensus.state"), b"old votes").unwrap();
         assert_eq!(dir.read_consensus_state().unwrap().as_deref(), Some(&b"old votes"[..]));
         let mut j = StateJournal::open(&dir).unwrap();
@@ -371,8 +371,9 @@ mod tests {
 
     #[test]
     fn the_key_is_created_once_and_kept_private() {
-        let d = tmp("key");
-        let dir = DataDir::open(&d).unwrap();
+        let scratch = tmp("key");
+        let d = scratch.path();
+        let dir = DataDir::open(d).unwrap();
         let a = dir.key().unwrap();
         let b = dir.key().unwrap();
         assert_eq!(a.to_bytes(), b.to_bytes());
@@ -389,32 +390,34 @@ mod tests {
 
     #[test]
     fn a_directory_of_another_data_format_is_refused_not_misread() {
-        let root = tmp("format");
-        DataDir::open(&root).unwrap();
+        let scratch = tmp("format");
+        let root = scratch.path();
+        DataDir::open(root).unwrap();
         assert_eq!(std::fs::read_to_string(root.join("format")).unwrap().trim(), DATA_FORMAT.to_string());
         std::fs::write(root.join("format"), "1\n").unwrap();
-        let e = DataDir::open(&root).unwrap_err().to_string();
+        let e = DataDir::open(root).unwrap_err().to_string();
         assert!(e.contains("format 1") && e.contains("move it away"), "{e}");
-        assert!(DataDir::incompatible(&root));
+        assert!(DataDir::incompatible(root));
         // Data from before the marker existed.
         std::fs::remove_file(root.join("format")).unwrap();
         std::fs::write(root.join("consensus.state"), b"old").unwrap();
-        let e = DataDir::open(&root).unwrap_err().to_string();
+        let e = DataDir::open(root).unwrap_err().to_string();
         assert!(e.contains("older version"), "{e}");
         // An empty marker: written again in a directory with nothing in it yet, an error (naming
         // it) in one with data.
         std::fs::write(root.join("format"), "").unwrap();
-        let e = DataDir::open(&root).unwrap_err().to_string();
+        let e = DataDir::open(root).unwrap_err().to_string();
         assert!(e.contains("format marker is empty"), "{e}");
         std::fs::remove_file(root.join("consensus.state")).unwrap();
-        DataDir::open(&root).unwrap();
+        DataDir::open(root).unwrap();
         assert_eq!(std::fs::read_to_string(root.join("format")).unwrap().trim(), DATA_FORMAT.to_string());
     }
 
     #[test]
     fn snapshots_keep_the_newest_two() {
-        let d = tmp("snaps");
-        let dir = DataDir::open(&d).unwrap();
+        let scratch = tmp("snaps");
+        let d = scratch.path();
+        let dir = DataDir::open(d).unwrap();
         for t in [10u64, 20, 30, 40] {
             dir.write_snapshot(t, &[t as u8; 10]).unwrap();
         }
