@@ -8,5 +8,6 @@ mod support;
 
 mod bench_command;
 mod governance;
+mod latency;
 mod lockstep;
 mod scenarios;
