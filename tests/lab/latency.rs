@@ -14,10 +14,10 @@ use metatopia_scenarios::spec::Scenario;
 fn draw(seed: u64) -> (u32, u32, u32, Option<u32>) {
     let h = blake3::hash(&seed.to_le_bytes());
     let b = h.as_bytes();
-    let n = if b[0] % 2 == 0 { 4 } else { 7 };
-    let hz = if b[1] % 2 == 0 { 20 } else { 60 };
+    let n = if b[0].is_multiple_of(2) { 4 } else { 7 };
+    let hz = if b[1].is_multiple_of(2) { 20 } else { 60 };
     let delay = [25, 50, 100][usize::from(b[2] % 3)];
-    let crash = (b[3] % 2 == 0).then(|| u32::from(b[4]) % n);
+    let crash = b[3].is_multiple_of(2).then(|| u32::from(b[4]) % n);
     (n, hz, delay, crash)
 }
 
