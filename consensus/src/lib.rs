@@ -108,7 +108,7 @@ mod validator;
 
 pub use types::{
     Block, Certificate, CertificateError, DecodeError, Digest, EventBytes, Logged, Mac, Message, Micros, Parent, Piece,
-    RootReport, Sig, SigCache, Signed, ValidatorIndex, View, Vote, VoteKind, event_id, pair_key,
+    RootReport, Sig, SigCache, Signed, Tick, ValidatorIndex, View, Vote, VoteKind, event_id, pair_key,
 };
 pub use validator::{
     Anchor, Commit, Config, Evidence, Output, ProposalError, Validator, epoch_digest, genesis_digest, seed_of,

@@ -6,6 +6,8 @@ use std::collections::BTreeSet;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
+pub use metatopia_sim::ids::Tick;
+
 use crate::strict::KeyTable;
 
 /// Time in microseconds (the caller's clock; virtual in simulation).
@@ -53,7 +55,7 @@ impl Sig {
 /// whose state diverged is detected within a tick.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct RootReport {
-    pub tick: u64,
+    pub tick: Tick,
     pub root: Digest,
 }
 
@@ -72,7 +74,7 @@ pub struct Block {
     pub parent: Parent,
     /// The tick this block's batch is for: after the parent's, at most a span (R1) past it; the
     /// ticks between are empty (genesis is tick 0's parent).
-    pub tick: u64,
+    pub tick: Tick,
     /// BFT time in milliseconds: above the parent's, at most `max_drift` ahead of voters' clocks.
     pub time_ms: u64,
     /// Opaque client events (the node passes signed sim events), shared with the pool.
@@ -105,7 +107,7 @@ impl Block {
             view: View,
             leader: ValidatorIndex,
             parent: Parent,
-            tick: u64,
+            tick: Tick,
             time_ms: u64,
             events: u64,
             parent_certificate: &'a Option<Certificate>,
@@ -146,7 +148,7 @@ impl Block {
 /// block before it, enough to rebuild the block ([`crate::Validator::recall`]).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Logged {
-    pub tick: u64,
+    pub tick: Tick,
     pub time_ms: u64,
     #[serde(with = "byte_strings")]
     pub events: Vec<EventBytes>,
@@ -773,7 +775,7 @@ mod tests {
             view: View(2),
             leader: ValidatorIndex(0),
             parent: Parent { view: View(1), digest: Digest([9; 32]) },
-            tick: 1,
+            tick: Tick(1),
             time_ms: 5,
             events: Vec::new(),
             parent_certificate: None,
@@ -866,7 +868,7 @@ mod tests {
         let mut bad_sig = vote.clone();
         bad_sig.sig.0[0] ^= 1;
         let mut other_root = vote.clone();
-        other_root.root = Some(RootReport { tick: 1, root: Digest([3; 32]) });
+        other_root.root = Some(RootReport { tick: Tick(1), root: Digest([3; 32]) });
         assert!(!bad_sig.verify(&chain, &keys, &cache));
         assert!(!other_root.verify(&chain, &keys, &cache));
         assert!(!vote.verify(&Digest([9; 32]), &keys, &cache), "another chain's vote");

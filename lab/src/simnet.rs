@@ -61,7 +61,7 @@ impl Agreement for Actor {
             Actor::Byz(b, _) => b.poll_timeout(),
         }
     }
-    fn report_root(&mut self, tick: u64, root: Digest) {
+    fn report_root(&mut self, tick: Tick, root: Digest) {
         match self {
             Actor::Honest(v) => v.report_root(tick, root),
             Actor::Epochs(e) => e.report_root(tick, root),
@@ -89,7 +89,7 @@ impl Agreement for Actor {
             Actor::Byz(..) => 0,
         }
     }
-    fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
+    fn peer_roots(&self, tick: Tick) -> Vec<(ValidatorIndex, Digest)> {
         match self {
             Actor::Honest(v) => Agreement::peer_roots(v.as_ref(), tick),
             Actor::Epochs(e) => e.peer_roots(tick),
@@ -109,7 +109,7 @@ impl Agreement for Actor {
             other => other.poll_output().map(|o| (0, o)),
         }
     }
-    fn on_executed(&mut self, now: Micros, tick: u64, world: &metatopia_sim::World) {
+    fn on_executed(&mut self, now: Micros, tick: Tick, world: &metatopia_sim::World) {
         if let Actor::Epochs(e) = self {
             e.on_executed(now, tick, world);
         }
@@ -132,7 +132,7 @@ impl Agreement for Actor {
             _ => false,
         }
     }
-    fn commit_from(&mut self, now: Micros, tick: u64) {
+    fn commit_from(&mut self, now: Micros, tick: Tick) {
         match self {
             Actor::Honest(v) => Agreement::commit_from(v.as_mut(), now, tick),
             Actor::Epochs(e) => e.commit_from(now, tick),
@@ -153,7 +153,7 @@ impl Agreement for Actor {
             Actor::Byz(..) => 0,
         }
     }
-    fn position(&self) -> (u64, u64, Option<u64>) {
+    fn position(&self) -> (u64, u64, Option<Tick>) {
         match self {
             Actor::Honest(v) => Agreement::position(v.as_ref()),
             Actor::Epochs(e) => e.position(),
@@ -176,7 +176,7 @@ impl Agreement for Actor {
             other => other.hold(now),
         }
     }
-    fn peers_executed(&self) -> Option<u64> {
+    fn peers_executed(&self) -> Option<Tick> {
         match self {
             Actor::Honest(v) => v.peers_executed(),
             Actor::Epochs(e) => e.peers_executed(),

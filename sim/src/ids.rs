@@ -13,6 +13,29 @@ impl Tick {
     pub const fn next(self) -> Tick {
         Tick(self.0 + 1)
     }
+    /// `n` ticks earlier, or tick 0.
+    pub const fn saturating_sub(self, n: u64) -> Tick {
+        Tick(self.0.saturating_sub(n))
+    }
+    /// `n` ticks earlier, if that is a tick.
+    pub const fn checked_sub(self, n: u64) -> Option<Tick> {
+        match self.0.checked_sub(n) {
+            Some(t) => Some(Tick(t)),
+            None => None,
+        }
+    }
+    /// The ticks from `earlier` to this one (0 if `earlier` is later).
+    pub const fn since(self, earlier: Tick) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+/// `n` ticks later.
+impl core::ops::Add<u64> for Tick {
+    type Output = Tick;
+    fn add(self, n: u64) -> Tick {
+        Tick(self.0 + n)
+    }
 }
 
 impl fmt::Debug for Tick {

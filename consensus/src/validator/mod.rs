@@ -21,7 +21,7 @@ mod store;
 
 use crate::pool::{Batch, Pool, Source};
 use crate::types::{
-    Block, Certificate, Digest, EventBytes, Logged, Mac, Message, Micros, Parent, Piece, RootReport, Signed,
+    Block, Certificate, Digest, EventBytes, Logged, Mac, Message, Micros, Parent, Piece, RootReport, Signed, Tick,
     ValidatorIndex, View, Vote, VoteKind, event_ids, pair_key,
 };
 use compact::{Incomplete, Prepared, Spare};
@@ -70,7 +70,7 @@ pub struct Config {
     pub max_exec_lag: Option<u64>,
     /// The last tick this instance decides (an epoch's end): it never proposes or votes for a
     /// block beyond it, and goes quiet once that block is finalized. `None`: no end.
-    pub last_tick: Option<u64>,
+    pub last_tick: Option<Tick>,
     /// Start after a previous epoch's last block instead of at genesis.
     pub anchor: Option<Anchor>,
     /// A leader sends its proposal compact, its events named as runs of the gossip batches
@@ -168,7 +168,7 @@ pub enum Output {
     },
     /// A peer's state root for a tick differs from ours: we or they diverged.
     RootMismatch {
-        tick: u64,
+        tick: Tick,
         mine: Digest,
         theirs: Digest,
         validator: ValidatorIndex,
@@ -210,7 +210,7 @@ struct Persisted {
     view: View,
     votes: BTreeMap<View, MyVotes>,
     tip: (View, Digest),
-    output_tick: Option<u64>,
+    output_tick: Option<Tick>,
     blocks: Vec<Block>,
     notarized: Vec<Certificate>,
     nullified: Vec<Certificate>,
@@ -250,7 +250,7 @@ pub enum ProposalError {
     #[error("batch over its limits or with duplicate events")]
     BadBatch,
     #[error("tick {0} is beyond this epoch's last tick")]
-    BeyondEpoch(u64),
+    BeyondEpoch(Tick),
 }
 
 /// A validator.
@@ -268,7 +268,7 @@ pub struct Validator {
     /// Committed blocks' events the pool has yet to forget: done with the held bulk work (at
     /// the next input, or once the view in flight is finalized) rather than before the commit
     /// is output (it costs ~0.3 ms for 1,000 events).
-    settle_later: Vec<(u64, Digest, std::sync::Arc<Vec<Digest>>)>,
+    settle_later: Vec<(Tick, Digest, std::sync::Arc<Vec<Digest>>)>,
     /// Bulk work held back while a view of this validator's is in flight (see [`Validator::busy`]):
     /// peers' gossiped events and clients' events, pooled in arrival order at `bulk_due`.
     bulk: Vec<Bulk>,
@@ -305,7 +305,7 @@ pub struct Validator {
     /// The highest finalized block.
     tip: (View, Digest),
     /// The tick of the last block output as committed.
-    output_tick: Option<u64>,
+    output_tick: Option<Tick>,
     /// A joining node outputs no commits until it has the state they apply to.
     held: bool,
     buffered: BTreeMap<View, (Block, Vote, Vec<Certificate>)>,
@@ -352,8 +352,8 @@ pub struct Validator {
     /// About how many events the recent blocks held: the room `spare` is made for.
     recent_events: usize,
     root: Option<RootReport>,
-    my_roots: BTreeMap<u64, Digest>,
-    peer_roots: BTreeMap<u64, BTreeMap<ValidatorIndex, Digest>>,
+    my_roots: BTreeMap<Tick, Digest>,
+    peer_roots: BTreeMap<Tick, BTreeMap<ValidatorIndex, Digest>>,
     last_retry: Micros,
     out: VecDeque<Output>,
 }
@@ -422,7 +422,7 @@ impl Validator {
         // epoch's last block), or from the previous epoch's own if the caller hands it on
         // ([`Validator::continue_schedule`]): a fresh one started from its first block, and lost
         // the ticks due while the epochs changed hands.
-        let schedule = cfg.anchor.as_ref().map(|a| (a.block.tick, a.block.time_ms.saturating_mul(1_000)));
+        let schedule = cfg.anchor.as_ref().map(|a| (a.block.tick.0, a.block.time_ms.saturating_mul(1_000)));
         let mut blocks = Blocks::default();
         let mut output_tick = None;
         if let (Some(a), Some(d)) = (&cfg.anchor, anchor_digest) {
@@ -647,7 +647,7 @@ impl Validator {
     }
 
     /// The tick of the last committed block handed out.
-    pub fn committed_tick(&self) -> Option<u64> {
+    pub fn committed_tick(&self) -> Option<Tick> {
         self.output_tick
     }
 
@@ -664,7 +664,7 @@ impl Validator {
     }
 
     /// The joining node has the state after tick `tick - 1`: output commits from `tick` on.
-    pub fn commit_from(&mut self, now: Micros, tick: u64) {
+    pub fn commit_from(&mut self, now: Micros, tick: Tick) {
         if !self.held {
             return;
         }
@@ -951,10 +951,10 @@ fn all_distinct(ids: &[Digest]) -> bool {
 
 /// The seed of an empty tick of a block's span (a tick before the block's own): derived from
 /// the block's seed, so just as unpredictable before the block is committed.
-pub fn span_seed(block_seed: &Digest, tick: u64) -> Digest {
+pub fn span_seed(block_seed: &Digest, tick: Tick) -> Digest {
     let mut h = blake3::Hasher::new_keyed(b"metatopia/consensus/span/v1_____");
     h.update(&block_seed.0);
-    h.update(&tick.to_le_bytes());
+    h.update(&tick.0.to_le_bytes());
     Digest(*h.finalize().as_bytes())
 }
 

@@ -84,9 +84,9 @@ impl Validator {
     /// applies as to any finalized block. Returns how many blocks were kept.
     pub fn recall(&mut self, logged: impl IntoIterator<Item = Logged>) -> usize {
         let Some(out) = self.output_tick else { return 0 };
-        let first_tick = self.cfg.anchor.as_ref().map_or(0, |a| a.block.tick + 1);
+        let first_tick = self.cfg.anchor.as_ref().map_or(Tick::ZERO, |a| a.block.tick + 1);
         let keep_from = out.saturating_sub(self.cfg.keep_blocks).max(first_tick);
-        let mut prev: Option<(u64, Certificate)> = None;
+        let mut prev: Option<(Tick, Certificate)> = None;
         let mut kept = 0;
         let mut logged = logged.into_iter().peekable();
         while let Some(start) = logged.next() {
@@ -101,7 +101,7 @@ impl Validator {
                 Some((Parent { view: View(0), digest: self.root_parent() }, anchor))
             } else {
                 prev.take()
-                    .filter(|(tick, _)| tick + 1 == from)
+                    .filter(|(tick, _)| *tick + 1 == from)
                     .map(|(_, c)| (Parent { view: c.view, digest: c.digest }, Some(c)))
             };
             let n = rec.notarization;

@@ -4,13 +4,13 @@ use super::*;
 
 impl Validator {
     /// The state roots other validators reported for `tick` in their votes (recent ticks).
-    pub fn peer_roots(&self, tick: u64) -> Option<&BTreeMap<ValidatorIndex, Digest>> {
+    pub fn peer_roots(&self, tick: Tick) -> Option<&BTreeMap<ValidatorIndex, Digest>> {
         self.peer_roots.get(&tick)
     }
 
     /// The newest tick that f+1 other validators (at least one honest) report having executed,
     /// in their votes' root reports: how far the sim is, as seen from a node that lags.
-    pub fn peers_executed(&self) -> Option<u64> {
+    pub fn peers_executed(&self) -> Option<Tick> {
         let f = self.f();
         self.peer_roots
             .iter()
@@ -20,7 +20,7 @@ impl Validator {
     }
 
     /// The application executed `tick` and reached `root`; carried in later votes.
-    pub fn report_root(&mut self, tick: u64, root: Digest) {
+    pub fn report_root(&mut self, tick: Tick, root: Digest) {
         self.root = Some(RootReport { tick, root });
         self.my_roots.insert(tick, root);
         if let Some(peers) = self.peer_roots.get(&tick) {
@@ -43,7 +43,7 @@ impl Validator {
         {
             self.out.push_back(Output::RootMismatch { tick: r.tick, mine: *mine, theirs: r.root, validator: from });
         }
-        let oldest = self.my_roots.first_key_value().map_or(0, |(t, _)| *t);
+        let oldest = self.my_roots.first_key_value().map_or(Tick::ZERO, |(t, _)| *t);
         if r.tick >= oldest {
             self.peer_roots.entry(r.tick).or_default().insert(from, r.root);
             while self.peer_roots.len() > 512 {

@@ -55,11 +55,11 @@ impl Validator {
     pub(super) fn parent_time_tick(&self, parent: &Parent) -> Option<(u64, u64)> {
         if parent.view == View(0) {
             return Some(match &self.cfg.anchor {
-                Some(a) => (a.block.time_ms, a.block.tick + 1),
+                Some(a) => (a.block.time_ms, a.block.tick.0 + 1),
                 None => (self.cfg.genesis_time_ms, 0),
             });
         }
-        self.blocks.get(&parent.digest).map(|s| (s.block.time_ms, s.block.tick + 1))
+        self.blocks.get(&parent.digest).map(|s| (s.block.time_ms, s.block.tick.0 + 1))
     }
 
     /// When this validator, as leader of the current view, may propose.
@@ -71,11 +71,11 @@ impl Validator {
         }
         let parent = self.parent_for(self.view)?;
         let (time_ms, tick) = self.parent_time_tick(&parent)?;
-        if self.cfg.last_tick.is_some_and(|last| tick > last) {
+        if self.cfg.last_tick.is_some_and(|last| tick > last.0) {
             return None; // the epoch is over
         }
         if let Some(lag) = self.cfg.max_exec_lag {
-            let executed = self.root.map_or(0, |r| r.tick + 1);
+            let executed = self.root.map_or(0, |r| r.tick.0 + 1);
             if self.unexecuted(&parent, executed, lag) > lag {
                 return None; // wait for execution; the application's next report retries
             }
@@ -92,7 +92,7 @@ impl Validator {
         let mut d = parent.digest;
         while n <= limit {
             match self.blocks.get(&d) {
-                Some(s) if s.block.tick >= executed => {
+                Some(s) if s.block.tick.0 >= executed => {
                     n += 1;
                     d = s.block.parent.digest;
                 }
@@ -118,7 +118,7 @@ impl Validator {
         let span = tick - first + 1;
         span <= self.max_span()
             && span <= self.periods_between(parent_ms, time_ms) + 1
-            && (self.cfg.last_tick != Some(tick) || span == 1)
+            && (self.cfg.last_tick != Some(Tick(tick)) || span == 1)
     }
 
     /// Whole tick periods from BFT time `from_ms` to `to_ms`.
@@ -139,11 +139,11 @@ impl Validator {
         if self.cfg.max_exec_lag.is_some() {
             // Two spans: the blocks in flight, not yet handed out for execution (about five
             // one-way delays), may hold one long span already (after a view that failed).
-            let executed = self.root.map_or(first.saturating_sub(1), |r| r.tick);
+            let executed = self.root.map_or(first.saturating_sub(1), |r| r.tick.0);
             span = span.min((executed + 2 * max + 1).saturating_sub(first)).max(1);
         }
         let end = first + span.max(1) - 1;
-        match self.cfg.last_tick {
+        match self.cfg.last_tick.map(|t| t.0) {
             Some(last) if end >= last && first < last => last - 1,
             Some(last) if end >= last => last,
             _ => end,
@@ -211,7 +211,7 @@ impl Validator {
         let (parent_time, first) = self.parent_time_tick(&parent).expect("propose_at checked");
         let mut time_ms = (now / 1_000).max(parent_time + 1);
         let tick = self.span_end(now, first, parent_time, time_ms);
-        if self.cfg.last_tick.is_some_and(|last| tick + 1 >= last) {
+        if self.cfg.last_tick.is_some_and(|last| tick + 1 >= last.0) {
             // Cut short by the epoch's end (its last tick comes alone): stamped when its own
             // ticks were due, not now, so the BFT time it could not cover is covered by the
             // blocks after it (their spans reach back to their parent's time).
@@ -237,7 +237,7 @@ impl Validator {
             view,
             leader: me,
             parent,
-            tick,
+            tick: Tick(tick),
             time_ms,
             events: Vec::new(),
             parent_certificate: if parent.view > View(0) {
@@ -318,7 +318,7 @@ impl Validator {
             }
             Err(_) => return,
         }
-        self.note_schedule(now, stored.block.tick, stored.block.time_ms);
+        self.note_schedule(now, stored.block.tick.0, stored.block.time_ms);
         self.note_events(stored.ids.len());
         self.blocks.insert(digest, stored);
         if view <= self.tip.0 {
@@ -409,8 +409,8 @@ impl Validator {
         if b.time_ms <= parent_time || b.time_ms > now_ms + self.cfg.max_drift_ms {
             return Err(ProposalError::BadTime { got: b.time_ms, parent: parent_time, now: now_ms });
         }
-        if !self.span_ok(tick, b.tick, parent_time, b.time_ms) {
-            return Err(ProposalError::BadTick { expected: tick, got: b.tick });
+        if !self.span_ok(tick, b.tick.0, parent_time, b.time_ms) {
+            return Err(ProposalError::BadTick { expected: tick, got: b.tick.0 });
         }
         let bytes: usize = b.events.iter().map(|e| e.len()).sum();
         if b.events.len() > self.cfg.max_batch_events

@@ -26,7 +26,7 @@ impl Stored {
 #[derive(Debug, Default)]
 pub(super) struct Blocks {
     pub(super) by_digest: BTreeMap<Digest, Stored>,
-    pub(super) by_tick: BTreeSet<(u64, Digest)>,
+    pub(super) by_tick: BTreeSet<(Tick, Digest)>,
     /// The sum of the blocks' `Stored::bytes`.
     pub(super) bytes: u64,
 }
@@ -50,12 +50,12 @@ impl Blocks {
     }
 
     /// The highest tick of a known block.
-    pub(super) fn newest_tick(&self) -> Option<u64> {
+    pub(super) fn newest_tick(&self) -> Option<Tick> {
         self.by_tick.last().map(|(t, _)| *t)
     }
 
     /// Forget the blocks of ticks below `tick`.
-    pub(super) fn prune_below(&mut self, tick: u64) {
+    pub(super) fn prune_below(&mut self, tick: Tick) {
         let kept = self.by_tick.split_off(&(tick, Digest::default()));
         for (_, d) in std::mem::replace(&mut self.by_tick, kept) {
             self.remove(&d);
@@ -64,7 +64,7 @@ impl Blocks {
 
     /// Forget the oldest blocks, of ticks below `below` only, while they hold more than
     /// `budget` bytes.
-    pub(super) fn prune_to_budget(&mut self, budget: u64, below: u64) {
+    pub(super) fn prune_to_budget(&mut self, budget: u64, below: Tick) {
         while self.bytes > budget
             && let Some(&(tick, d)) = self.by_tick.first()
             && tick < below
@@ -194,9 +194,9 @@ impl Validator {
             self.settle_later.push((block.tick, *digest, stored.ids.clone()));
             // The empty ticks of the block's span first (R1 spans), each with a BFT time one
             // period after the one before, ending at the block's.
-            let first = self.output_tick.map_or(0, |t| t + 1);
-            for tick in first..block.tick {
-                let before_us = (block.tick - tick).saturating_mul(self.cfg.period_us);
+            let first = self.output_tick.map_or(0, |t| t.0 + 1);
+            for tick in (first..block.tick.0).map(Tick) {
+                let before_us = block.tick.since(tick).saturating_mul(self.cfg.period_us);
                 let filler = Block {
                     view: block.view,
                     leader: block.leader,
@@ -249,7 +249,7 @@ impl Validator {
                 // the batch may hold these events.
                 self.prepared = None;
             }
-            self.pool.committed(tick, &ids, self.cfg.dedup_window_ticks);
+            self.pool.committed(tick.0, &ids, self.cfg.dedup_window_ticks);
         }
         if committed {
             self.prune();

@@ -433,10 +433,10 @@ fn committed_blocks_are_kept_for_keep_blocks_ticks_then_dropped() {
     }
     assert!(proposed >= 38, "the chain went on: {proposed} proposals");
     for v in &vs {
-        let out = v.output_tick.expect("ticks were output");
+        let out = v.output_tick.expect("ticks were output").0;
         assert!(out >= 30, "output up to tick {out}");
-        let ticks: Vec<u64> = v.blocks.values().map(|s| s.block.tick).collect();
-        let index: Vec<u64> = v.blocks.by_tick.iter().map(|(t, _)| *t).collect();
+        let ticks: Vec<u64> = v.blocks.values().map(|s| s.block.tick.0).collect();
+        let index: Vec<u64> = v.blocks.by_tick.iter().map(|(t, _)| t.0).collect();
         assert_eq!(v.blocks.by_tick.len(), v.blocks.len(), "one index entry per block");
         assert!(v.blocks.by_tick.iter().all(|(t, d)| v.blocks[d].block.tick == *t));
         // Every block from `keep_blocks` below the output tick up is kept; none older.
@@ -455,11 +455,11 @@ fn a_restored_validator_recalls_the_blocks_it_handed_out_from_its_commit_log() {
         run(&mut vs, k * PERIOD);
     }
     let v = &vs[0];
-    let out = v.output_tick.expect("ticks were output");
+    let out = v.output_tick.expect("ticks were output").0;
     assert!(out >= 20, "output up to tick {out}");
     // The chain as a commit log holds it: each block with the notarization its child carries.
     let at = |t: u64| {
-        let (_, d) = v.blocks.by_tick.iter().find(|(tick, _)| *tick == t).expect("one block a tick");
+        let (_, d) = v.blocks.by_tick.iter().find(|(tick, _)| tick.0 == t).expect("one block a tick");
         (*v.blocks[d].block).clone()
     };
     let chain: Vec<Block> = (0..=out + 1).map(at).collect();
@@ -525,12 +525,12 @@ fn committed_blocks_are_dropped_oldest_first_beyond_keep_bytes_but_the_newest_ar
             run(&mut vs, k * PERIOD);
         }
         for v in &vs {
-            let out = v.output_tick.expect("ticks were output");
+            let out = v.output_tick.expect("ticks were output").0;
             assert!(out >= 150, "output up to tick {out}");
             let held: u64 = v.blocks.values().map(|s| s.bytes).sum();
             assert_eq!(v.blocks.bytes, held, "the running total is the blocks' sum");
-            let ticks: Vec<u64> = v.blocks.values().map(|s| s.block.tick).collect();
-            let oldest = v.blocks.by_tick.first().expect("blocks are kept").0;
+            let ticks: Vec<u64> = v.blocks.values().map(|s| s.block.tick.0).collect();
+            let oldest = v.blocks.by_tick.first().expect("blocks are kept").0.0;
             assert!((oldest..=out).all(|t| ticks.contains(&t)), "the newest are kept without gaps: {ticks:?}");
             assert!(oldest <= out - MIN, "the newest {MIN} are kept: {oldest}..{out}");
             assert!(oldest > out - KEEP, "the budget dropped blocks that keep_blocks would keep: {oldest}..{out}");
@@ -538,7 +538,7 @@ fn committed_blocks_are_dropped_oldest_first_beyond_keep_bytes_but_the_newest_ar
                 assert_eq!(oldest, out - MIN);
             } else {
                 // Within the budget, and short of it by less than one more block's size.
-                let up_to_out: u64 = v.blocks.values().filter(|s| s.block.tick <= out).map(|s| s.bytes).sum();
+                let up_to_out: u64 = v.blocks.values().filter(|s| s.block.tick.0 <= out).map(|s| s.bytes).sum();
                 assert!(up_to_out <= budget, "{up_to_out} bytes held up to the output tick");
                 assert!(v.blocks.bytes + 4 * 1_064 + 512 > budget, "{} bytes held, more fit", v.blocks.bytes);
             }
@@ -562,19 +562,19 @@ fn blocks_beyond_the_budget_are_dropped_with_the_bulk_work_not_by_the_committing
         vs[(k % 4) as usize].submit_events(now, vec![vec![k as u8; 1_000]]);
         run(&mut vs, now);
     }
-    let oldest = |v: &Validator| v.blocks.by_tick.first().expect("blocks are kept").0;
+    let oldest = |v: &Validator| v.blocks.by_tick.first().expect("blocks are kept").0.0;
     for v in &mut vs {
-        let out = v.output_tick.expect("ticks were output");
+        let out = v.output_tick.expect("ticks were output").0;
         assert!(out >= 8, "output up to tick {out}");
         assert_eq!(oldest(v), out - MIN, "pruned to the budget");
         // The last finalization commits once its votes' signatures are checked (a timer).
         let mut at = now;
-        while v.output_tick == Some(out) {
+        while v.output_tick == Some(Tick(out)) {
             at = v.poll_timeout().expect("the last finalization's commit is due");
             assert!(at < now + PERIOD, "committed before the next view");
             v.handle_timeout(at);
         }
-        let committed = v.output_tick.expect("output");
+        let committed = v.output_tick.expect("output").0;
         assert!(committed > out);
         assert_eq!(oldest(v), out - MIN, "the committing input drops nothing");
         assert_eq!(v.bulk_due, Some(at), "the bulk work is due at once");

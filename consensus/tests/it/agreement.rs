@@ -199,11 +199,11 @@ fn an_epoch_ends_on_its_last_tick_alone_at_internet_latency() {
     for i in 0..4 {
         let node = cluster.node(i).unwrap();
         let (_, last) = node.commits.last().unwrap();
-        assert_eq!((last.block.tick, last.filler), (299, false), "node {i}: the last tick handed out");
+        assert_eq!((last.block.tick.0, last.filler), (299, false), "node {i}: the last tick handed out");
         let v = node.validator().unwrap();
         assert!(v.finished(), "node {i}");
         let (end, _) = v.final_block().unwrap();
-        assert_eq!((end.tick, end.parent.digest), (300, last.digest), "node {i}: the epoch's last block");
+        assert_eq!((end.tick.0, end.parent.digest), (300, last.digest), "node {i}: the epoch's last block");
     }
     // Spans were taken before the end (a round trip is six periods here).
     let spans = cluster.node(0).unwrap().commits.iter().filter(|(_, c)| c.filler).count();
@@ -349,7 +349,7 @@ fn a_restarted_validator_catches_up_and_votes_again() {
     assert!(checker.violations.is_empty(), "{:?}", checker.violations);
     let n1 = cluster.node(1).unwrap();
     assert_eq!(n1.incarnation, 1);
-    let last = n1.commits.last().map(|(_, c)| c.block.tick).unwrap();
+    let last = n1.commits.last().map(|(_, c)| c.block.tick.0).unwrap();
     assert!(
         last + 2 >= checker.highest_tick().unwrap(),
         "restarted node at {last}, cluster at {:?}",
@@ -767,7 +767,7 @@ fn messages_from_untrusted_bytes_are_bounded() {
             view: metatopia_consensus::View(2),
             digest: metatopia_consensus::Digest([4; 32]),
         },
-        tick: 2,
+        tick: metatopia_consensus::Tick(2),
         time_ms: 99,
         events: Vec::new(),
         parent_certificate: None,

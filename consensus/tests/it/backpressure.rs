@@ -28,9 +28,9 @@ fn run(vs: &mut [Validator], now: &mut u64, rounds: u32, report: bool, committed
                         Output::Broadcast(m) => mail.push((i, None, m)),
                         Output::Send(to, m) => mail.push((i, Some(to), m)),
                         Output::Committed(c) => {
-                            committed[i].push(c.block.tick);
+                            committed[i].push(c.block.tick.0);
                             if report {
-                                v.report_root(c.block.tick, Digest([c.block.tick as u8; 32]));
+                                v.report_root(c.block.tick, Digest([c.block.tick.0 as u8; 32]));
                             }
                         }
                         _ => {}
@@ -73,7 +73,7 @@ fn a_leader_waits_for_execution_and_resumes_when_it_reports() {
     // The applications catch up: report what was committed, then keep reporting.
     for (v, c) in vs.iter_mut().zip(&committed) {
         for t in c {
-            v.report_root(*t, Digest([*t as u8; 32]));
+            v.report_root(metatopia_consensus::Tick(*t), Digest([*t as u8; 32]));
         }
     }
     run(&mut vs, &mut now, 300, true, &mut committed);

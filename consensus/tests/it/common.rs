@@ -250,7 +250,7 @@ pub fn build(setup: &Setup, seed: u64, net: NetConfig, cache: &Arc<SigCache>) ->
     if let Some(span) = setup.max_span_us {
         cfg.max_span_us = span;
     }
-    cfg.last_tick = setup.last_tick;
+    cfg.last_tick = setup.last_tick.map(metatopia_consensus::Tick);
     cfg.leader_reputation = !setup.round_robin;
     if let Some(min) = setup.keep_bytes_min_blocks {
         cfg.keep_bytes = 1;
@@ -363,7 +363,7 @@ impl Checker {
             while entry.1 < node.commits.len() {
                 let c = &node.commits[entry.1].1;
                 entry.1 += 1;
-                let tick = c.block.tick;
+                let tick = c.block.tick.0;
                 if let Some((t, d)) = entry.2 {
                     // The next tick: of the same block's span (its empty ticks share its
                     // digest), or of a block extending the one before.
@@ -546,7 +546,7 @@ pub fn run_schedule(s: &Schedule, seed: u64, after: Time, cache: &Arc<SigCache>)
         .and_then(|v| v.into_iter().max());
     let ticks_at_heal = honest
         .iter()
-        .filter_map(|n| n.commits.iter().rev().find(|(at, _)| *at <= s.heal).map(|(_, c)| c.block.tick))
+        .filter_map(|n| n.commits.iter().rev().find(|(at, _)| *at <= s.heal).map(|(_, c)| c.block.tick.0))
         .max();
     let stuck = if resume.is_some() {
         Vec::new()

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use metatopia_consensus::{
-    Block, Certificate, Config, Digest, Message, Output, Parent, Piece, SigCache, Signed, SigningKey, Validator,
+    Block, Certificate, Config, Digest, Message, Output, Parent, Piece, SigCache, Signed, SigningKey, Tick, Validator,
     ValidatorIndex, View, Vote, VoteKind, event_id,
 };
 
@@ -227,7 +227,7 @@ fn view_one(lead: usize, genesis: Digest) -> Block {
         view: View(1),
         leader: ValidatorIndex(lead as u16),
         parent: Parent { view: View(0), digest: genesis },
-        tick: 0,
+        tick: Tick(0),
         time_ms: 1,
         events: Vec::new(),
         parent_certificate: None,
@@ -338,7 +338,7 @@ fn a_vote_after_its_quorum_is_verified_at_the_timer_and_its_root_is_checked() {
     let (late, watcher) = ((lead + 1) % 4, (lead + 2) % 4);
     // Every validator executed tick 0; `late` reached another root.
     for (i, v) in net.vs.iter_mut().enumerate() {
-        v.report_root(0, Digest([if i == late { 2 } else { 1 }; 32]));
+        v.report_root(Tick(0), Digest([if i == late { 2 } else { 1 }; 32]));
     }
     let from_late = move |(f, to, m): &Mail| *f == late && *to == watcher && matches!(m, Message::Vote(_));
     net.tick_to(PERIOD, &from_late);
@@ -361,7 +361,7 @@ fn a_vote_after_its_quorum_is_verified_at_the_timer_and_its_root_is_checked() {
     let found: Vec<ValidatorIndex> = net.other[watcher]
         .iter()
         .filter_map(|o| match o {
-            Output::RootMismatch { validator, tick: 0, .. } => Some(*validator),
+            Output::RootMismatch { validator, tick: Tick(0), .. } => Some(*validator),
             _ => None,
         })
         .collect();
@@ -579,7 +579,7 @@ fn late_wake_ups_do_not_slow_the_tick_rate() {
         let blocks: Vec<(u64, u64)> = net.other[0]
             .iter()
             .filter_map(|o| match o {
-                Output::Committed(c) => Some((c.block.tick, c.block.time_ms)),
+                Output::Committed(c) => Some((c.block.tick.0, c.block.time_ms)),
                 _ => None,
             })
             .collect();

@@ -23,7 +23,7 @@ impl Agreement for NoAgreement {
     fn poll_timeout(&self) -> Option<Micros> {
         None
     }
-    fn report_root(&mut self, _: u64, _: Digest) {}
+    fn report_root(&mut self, _: metatopia_consensus::Tick, _: Digest) {}
     fn validators(&self) -> usize {
         4
     }

@@ -1,7 +1,7 @@
 //! The agreement a node core drives, behind one trait: the honest validator, the epochs over it,
 //! or (in the lab) a Byzantine mock.
 
-use metatopia_consensus::{Digest, Message, Micros, Output, Validator, ValidatorIndex, VerifyingKey};
+use metatopia_consensus::{Digest, Message, Micros, Output, Tick, Validator, ValidatorIndex, VerifyingKey};
 
 /// The agreement a node runs: the honest [`Validator`] (one fixed set), [`crate::core::epochs::Epochs`]
 /// (the set follows governance), or in tests and scenarios a Byzantine mock.
@@ -11,7 +11,7 @@ pub trait Agreement {
     fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>);
     fn poll_output(&mut self) -> Option<Output>;
     fn poll_timeout(&self) -> Option<Micros>;
-    fn report_root(&mut self, tick: u64, root: Digest);
+    fn report_root(&mut self, tick: Tick, root: Digest);
     fn validators(&self) -> usize;
     /// What must survive a crash (consensus votes and certificates), if anything.
     fn persist(&self) -> Option<Vec<u8>> {
@@ -31,7 +31,7 @@ pub trait Agreement {
         false
     }
     /// The joining node has the state after tick `tick - 1`: commits from `tick` on.
-    fn commit_from(&mut self, _now: Micros, _tick: u64) {}
+    fn commit_from(&mut self, _now: Micros, _tick: Tick) {}
     /// A joining node: no commits until [`Agreement::commit_from`].
     fn hold(&mut self, _now: Micros) {}
     /// After a restart: the blocks handed out before, from the commit log (oldest first), kept
@@ -45,16 +45,16 @@ pub trait Agreement {
     }
     /// Where the agreement is: its validator epoch, its current view and the last tick it
     /// committed (shown in the status, so a sim that stops ticking shows where it waits).
-    fn position(&self) -> (u64, u64, Option<u64>) {
+    fn position(&self) -> (u64, u64, Option<Tick>) {
         (0, 0, None)
     }
     /// The roots other validators reported for `tick`.
-    fn peer_roots(&self, _tick: u64) -> Vec<(ValidatorIndex, Digest)> {
+    fn peer_roots(&self, _tick: Tick) -> Vec<(ValidatorIndex, Digest)> {
         Vec::new()
     }
     /// The newest tick f+1 other validators report having executed
     /// ([`Validator::peers_executed`]).
-    fn peers_executed(&self) -> Option<u64> {
+    fn peers_executed(&self) -> Option<Tick> {
         None
     }
     /// Where agreement stands, in one line, for a warning when commits stop.
@@ -82,7 +82,7 @@ pub trait Agreement {
         self.poll_output().map(|o| (0, o))
     }
     /// The sim executed `tick` and is now `world` (epochs follow its validator set).
-    fn on_executed(&mut self, _now: Micros, _tick: u64, _world: &metatopia_sim::World) {}
+    fn on_executed(&mut self, _now: Micros, _tick: Tick, _world: &metatopia_sim::World) {}
 }
 
 impl Agreement for Validator {
@@ -101,7 +101,7 @@ impl Agreement for Validator {
     fn poll_timeout(&self) -> Option<Micros> {
         Validator::poll_timeout(self)
     }
-    fn report_root(&mut self, tick: u64, root: Digest) {
+    fn report_root(&mut self, tick: Tick, root: Digest) {
         Validator::report_root(self, tick, root);
     }
     fn validators(&self) -> usize {
@@ -113,10 +113,10 @@ impl Agreement for Validator {
     fn pool_len(&self) -> usize {
         Validator::pool_len(self)
     }
-    fn position(&self) -> (u64, u64, Option<u64>) {
+    fn position(&self) -> (u64, u64, Option<Tick>) {
         (0, self.view().0, self.committed_tick())
     }
-    fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
+    fn peer_roots(&self, tick: Tick) -> Vec<(ValidatorIndex, Digest)> {
         Validator::peer_roots(self, tick).map(|m| m.iter().map(|(v, d)| (*v, *d)).collect()).unwrap_or_default()
     }
     fn describe(&self) -> String {
@@ -125,13 +125,13 @@ impl Agreement for Validator {
     fn recall(&mut self, logged: Vec<metatopia_consensus::Logged>) -> usize {
         Validator::recall(self, logged)
     }
-    fn peers_executed(&self) -> Option<u64> {
+    fn peers_executed(&self) -> Option<Tick> {
         Validator::peers_executed(self)
     }
     fn hold(&mut self, now: Micros) {
         self.join_at(now, metatopia_consensus::View(0));
     }
-    fn commit_from(&mut self, now: Micros, tick: u64) {
+    fn commit_from(&mut self, now: Micros, tick: Tick) {
         Validator::commit_from(self, now, tick);
     }
 }

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 
 use metatopia_consensus::{
-    Anchor, Config, Digest, Message, Micros, Output, SigningKey, Validator, ValidatorIndex, VerifyingKey,
+    Anchor, Config, Digest, Message, Micros, Output, SigningKey, Tick, Validator, ValidatorIndex, VerifyingKey,
 };
 use metatopia_sim::World;
 use serde::{Deserialize, Serialize};
@@ -32,7 +32,7 @@ struct Instance {
     epoch: u64,
     keys: Vec<VerifyingKey>,
     validator: Validator,
-    last_tick: u64,
+    last_tick: Tick,
     /// The tick period this epoch runs at.
     period_us: Micros,
 }
@@ -60,7 +60,7 @@ impl Instance {
 struct EpochDef {
     epoch: u64,
     keys: Vec<[u8; 32]>,
-    last_tick: u64,
+    last_tick: Tick,
     period_us: Micros,
     anchor: Option<Anchor>,
 }
@@ -118,7 +118,7 @@ pub struct Epochs {
     previous: Option<Instance>,
     early: VecDeque<(ValidatorIndex, u64, Message)>,
     out: VecDeque<(u64, Output)>,
-    last_root: Option<(u64, Digest)>,
+    last_root: Option<(Tick, Digest)>,
     /// Each epoch runs at the sim's `tick_rate_hz` setting as of its start (a real node);
     /// otherwise at `cfg.period_us` throughout (the simulated cluster's scenarios).
     follow_rate: bool,
@@ -137,13 +137,13 @@ impl std::fmt::Debug for Epochs {
     }
 }
 
-fn next_end(after: u64, epoch_ticks: u64) -> u64 {
+fn next_end(after: Tick, epoch_ticks: u64) -> Tick {
     let l = epoch_ticks.max(MIN_EPOCH);
-    let mut end = (after / l + 1) * l;
-    if end < after + 2 {
+    let mut end = (after.0 / l + 1) * l;
+    if end < after.0 + 2 {
         end += l;
     }
-    end
+    Tick(end)
 }
 
 impl Epochs {
@@ -156,7 +156,7 @@ impl Epochs {
         epoch_ticks: u64,
         now: Micros,
     ) -> Epochs {
-        let last_tick = next_end(0, epoch_ticks);
+        let last_tick = next_end(Tick::ZERO, epoch_ticks);
         let c = Config { last_tick: Some(last_tick), anchor: None, ..cfg.clone() };
         let validator = Validator::new(c, key.clone(), keys.clone(), now);
         let current = Instance { epoch: 0, keys, validator, last_tick, period_us: cfg.period_us };
@@ -289,7 +289,7 @@ impl Epochs {
         tracing::info!(
             epoch = next.epoch,
             validators = next.keys.len(),
-            until_tick = next.last_tick,
+            until_tick = next.last_tick.0,
             period_us = next.period_us,
             "a new validator epoch"
         );
@@ -360,11 +360,11 @@ impl Agreement for Epochs {
             (a, b) => a.or(b),
         }
     }
-    fn report_root(&mut self, tick: u64, root: Digest) {
+    fn report_root(&mut self, tick: Tick, root: Digest) {
         self.last_root = Some((tick, root));
         self.current.validator.report_root(tick, root);
     }
-    fn on_executed(&mut self, now: Micros, tick: u64, world: &World) {
+    fn on_executed(&mut self, now: Micros, tick: Tick, world: &World) {
         if tick + 1 == self.current.last_tick {
             self.next_epoch(now, world);
             self.drain();
@@ -380,7 +380,7 @@ impl Agreement for Epochs {
     fn pool_len(&self) -> usize {
         self.current.validator.pool_len()
     }
-    fn position(&self) -> (u64, u64, Option<u64>) {
+    fn position(&self) -> (u64, u64, Option<Tick>) {
         let v = &self.current.validator;
         (self.current.epoch, v.view().0, v.committed_tick())
     }
@@ -416,14 +416,14 @@ impl Agreement for Epochs {
     fn hold(&mut self, now: Micros) {
         self.current.validator.join_at(now, metatopia_consensus::View(0));
     }
-    fn commit_from(&mut self, now: Micros, tick: u64) {
+    fn commit_from(&mut self, now: Micros, tick: Tick) {
         self.current.validator.commit_from(now, tick);
         self.drain();
     }
     fn recall(&mut self, logged: Vec<metatopia_consensus::Logged>) -> usize {
         self.current.validator.recall(logged)
     }
-    fn peers_executed(&self) -> Option<u64> {
+    fn peers_executed(&self) -> Option<Tick> {
         self.current.validator.peers_executed()
     }
     fn behind_epoch(&self) -> bool {
@@ -442,7 +442,7 @@ impl Agreement for Epochs {
         self.previous = None;
         self.hold(now);
     }
-    fn peer_roots(&self, tick: u64) -> Vec<(ValidatorIndex, Digest)> {
+    fn peer_roots(&self, tick: Tick) -> Vec<(ValidatorIndex, Digest)> {
         let inst = &self.current;
         inst.validator
             .peer_roots(tick)
@@ -478,10 +478,10 @@ mod tests {
 
     #[test]
     fn epochs_end_on_multiples_of_the_length_at_least_two_ticks_on() {
-        assert_eq!(next_end(0, 40), 40);
-        assert_eq!(next_end(40, 40), 80);
-        assert_eq!(next_end(79, 40), 120);
-        assert_eq!(next_end(0, 1), 8);
-        assert_eq!(next_end(39, 40), 80);
+        assert_eq!(next_end(Tick(0), 40), Tick(40));
+        assert_eq!(next_end(Tick(40), 40), Tick(80));
+        assert_eq!(next_end(Tick(79), 40), Tick(120));
+        assert_eq!(next_end(Tick(0), 1), Tick(8));
+        assert_eq!(next_end(Tick(39), 40), Tick(80));
     }
 }

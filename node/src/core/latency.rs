@@ -88,11 +88,11 @@ fn median_and_p99(v: &VecDeque<u64>) -> Option<(u64, u64)> {
 pub fn proposal_view(msg: &Message) -> Option<(u64, u64)> {
     match msg {
         Message::Propose { block, .. } | Message::ProposeIds { block, .. } | Message::ProposeRefs { block, .. } => {
-            Some((block.tick, block.view.0))
+            Some((block.tick.0, block.view.0))
         }
         Message::Authenticated { inner, .. } => match &**inner {
             Signed::Propose { block, .. } | Signed::ProposeIds { block, .. } | Signed::ProposeRefs { block, .. } => {
-                Some((block.tick, block.view.0))
+                Some((block.tick.0, block.view.0))
             }
             _ => None,
         },

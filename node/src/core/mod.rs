@@ -321,7 +321,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
 
     fn next_deferred(&self) -> Option<&Commit> {
         let c = self.deferred.as_ref()?.front()?;
-        self.exec_limit.is_none_or(|last| c.block.tick <= last).then_some(&**c)
+        self.exec_limit.is_none_or(|last| c.block.tick.0 <= last).then_some(&**c)
     }
 
     /// Execute the deferred commits, in order (up to the limit), then give agreement its turn
@@ -505,13 +505,13 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// next epoch (the roots that would certify it are reported in the epoch it cannot follow).
     fn check_stranded(&mut self, now: Micros) {
         let executed = self.sim.world().tick().0;
-        let at = executed.max(self.agreement.position().2.map_or(0, |t| t + 1));
+        let at = executed.max(self.agreement.position().2.map_or(0, |t| t.0 + 1));
         // (A node that executed all it was asked to, `execute_until`, is not behind: it waits.)
         let running =
             self.resync.is_none() && self.desynced.is_none() && self.exec_limit.is_none_or(|last| executed <= last);
         let behind_epoch = (running || self.resync.is_some()) && self.agreement.behind_epoch();
         let behind =
-            behind_epoch || running && self.agreement.peers_executed().is_some_and(|t| t > at + STRANDED_TICKS);
+            behind_epoch || running && self.agreement.peers_executed().is_some_and(|t| t.0 > at + STRANDED_TICKS);
         if !behind {
             self.behind_since = None;
             return;
@@ -521,7 +521,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             return;
         }
         self.behind_since = None;
-        let peers = self.agreement.peers_executed().unwrap_or(0);
+        let peers = self.agreement.peers_executed().map_or(0, |t| t.0);
         self.stats.stranded += 1;
         if behind_epoch {
             // Its peers have left its validator epoch: it joins theirs, as a new node does.
@@ -598,7 +598,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 continue;
             }
             let root = snap.root;
-            let certified_by = self.agreement.peer_roots(tick - 1).into_iter().filter(|(_, d)| d.0 == root.0).count();
+            let certified_by =
+                self.agreement.peer_roots(Tick(tick - 1)).into_iter().filter(|(_, d)| d.0 == root.0).count();
             // A joining node (no validator of the set) waits for 2f+1 of them; one that diverged
             // takes f+1 others (at least one honest), as it may be a validator itself.
             let need = if r.join.is_some() { 2 * f + 1 } else { f + 1 };
@@ -618,7 +619,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             }
             let r = self.resync.take().unwrap_or_default();
             if r.held {
-                self.agreement.commit_from(self.now, tick);
+                self.agreement.commit_from(self.now, Tick(tick));
             }
             self.desynced = None;
             self.judge_from = tick;
@@ -711,7 +712,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                         }
                     },
                     Output::RootMismatch { tick, theirs, validator, .. } => {
-                        self.mismatch(tick, validator, Hash32(theirs.0))
+                        self.mismatch(tick.0, validator, Hash32(theirs.0))
                     }
                     Output::Evidence(e) => {
                         self.stats.equivocations += 1;
@@ -739,10 +740,10 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     fn log_commit(&mut self, c: &Commit) -> &mut Self {
         let resyncing = self.resync.is_some();
         let next = self.logged_to.max(self.sim.world().tick().0);
-        if resyncing || (self.desynced.is_none() && c.block.tick >= next) {
-            self.logged_to = c.block.tick + 1;
+        if resyncing || (self.desynced.is_none() && c.block.tick.0 >= next) {
+            self.logged_to = c.block.tick.0 + 1;
             self.out.push_back(CoreOutput::Committed(Box::new(crate::store::LogRecord {
-                tick: c.block.tick,
+                tick: c.block.tick.0,
                 time_ms: c.block.time_ms,
                 seed: c.seed.0,
                 events: c.block.events.iter().map(|e| e.to_vec()).collect(),
@@ -753,7 +754,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     }
 
     fn execute(&mut self, c: &Commit) {
-        let tick = Tick(c.block.tick);
+        let tick = c.block.tick;
         let at = self.sim.world().tick();
         let resyncing = self.resync.is_some();
         if self.desynced.is_some() && !resyncing {
@@ -803,7 +804,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             .filter_map(|r| {
                 let notarization = postcard::from_bytes(&r.certificate).ok()?;
                 let events = r.events.iter().map(|e| metatopia_consensus::EventBytes::from(e.as_slice())).collect();
-                Some(metatopia_consensus::Logged { tick: r.tick, time_ms: r.time_ms, events, notarization })
+                Some(metatopia_consensus::Logged { tick: Tick(r.tick), time_ms: r.time_ms, events, notarization })
             })
             .collect();
         self.agreement.recall(logged)
@@ -842,8 +843,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 while self.last_inputs.len() > KEEP_INPUTS {
                     self.last_inputs.pop_front();
                 }
-                self.agreement.report_root(tick.0, Digest(report.root.0));
-                self.agreement.on_executed(self.now, tick.0, self.sim.world());
+                self.agreement.report_root(tick, Digest(report.root.0));
+                self.agreement.on_executed(self.now, tick, self.sim.world());
                 self.stats.departures += report.left.len() as u64;
                 self.stats.arrivals += report.arrived.len() as u64;
                 if !live {
@@ -960,7 +961,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
 
     /// A commit at `now`: its latency from the proposal's first sight, if it was seen here.
     fn committed_at(&mut self, c: &metatopia_consensus::Commit, now: Micros) -> &mut Self {
-        self.latency.committed((c.block.tick, c.block.view.0), now);
+        self.latency.committed((c.block.tick.0, c.block.view.0), now);
         self
     }
 

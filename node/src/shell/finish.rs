@@ -88,7 +88,8 @@ impl Finishing {
             return now >= at;
         }
         let of = agreement.validators();
-        let seen = (agreement.peer_roots(self.tick).len() + usize::from(self.skipped)).min(of);
+        let seen =
+            (agreement.peer_roots(metatopia_consensus::Tick(self.tick)).len() + usize::from(self.skipped)).min(of);
         if seen < of && now < self.deadline {
             if !self.said {
                 self.said = true;
@@ -149,11 +150,14 @@ mod tests {
         fn poll_timeout(&self) -> Option<u64> {
             None
         }
-        fn report_root(&mut self, _: u64, _: metatopia_consensus::Digest) {}
+        fn report_root(&mut self, _: metatopia_consensus::Tick, _: metatopia_consensus::Digest) {}
         fn validators(&self) -> usize {
             4
         }
-        fn peer_roots(&self, _tick: u64) -> Vec<(metatopia_consensus::ValidatorIndex, metatopia_consensus::Digest)> {
+        fn peer_roots(
+            &self,
+            _tick: metatopia_consensus::Tick,
+        ) -> Vec<(metatopia_consensus::ValidatorIndex, metatopia_consensus::Digest)> {
             self.0
                 .iter()
                 .map(|v| (metatopia_consensus::ValidatorIndex(*v), metatopia_consensus::Digest([0; 32])))

@@ -812,8 +812,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 _ => {}
             }
         }
-        (meter.status.epoch, meter.status.view, meter.status.agreed_tick) =
-            crate::core::Agreement::position(core.agreement());
+        let (epoch, view, agreed) = crate::core::Agreement::position(core.agreement());
+        (meter.status.epoch, meter.status.view, meter.status.agreed_tick) = (epoch, view, agreed.map(|t| t.0));
         if status_tx.send_if_modified(|s| {
             let changed = *s != meter.status;
             if changed {

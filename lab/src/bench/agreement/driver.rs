@@ -198,8 +198,8 @@ impl Driver {
                     shared.finalized.lock().expect("not poisoned").push((me, digest, at))
                 }
                 Output::Committed(c) => {
-                    shared.committed.lock().expect("not poisoned").push((me, c.block.tick, at, c.block.events.len()));
-                    if c.block.tick >= self.until_tick {
+                    shared.committed.lock().expect("not poisoned").push((me, c.block.tick.0, at, c.block.events.len()));
+                    if c.block.tick.0 >= self.until_tick {
                         more = false;
                         break;
                     }
