@@ -97,12 +97,21 @@ pub async fn upgrade(ws: WebSocketUpgrade, State(s): State<Service>) -> Response
         .on_upgrade(move |socket| session(Ws(socket), s, View::default()))
 }
 
+/// Why the QUIC gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("the node key as the gateway's TLS identity: {0}")]
+    Identity(#[from] metatopia_client::error::ClientError),
+    #[error("listening for QUIC clients: {0}")]
+    Listen(#[from] std::io::Error),
+}
+
 /// Serve QUIC clients on `addr` (UDP) until the returned endpoint is closed.
 pub fn serve_quic(
     addr: SocketAddr,
     key: &metatopia_sim::SigningKey,
     service: Service,
-) -> anyhow::Result<(quinn::Endpoint, tokio::task::JoinHandle<()>)> {
+) -> Result<(quinn::Endpoint, tokio::task::JoinHandle<()>), GatewayError> {
     let endpoint = quinn::Endpoint::server(metatopia_client::quic::server_config(key)?, addr)?;
     let ep = endpoint.clone();
     let task = tokio::spawn(async move {

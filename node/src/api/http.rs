@@ -397,6 +397,29 @@ async fn governance(State(s): State<Service>) -> Response {
     }
 }
 
+/// What a request of [`Client`] can end in.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The node could not be reached, or the connection broke.
+    #[error("{url}: {cause}")]
+    Transport { url: String, cause: String },
+    /// The node answered with an error (its message, or its body).
+    #[error("{message} (HTTP {code})")]
+    Refused { code: u16, message: String },
+    /// An answer that is not what the API says.
+    #[error("{url}: an answer that is not the API's: {cause}")]
+    Answer { url: String, cause: String },
+}
+
+impl ApiError {
+    fn transport(url: &str, cause: impl std::fmt::Display) -> ApiError {
+        ApiError::Transport { url: url.to_owned(), cause: cause.to_string() }
+    }
+    fn answer(url: &str, cause: impl std::fmt::Display) -> ApiError {
+        ApiError::Answer { url: url.to_owned(), cause: cause.to_string() }
+    }
+}
+
 /// A blocking client of a node's HTTP service (the CLI's side).
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -416,53 +439,54 @@ impl Client {
         Client { base: base.trim_end_matches('/').to_owned(), agent }
     }
 
-    fn read(&self, mut r: ureq::http::Response<ureq::Body>) -> anyhow::Result<(u16, String)> {
+    fn read(&self, url: &str, mut r: ureq::http::Response<ureq::Body>) -> Result<(u16, String), ApiError> {
         let code = r.status().as_u16();
-        let body = r.body_mut().with_config().limit(16 << 20).read_to_string()?;
+        let body =
+            r.body_mut().with_config().limit(16 << 20).read_to_string().map_err(|e| ApiError::transport(url, e))?;
         Ok((code, body))
     }
 
-    fn error_of(code: u16, body: &str) -> anyhow::Error {
-        let msg = serde_json::from_str::<serde_json::Value>(body)
+    fn error_of(code: u16, body: &str) -> ApiError {
+        let message = serde_json::from_str::<serde_json::Value>(body)
             .ok()
             .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
             .unwrap_or_else(|| body.trim().to_owned());
-        anyhow::anyhow!("{msg} (HTTP {code})")
+        ApiError::Refused { code, message }
     }
 
     /// GET a path; `Ok(None)` on 404.
-    pub fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<Option<T>> {
+    pub fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<Option<T>, ApiError> {
         let url = format!("{}{path}", self.base);
-        let r = self.agent.get(&url).call().map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
-        let (code, body) = self.read(r)?;
+        let r = self.agent.get(&url).call().map_err(|e| ApiError::transport(&url, e))?;
+        let (code, body) = self.read(&url, r)?;
         match code {
-            200 => Ok(Some(serde_json::from_str(&body)?)),
+            200 => serde_json::from_str(&body).map(Some).map_err(|e| ApiError::answer(&url, e)),
             404 => Ok(None),
             _ => Err(Self::error_of(code, &body)),
         }
     }
 
     /// GET a text path (`/healthz`, `/readyz`, `/metrics`): status code and body.
-    pub fn get_text(&self, path: &str) -> anyhow::Result<(u16, String)> {
+    pub fn get_text(&self, path: &str) -> Result<(u16, String), ApiError> {
         let url = format!("{}{path}", self.base);
-        let r = self.agent.get(&url).call().map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
-        self.read(r)
+        let r = self.agent.get(&url).call().map_err(|e| ApiError::transport(&url, e))?;
+        self.read(&url, r)
     }
 
     /// Submit one encoded signed event; its id.
-    pub fn submit(&self, event: &[u8]) -> anyhow::Result<String> {
+    pub fn submit(&self, event: &[u8]) -> Result<String, ApiError> {
         let url = format!("{}/v1/events", self.base);
-        let r = self.agent.post(&url).send(event).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
-        let (code, body) = self.read(r)?;
+        let r = self.agent.post(&url).send(event).map_err(|e| ApiError::transport(&url, e))?;
+        let (code, body) = self.read(&url, r)?;
         if code != 202 {
             return Err(Self::error_of(code, &body));
         }
-        let v: serde_json::Value = serde_json::from_str(&body)?;
-        v.get("id").and_then(|i| i.as_str()).map(str::to_owned).ok_or_else(|| anyhow::anyhow!("no id in {body}"))
+        let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| ApiError::answer(&url, e))?;
+        v.get("id").and_then(|i| i.as_str()).map(str::to_owned).ok_or_else(|| ApiError::answer(&url, "no id"))
     }
 
     /// Wait (up to `wait`) for an event's outcome.
-    pub fn wait_outcome(&self, id: &str, wait: Duration) -> anyhow::Result<Option<Outcome>> {
+    pub fn wait_outcome(&self, id: &str, wait: Duration) -> Result<Option<Outcome>, ApiError> {
         let end = Instant::now() + wait;
         loop {
             if let Some(o) = self.get::<Outcome>(&format!("/v1/events/{id}"))? {
