@@ -180,9 +180,22 @@ fn step_here(
     let w: &World = world;
     // Only parts that change something go on to the merge (most scripts change nothing in
     // most ticks): the merge would skip them anyway, and 10,000 of them are 1.5 MB to move.
+    // The operations every unit used are summed here, so a part that only used some does not
+    // go on (counted in the parts, they sent every script's part to the merge: a tick of
+    // 10,000 scripts that change nothing took 6.6 ms instead of 5).
+    let operations = std::sync::atomic::AtomicU64::new(0);
     let parts: Vec<ObjectPart> = crate::par::map_chunks(&units, workers, 64, |units| {
-        units.iter().map(|u| unit::run(w, host, u, &ctx)).filter(|p| !p.is_empty()).collect()
+        let mut used = 0u64;
+        let parts = units
+            .iter()
+            .map(|u| unit::run(w, host, u, &ctx))
+            .inspect(|p| used = used.saturating_add(p.operations))
+            .filter(|p| !p.is_empty())
+            .collect();
+        operations.fetch_add(used, std::sync::atomic::Ordering::Relaxed);
+        parts
     });
+    let operations = operations.into_inner();
     drop(units);
     let client_chat = chat_unit(w, &routes.chat);
 
@@ -256,7 +269,7 @@ fn step_here(
         chat,
         script_errors: merged.errors,
         units: unit_count,
-        script_operations: merged.operations,
+        script_operations: operations,
         queued,
         bodies_moved,
         mail,
@@ -634,7 +647,6 @@ struct Merged {
     queued: Vec<Queued>,
     rejected: Vec<Rejection>,
     errors: Vec<ScriptErrorReport>,
-    operations: u64,
 }
 
 /// Apply the parts in object order. Ownership makes them disjoint: each part writes only its
@@ -657,7 +669,6 @@ fn merge(world: &mut World, parts: Vec<ObjectPart>) -> Merged {
         m.queued.extend(p.queued);
         m.rejected.extend(p.rejected);
         m.errors.extend(p.errors);
-        m.operations = m.operations.saturating_add(p.operations);
     }
     m
 }

@@ -67,7 +67,8 @@ pub(crate) struct ObjectPart {
 }
 
 impl ObjectPart {
-    /// Whether the part changes nothing and sends nothing on (the merge would skip it).
+    /// Whether the part changes nothing and sends nothing on (the merge would skip it); the
+    /// operations it used are counted before (`step_here`).
     pub(crate) fn is_empty(&self) -> bool {
         let ObjectPart {
             object: _,
@@ -79,7 +80,7 @@ impl ObjectPart {
             queued,
             rejected,
             errors,
-            operations,
+            operations: _,
         } = self;
         updated.is_none()
             && matches!(instance, InstanceChange::Keep)
@@ -89,7 +90,6 @@ impl ObjectPart {
             && queued.is_empty()
             && rejected.is_empty()
             && errors.is_empty()
-            && *operations == 0
     }
 }
 
