@@ -182,7 +182,7 @@ fn step_here(
     // most ticks): the merge would skip them anyway, and 10,000 of them are 1.5 MB to move.
     // The operations every unit used are summed here, so a part that only used some does not
     // go on (counted in the parts, they sent every script's part to the merge: a tick of
-    // 10,000 scripts that change nothing took 6.6 ms instead of 5).
+    // 10,000 scripts that change nothing took 6.56 ms, 6.06 once they were summed here).
     let operations = std::sync::atomic::AtomicU64::new(0);
     let parts: Vec<ObjectPart> = crate::par::map_chunks(&units, workers, 64, |units| {
         let mut used = 0u64;
