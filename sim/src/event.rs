@@ -45,7 +45,8 @@ impl ChatRange {
 /// What an event asks for.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum Payload {
-    /// First login creates the account; every login updates `last_login` and spawns the avatar.
+    /// First login creates the account; every login updates `last_login` and spawns the avatar
+    /// if the account has none here (nor one on its way into a neighbour).
     Login {
         name: String,
     },

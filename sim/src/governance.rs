@@ -259,7 +259,17 @@ fn login(
         }
     }
     let has_avatar = world.accounts.get(&author).and_then(|a| a.avatar).is_some();
-    if has_avatar {
+    // An avatar on its way into a neighbour (handed over, not yet settled) is still the
+    // account's one avatar: a login sent while it was here (a client keeping its session) keeps
+    // the session and spawns no second one.
+    let in_transit = || {
+        world
+            .links
+            .departed
+            .values()
+            .any(|d| d.record.object.owner == author && d.record.object.kind == ObjectKind::Avatar)
+    };
+    if has_avatar || in_transit() {
         return Ok(());
     }
     let at = world.region.centre();

@@ -427,3 +427,63 @@ fn a_neighbour_that_replaces_all_its_validators_is_still_heard() {
     assert_eq!(owner_of(&r.sims, "ball").0, 1, "the ball crossed after the rotation (at about tick 360)");
     assert!(r.sims[0].world().links().departed().is_empty(), "sim 1's confirmation reached sim 0 too");
 }
+
+/// A client's login that was on its way while its avatar walked into the next sim (the
+/// viewer logs in again every 20 s to keep its session) executes where the avatar no longer
+/// is: it keeps the session and spawns no second avatar while the first is in transit.
+#[test]
+fn a_login_while_the_avatar_crosses_into_the_next_sim_spawns_no_second_avatar() {
+    let mut sims = worlds(2, 1, &[]);
+    let walker = key(50, 0);
+    let me = account(&walker);
+    let mut nonce = 0;
+    let mut sign = |payload: Payload| {
+        nonce += 1;
+        SignedEvent::new(&walker, SimId(0), nonce, payload)
+    };
+    let mut net =
+        Net { rng: DetRng::from_u64(5), inflight: vec![(0, 0, sign(Payload::Login { name: "walker".into() }))] };
+    let (mut walking, mut in_transit_logins) = (false, 0);
+    for t in 0..400u64 {
+        let avatar = sims[0].world().objects().values().find(|o| o.owner == me).map(|o| o.id);
+        if let (Some(object), false) = (avatar, walking) {
+            net.inflight.push((t, 0, sign(Payload::Move { object, velocity: Vec2::from_ints(5, 0) })));
+            walking = true;
+        }
+        let in_transit = sims[0].world().links().departed().values().any(|d| d.record.object.owner == me);
+        if in_transit {
+            // Executes this tick, while sim 0 holds the avatar as departed.
+            net.inflight.push((t, 0, sign(Payload::Login { name: "walker".into() })));
+            in_transit_logins += 1;
+        }
+        let mut reports = Vec::new();
+        for s in sims.iter_mut() {
+            let id = s.world().sim();
+            let batch =
+                Batch { tick: s.world().tick(), time_ms: t * 16, seed: seed(id.0, t), events: net.due(t, id.0) };
+            let report = s.step(&VerifiedBatch::new(batch, 1)).unwrap();
+            if id.0 == 0 && in_transit {
+                assert!(report.rejected.is_empty(), "tick {t}: {:?}", report.rejected);
+            }
+            reports.push((id, report));
+        }
+        for (id, report) in &reports {
+            let signers: Vec<u8> = (0..VALIDATORS).collect();
+            net.post(t, *id, report, &signers);
+        }
+    }
+    assert!(in_transit_logins > 0, "the avatar was in transit for some ticks");
+    let avatars: Vec<(u32, Vec2)> = sims
+        .iter()
+        .flat_map(|s| {
+            s.world()
+                .objects()
+                .values()
+                .filter(|o| o.owner == me && o.kind == ObjectKind::Avatar)
+                .map(|o| (s.world().sim().0, o.position))
+        })
+        .collect();
+    assert_eq!(avatars.len(), 1, "one avatar: {avatars:?}");
+    assert_eq!(avatars[0].0, 1, "in the sim it walked into: {avatars:?}");
+    assert!(sims[0].world().links().departed().is_empty(), "settled");
+}
