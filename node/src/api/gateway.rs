@@ -210,6 +210,10 @@ struct View {
 /// Ticks between recomputations of a session's area of interest.
 const AREA_EVERY: u64 = 4;
 
+/// How long a new session waits for the area index nobody kept (a tick, or a second while the
+/// sim is paused; an empty world has no index and waits this long once).
+const INDEX_REFILL_WAIT: Duration = Duration::from_secs(2);
+
 impl View {
     /// A view of nothing until the client states an interest.
     fn nothing() -> View {
@@ -310,6 +314,13 @@ impl View {
 
 /// Everything a new (or lagging) client needs: status, its whole area, recent chat it hears.
 async fn full_state<T: Transport>(t: &mut T, s: &Service, hub: &Hub, view: &mut View) -> bool {
+    if hub.index.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        // Nobody listened here until now, so nobody kept the area index: the loop refills it at
+        // the next tick (or within a second while the sim is paused). Without it this session
+        // would see no area and hear none of the recent chat it is owed (after a failover).
+        let mut ticks = hub.ticks.subscribe();
+        let _ = tokio::time::timeout(INDEX_REFILL_WAIT, ticks.changed()).await;
+    }
     let status = s.status.borrow().clone();
     let tick = status.tick;
     if !t.send(&ServerMsg::Status(Box::new(status))).await {
@@ -744,5 +755,67 @@ mod tests {
             index.within(c, r, &mut within);
             assert_eq!(within, scan, "center {c:?} radius {r}");
         }
+    }
+
+    /// A transport of two channels: what the test sends the session, and what it answers.
+    struct Pipe(mpsc::Receiver<ClientMsg>, mpsc::Sender<ServerMsg>);
+
+    impl Transport for Pipe {
+        async fn recv(&mut self) -> Option<Result<ClientMsg, String>> {
+            self.0.recv().await.map(Ok)
+        }
+        async fn send(&mut self, m: &ServerMsg) -> bool {
+            self.1.send(m.clone()).await.is_ok()
+        }
+    }
+
+    /// After a failover to a node nobody listened on (so nobody kept its area index), the
+    /// session waits for the loop to refill the index before it sends the area and replays the
+    /// recent chat its avatar hears: the line said meanwhile is not lost.
+    #[tokio::test]
+    async fn a_session_on_a_node_nobody_listened_on_gets_the_chat_said_meanwhile() {
+        let me = "aa".repeat(32);
+        let hub = std::sync::Arc::new(Hub::new(1, Vec::new()));
+        let (_status_tx, status) = tokio::sync::watch::channel(proto::Status { tick: 40, ..proto::Status::default() });
+        let (queries, mut asked) = mpsc::channel(8);
+        let s = Service { status, queries, metrics: None, started: Instant::now(), hub: Some(hub.clone()) };
+        let line = ChatView {
+            tick: 39,
+            name: "bob".into(),
+            channel: 0,
+            text: "still here".into(),
+            position: [101, 100],
+            range_m: 20,
+            to: None,
+        };
+        // The node's loop: it answers what was said, and refills the index at its next tick.
+        let (said, looped) = (line.clone(), hub.clone());
+        tokio::spawn(async move {
+            while let Some(q) = asked.recv().await {
+                if let Query::Chat(_, tx) = q {
+                    let _ = tx.send(vec![said.clone()]);
+                }
+            }
+        });
+        let (to_session, from_test) = mpsc::channel(8);
+        let (to_test, mut answers) = mpsc::channel(64);
+        tokio::spawn(session(Pipe(from_test, to_test), s, View::nothing()));
+        to_session.send(ClientMsg::Interest { follow: Some(me.clone()), radius_m: None, max_hz: None }).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(looped.listened(), "the session listens");
+        {
+            let mut index = looped.index.write().unwrap();
+            index.radius_m = 30;
+            index.update(41, vec![obj("0v0", &me, true, 100, 100), obj("1v0", "bb", true, 101, 100)].into_iter());
+        }
+        looped.publish_tick(41);
+        let mut heard = Vec::new();
+        while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(5), answers.recv()).await {
+            if let ServerMsg::Chat(c) = m {
+                heard.push(c.text);
+                break;
+            }
+        }
+        assert_eq!(heard, ["still here"], "the line said while the client failed over");
     }
 }

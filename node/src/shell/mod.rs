@@ -641,6 +641,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     for (account, sim) in avatars_left {
                         hub.avatar_moved(account.to_string(), sim.0);
                     }
+                    // Sessions hear a line where the area index puts their avatars: it goes out
+                    // once the index is at this tick (below).
+                    let mut said = Vec::with_capacity(lines.len());
                     for l in lines {
                         let line = crate::api::http::ChatView {
                             tick: tick.0,
@@ -652,7 +655,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             to: l.to.map(|a| a.to_string()),
                         };
                         if hub.listened() {
-                            hub.publish(Feed::Chat(line.clone()));
+                            said.push(line.clone());
                         }
                         chat.push_back(line);
                         if chat.len() > 1024 {
@@ -688,6 +691,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         if hub.listened() {
                             index.update_world(tick.0, w, |o| object_view(w, o, false));
                             drop(index);
+                            for line in said {
+                                hub.publish(Feed::Chat(line));
+                            }
                             hub.publish_tick(tick.0);
                         } else if !index.is_empty() {
                             // Nobody looks: building views every tick would be wasted.
