@@ -688,6 +688,7 @@ function ownPosition(o, now) {
   }
   state.drawn = at;
   state.drawnFor = o.id;
+  state.drawnTime = now;
   return at;
 }
 
@@ -706,10 +707,11 @@ function predictWalk(vel) {
   state.keyAt = now;
 }
 
-// The own avatar as drawn and as committed, and whether a walk is being predicted (for tests).
+// The own avatar as drawn (and the frame time it was drawn for) and as committed, and whether a
+// walk is being predicted (for tests).
 window.metatopiaOwn = () => {
   const me = state.avatar && state.byId.get(state.avatar);
-  return me && { drawn: state.drawn, committed: [+me.position[0], +me.position[1]], predicting: !!state.pred };
+  return me && { drawn: state.drawn, drawnTime: state.drawnTime, committed: [+me.position[0], +me.position[1]], predicting: !!state.pred };
 };
 
 // Where an object was last drawn (world metres), and how many tick messages have come (for tests).

@@ -24,7 +24,7 @@ try {
     window.__frames = [];
     const frame = () => {
       const own = window.metatopiaOwn();
-      window.__frames.push({ ...window.metatopiaFrames().last, at: own && own.drawn && own.drawn.slice(), t: performance.now(), sim: window.metatopiaWorld().sim });
+      window.__frames.push({ ...window.metatopiaFrames().last, at: own && own.drawn && own.drawn.slice(), drawnTime: own && own.drawnTime, committed: own && own.committed, predicting: own && own.predicting, t: performance.now(), sim: window.metatopiaWorld().sim });
       if (!window.__stop) requestAnimationFrame(frame);
     };
     requestAnimationFrame(frame);
@@ -39,16 +39,18 @@ try {
   const blank = frames.filter((f) => !f.sims || f.drawn === 0).length;
   const one = frames.filter((f) => f.sims < 2).length;
   const missing = frames.filter((f) => !f.own).length;
-  // A jump: a step between two frames longer than twice the walk (3 m/s) over the time between
-  // them, and than 0.5 m (on a loaded machine a frame may come 100 ms after the one before, and
-  // the avatar walked 0.3 m in it; a snap at the border is metres).
+  // A jump: a step between two drawn frames longer than twice the walk (3 m/s) over the time
+  // between them, and than 0.5 m (on a loaded machine a frame may come 300 ms after the one
+  // before, and the avatar walked 0.9 m in it; a snap at the border is metres). The time is the
+  // one each frame was drawn for: this recorder runs in its own animation callback, which may
+  // come before the viewer's in a frame and read the frame before's position.
   let jump = 0;
   let jumped = null;
   for (let i = 1; i < frames.length; i++) {
     const [a, b] = [frames[i - 1].at, frames[i].at];
-    if (!a || !b) continue;
+    if (!a || !b || frames[i].drawnTime === frames[i - 1].drawnTime) continue;
     const d = Math.hypot(b[0] - a[0], b[1] - a[1]);
-    const dt = (frames[i].t - frames[i - 1].t) / 1000;
+    const dt = (frames[i].drawnTime - frames[i - 1].drawnTime) / 1000;
     jump = Math.max(jump, d);
     if (d > Math.max(0.5, 2 * 3 * dt) && !jumped) jumped = { d, dt, frame: i };
   }
@@ -56,7 +58,13 @@ try {
   console.log(`  ${frames.length} frames, the crossing at frame ${crossedAt}: ${blank} without the world drawn, ${one} with one sim drawn, ${missing} without the own avatar, largest step ${jump.toFixed(3)} m`);
   if (crossedAt < 1) fail("the crossing was not recorded");
   if (blank || one || missing) fail("frames without the world or the avatar drawn");
-  if (jumped) fail(`the avatar jumped ${jumped.d} m in ${(jumped.dt * 1000).toFixed(0)} ms at frame ${jumped.frame}`);
+  if (jumped) {
+    // The frames around it, for a look: when, where drawn, where committed, predicting or not.
+    for (const f of frames.slice(Math.max(0, jumped.frame - 5), jumped.frame + 3)) {
+      console.log(`  ${(f.drawnTime ?? 0).toFixed(0)} ms (recorded at ${f.t.toFixed(0)}) sim ${f.sim}: drawn ${f.at && f.at.map((v) => v.toFixed(2))}, committed ${f.committed && f.committed.map((v) => v.toFixed(2))}${f.predicting ? ", predicting" : ""}`);
+    }
+    fail(`the avatar jumped ${jumped.d} m in ${(jumped.dt * 1000).toFixed(0)} ms at frame ${jumped.frame}`);
+  }
   await page.screenshot({ path: shot });
   step(`screenshot ${shot}`);
 
