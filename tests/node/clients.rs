@@ -92,6 +92,12 @@ async fn clients_walk_chat_touch_read_scripts_and_fail_over_on_real_nodes() {
     cy.walk(4, 0).await.unwrap();
     assert!(cy.run_until(Duration::from_secs(15), |v, _| x_of(v, &c).is_some_and(|x| x >= start_x + 12)).await);
     cy.walk(0, 0).await.unwrap();
+    // A stop that executed late (a loaded machine) leaves cy further east: it walks back.
+    if x_of(cy.view(), &c).unwrap() > start_x + 18 {
+        cy.walk(-2, 0).await.unwrap();
+        assert!(cy.run_until(Duration::from_secs(15), |v, _| x_of(v, &c).is_some_and(|x| x <= start_x + 16)).await);
+        cy.walk(0, 0).await.unwrap();
+    }
     let cy_x = x_of(cy.view(), &c).unwrap();
     assert!(cy_x < start_x + 19, "cy stopped at {cy_x}, too far for the chat check");
     assert!(
