@@ -314,10 +314,12 @@ impl View {
 
 /// Everything a new (or lagging) client needs: status, its whole area, recent chat it hears.
 async fn full_state<T: Transport>(t: &mut T, s: &Service, hub: &Hub, view: &mut View) -> bool {
-    if hub.index.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
+    let interested = view.follow.as_deref() != Some("");
+    if interested && hub.index.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
         // Nobody listened here until now, so nobody kept the area index: the loop refills it at
         // the next tick (or within a second while the sim is paused). Without it this session
-        // would see no area and hear none of the recent chat it is owed (after a failover).
+        // would see no area and hear none of the recent chat it is owed (after a failover). A
+        // session that has stated no interest yet (a probe's ping, say) has nothing to wait for.
         let mut ticks = hub.ticks.subscribe();
         let _ = tokio::time::timeout(INDEX_REFILL_WAIT, ticks.changed()).await;
     }
@@ -801,8 +803,14 @@ mod tests {
         let (to_test, mut answers) = mpsc::channel(64);
         tokio::spawn(session(Pipe(from_test, to_test), s, View::nothing()));
         to_session.send(ClientMsg::Interest { follow: Some(me.clone()), radius_m: None, max_hz: None }).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..500 {
+            if looped.listened() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert!(looped.listened(), "the session listens");
+        tokio::time::sleep(Duration::from_millis(50)).await;
         {
             let mut index = looped.index.write().unwrap();
             index.radius_m = 30;
