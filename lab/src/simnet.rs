@@ -221,8 +221,9 @@ pub struct DiskStore {
 }
 
 /// Snapshots every this many ticks in the simulated cluster (the node's default is larger; the
-/// scenarios are short and should restart from snapshots too).
-pub const SIM_SNAPSHOT_EVERY: u64 = 100;
+/// scenarios are short and should restart from snapshots too). A multiple of the physics'
+/// full-hash interval, as a node's `snapshot_every` must be.
+pub const SIM_SNAPSHOT_EVERY: u64 = 2 * metatopia_physics::region::FULL_ROOT_EVERY;
 
 /// One node of a simulated sim.
 pub struct CoreProcess<A, H, P> {
@@ -259,9 +260,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
     }
 
     /// Persist through the node's own store on `store`'s simulated disk.
-    pub fn with_store(mut self, store: DiskStore) -> Self {
-        self.store = Some(store);
-        self
+    pub fn with_store(self, store: DiskStore) -> Self {
+        CoreProcess { core: self.core.snapshots_every(SIM_SNAPSHOT_EVERY), store: Some(store), ..self }
     }
 
     /// A node of one sim of several in the same cluster.
@@ -312,6 +312,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> CoreProcess<A, H, P> {
                         out.send(*n, m.clone());
                     }
                 }
+                // The log keeps the tick (the bytes are on the disk).
+                CoreOutput::Snapshot { tick, .. } => self.log.push(CoreOutput::Snapshot { tick, bytes: Vec::new() }),
                 other => self.log.push(other),
             }
         }
@@ -357,7 +359,7 @@ fn persist<A: Agreement, H: ScriptHost, P: PhysicsStage>(
     for o in outs {
         match o {
             CoreOutput::Committed(r) => store.committed(r)?,
-            CoreOutput::Executed { tick, .. } => store.executed(tick.0, || core.snapshot().encode())?,
+            CoreOutput::Snapshot { tick, bytes } => store.snapshot(*tick, bytes)?,
             CoreOutput::Resynced { tick, snapshot, .. } => store.resynced(*tick, snapshot)?,
             _ => {}
         }

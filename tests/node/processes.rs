@@ -404,6 +404,11 @@ fn a_tampered_snapshot_is_refused_with_a_clear_error_and_the_log_rebuilds_the_st
     let (tick, path) = snaps.last().unwrap().clone();
     assert_eq!(tick, 128);
     let mut bytes = std::fs::read(&path).unwrap();
+    // The file holds the state as of the tick it is named for (taken the moment tick 127
+    // executed, not when the node's loop got to its output), a multiple of 64 whose root covers
+    // every byte of the physics: `core::tests` checks that any bit flipped in it is refused.
+    let snap = metatopia_sim::Snapshot::decode(&bytes, 1 << 30).unwrap();
+    assert_eq!(snap.world.tick().0, 128, "the snapshot named for tick 128 holds another tick");
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();

@@ -14,7 +14,7 @@ use metatopia_sim::event::account_of;
 use metatopia_sim::{AccountId, AdminAct, ChatRange, Hash32, ObjectId, Payload, Sim, Tick, World};
 use serde::{Deserialize, Serialize};
 
-use crate::simnet::{Actor, CoreProcess, DiskStore, Histories, SIM_SNAPSHOT_EVERY};
+use crate::simnet::{Actor, CoreProcess, DiskStore, Histories};
 use metatopia_node::core::{CoreOutput, Outcome};
 use metatopia_node::shell::persist::{Persister, Restored};
 use metatopia_node::store::{DataDir, LogRecord, SimDisk};
@@ -264,7 +264,7 @@ impl Disks {
     pub fn open(&self, id: NodeId) -> anyhow::Result<(DiskStore, Restored)> {
         let disk = self.disks[id as usize].clone();
         let dir = DataDir::open_on(disk.clone(), std::path::Path::new("/node"))?;
-        let (persister, restored) = Persister::open(dir, true, SIM_SNAPSHOT_EVERY)?;
+        let (persister, restored) = Persister::open(dir, true)?;
         let stops = self.stops.clone();
         Ok((DiskStore { id, disk, persister, histories: self.histories.clone(), stops }, restored))
     }

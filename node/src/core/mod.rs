@@ -17,6 +17,9 @@ pub mod agreement;
 pub mod epochs;
 pub mod latency;
 pub mod limits;
+mod output;
+#[cfg(test)]
+mod tests;
 pub mod verify;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -29,6 +32,7 @@ use metatopia_sim::{Batch, EventId, Hash32, SignedEvent, Sim, Snapshot, Tick, Ve
 use crate::net::wire::NodeMsg;
 pub use agreement::Agreement;
 pub use limits::{MAX_BLOCK_EVENT_BYTES, MAX_EVENT_BYTES};
+pub use output::{CoreOutput, CoreStats, DesyncReport, SubmitError};
 
 /// Committed inputs kept for a desync report.
 const KEEP_INPUTS: usize = 8;
@@ -36,127 +40,6 @@ const KEEP_INPUTS: usize = 8;
 const KEEP_OUTCOMES: usize = 1 << 16;
 
 pub use metatopia_client::proto::Outcome;
-
-/// What the I/O shell must do.
-#[derive(Clone, Debug)]
-pub enum CoreOutput {
-    Broadcast(NodeMsg),
-    Send(ValidatorIndex, NodeMsg),
-    /// Tick `tick` was committed: log it (before its root is reported to peers).
-    Committed(Box<crate::store::LogRecord>),
-    /// Tick `tick` was executed and reached `root`.
-    Executed {
-        tick: Tick,
-        root: Hash32,
-        accepted: u32,
-        rejected: u32,
-        /// What was said this tick (by avatars and scripts).
-        chat: Vec<metatopia_sim::ChatLine>,
-        /// Avatars that crossed into a neighbour sim this tick: their accounts and that sim
-        /// (clients following them move to a node of it).
-        avatars_left: Vec<(metatopia_sim::AccountId, metatopia_sim::SimId)>,
-        /// Script operations the tick ran and inputs it queued for the next (its cost, the
-        /// same on every node).
-        script_operations: u64,
-        queued: u32,
-    },
-    /// A peer reported a different root for a tick, but fewer than f+1 did: the peer is faulty.
-    PeerDiverged {
-        tick: u64,
-        validator: ValidatorIndex,
-    },
-    /// This node diverged: it has stopped executing. Write the report; the core resyncs.
-    Desync(Box<DesyncReport>),
-    /// This validator's signed copy of its sim's mail of a tick for the neighbour sim `to`
-    /// (an encoded [`SignedEvent`]); send it to a validator of `to` as [`NodeMsg::Mail`].
-    Mail {
-        to: metatopia_sim::SimId,
-        tick: Tick,
-        event: Vec<u8>,
-    },
-    /// This node took a snapshot of tick `tick` whose root `certified_by` other validators
-    /// reported, replayed the commits since, and executes again.
-    Resynced {
-        tick: u64,
-        certified_by: usize,
-        snapshot: Vec<u8>,
-        /// The node was joining the sim (rather than recovering from a divergence).
-        joined: bool,
-    },
-}
-
-/// Everything needed to find out why a node diverged (DESIGN §4).
-#[derive(Clone, Debug)]
-pub struct DesyncReport {
-    pub tick: u64,
-    pub mine: Hash32,
-    /// The roots the peers reported for `tick`.
-    pub theirs: BTreeMap<ValidatorIndex, Hash32>,
-    /// This node's per-subsystem roots after executing `tick` (if still remembered).
-    pub subsystems: Option<SubsystemRoots>,
-    /// This node's snapshot after `tick`, encoded.
-    pub snapshot: Vec<u8>,
-    /// The last committed batches executed, oldest first.
-    pub last_inputs: Vec<Batch>,
-}
-
-/// Why a client's event was not taken into the pool.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SubmitError {
-    Undecodable(String),
-    OtherSim {
-        event: u32,
-        here: u32,
-    },
-    BadSignature,
-    /// What execution would refuse whatever the tick (size, fields, nonce, a ban).
-    Refused(String),
-    /// Not mail from a validator of a neighbour sim (on the neighbours' path).
-    NotMail,
-    /// A copy of neighbour mail the sim has already delivered.
-    Late,
-}
-
-impl std::fmt::Display for SubmitError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SubmitError::Undecodable(e) => write!(f, "not a signed event: {e}"),
-            SubmitError::OtherSim { event, here } => {
-                write!(f, "the event is for sim {event}; this node runs sim {here}")
-            }
-            SubmitError::BadSignature => f.write_str("the signature does not verify"),
-            SubmitError::Refused(reason) => write!(f, "refused: {reason}"),
-            SubmitError::NotMail => f.write_str("not mail signed by a validator of a neighbour sim"),
-            SubmitError::Late => f.write_str("the sim already has this mail"),
-        }
-    }
-}
-
-impl std::error::Error for SubmitError {}
-
-/// Counters for `stats` and `/metrics`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CoreStats {
-    pub executed: u64,
-    pub accepted: u64,
-    pub rejected: u64,
-    pub undecodable: u64,
-    pub refused_submissions: u64,
-    pub peer_divergences: u64,
-    /// Mail this node signed for neighbour sims, and neighbours' mail it took into its pool.
-    pub mail_sent: u64,
-    pub mail_received: u64,
-    /// Copies of neighbours' mail dropped at the door because the sim already had it.
-    pub mail_late: u64,
-    /// Objects that left this sim for a neighbour, and that arrived from one.
-    pub departures: u64,
-    pub arrivals: u64,
-    /// Times this node found itself stranded far behind its peers and took a snapshot.
-    pub stranded: u64,
-    /// Evidence of equivocation this node saw: a validator's two different votes of one kind in
-    /// one view (an honest validator never makes it, also across its restarts).
-    pub equivocations: u64,
-}
 
 /// Log records handed back to the agreement after a restart ([`NodeCore::recall`]): twice
 /// the blocks it keeps by default (`keep_blocks`, 2,048; a node does not change it).
@@ -240,6 +123,8 @@ pub struct NodeCore<A, H, P> {
     logged_to: u64,
     /// Since when this node has been `STRANDED_TICKS` behind its peers.
     behind_since: Option<Micros>,
+    /// Take a snapshot whenever the sim reaches a multiple of this tick ([`CoreOutput::Snapshot`]).
+    snapshot_every: Option<u64>,
 }
 
 impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for NodeCore<A, H, P> {
@@ -280,6 +165,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             mail_key: None,
             logged_to: 0,
             behind_since: None,
+            snapshot_every: None,
         }
     }
 
@@ -287,6 +173,14 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// one of the sim's validators.
     pub fn with_mail_key(mut self, key: metatopia_sim::SigningKey) -> Self {
         self.mail_key = Some(key);
+        self
+    }
+
+    /// Hand out a [`CoreOutput::Snapshot`] each time the sim reaches a multiple of `every` ticks
+    /// while it runs (not while it replays its log): a multiple of the physics' full-hash
+    /// interval, so that the root a restart checks the snapshot against covers every byte of it.
+    pub fn snapshots_every(mut self, every: u64) -> Self {
+        self.snapshot_every = Some(every.max(1));
         self
     }
 
@@ -869,6 +763,11 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     script_operations: report.script_operations,
                     queued: report.queued,
                 });
+                let next = tick.0 + 1;
+                if self.snapshot_every.is_some_and(|n| next.is_multiple_of(n)) {
+                    let bytes = self.sim.snapshot().encode();
+                    self.out.push_back(CoreOutput::Snapshot { tick: next, bytes });
+                }
             }
             Err(e) => {
                 tracing::error!(%tick, error = %e, "a committed batch did not execute; stopping this sim");

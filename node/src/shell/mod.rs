@@ -237,8 +237,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     // The log from the oldest snapshot kept on (what a restart may replay): not the sim's
     // whole history, which the log no longer holds. Written before every vote leaves.
     let durable = !args.unsafe_no_sync;
-    let (mut store, Restored { recovery, consensus: saved_state }) =
-        Persister::open(dir.clone(), durable, cfg.snapshot_every)?;
+    let (mut store, Restored { recovery, consensus: saved_state }) = Persister::open(dir.clone(), durable)?;
     if recovery.truncated > 0 {
         eprintln!(
             "{tag}warning: cut {} bytes off the commit log's torn tail ({}); what it held comes again from the peers",
@@ -290,6 +289,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut core: Core = NodeCore::new(validator, sim, cfg.sim_workers())
         .with_time_scale(genesis.time_scale, anchor_ms)
         .defer_execution()
+        .snapshots_every(cfg.snapshot_every)
         .verify_ahead()
         .with_mail_key(key.clone());
     if !durable {
@@ -704,7 +704,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         .increment(u64::from(accepted));
                     metrics::counter!("metatopia_events_rejected_total", "sim" => meter.sim.clone())
                         .increment(u64::from(rejected));
-                    store.executed(tick.0, || core.snapshot().encode())?;
                     if (tick.0 + 1).is_multiple_of(report_every) {
                         let s = core.stats();
                         // Time dilation: sim seconds per agreed (BFT) second over the last 5 s:
@@ -773,6 +772,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         path.display()
                     );
                 }
+                CoreOutput::Snapshot { tick, bytes } => store.snapshot(tick, &bytes)?,
                 CoreOutput::Resynced { tick, certified_by, snapshot, joined } => {
                     meter.status.desynced = None;
                     // Dilation counts ticks executed from here, not the ones the snapshot skipped.

@@ -2,9 +2,9 @@
 //! keeps the log, the snapshots and the agreement's journal consistent (`crate::store`'s
 //! rules): a commit is logged before it executes; before messages leave, the commits of the
 //! turn are synced, then the agreement's state is written, and synced when it holds votes (a
-//! restarted node never votes differently, nor has voted for what it has not logged); a
-//! snapshot every `snapshot_every` ticks (the log synced first) and the log pruned below the
-//! oldest one kept; a certified snapshot installed is written as the state the log replays on.
+//! restarted node never votes differently, nor has voted for what it has not logged); the
+//! core's snapshot every `snapshot_every` ticks (the log synced first) and the log pruned below
+//! the oldest one kept; a certified snapshot installed is written as the state the log replays on.
 //!
 //! The node's loop and the simulated cluster (`metatopia-lab`, on a simulated disk) both write
 //! through it, so the cluster's crashes and power cuts test the node's own disk path.
@@ -23,7 +23,6 @@ pub struct Persister {
     last_state: [u8; 32],
     /// Sync before sending (off only with `--unsafe-no-sync`, to measure what syncs cost).
     durable: bool,
-    snapshot_every: u64,
     committed: bool,
 }
 
@@ -38,21 +37,13 @@ pub struct Restored {
 
 impl Persister {
     /// Open the log and the journal of `dir`: what they hold, for the restart.
-    pub fn open(dir: DataDir, durable: bool, snapshot_every: u64) -> anyhow::Result<(Persister, Restored)> {
+    pub fn open(dir: DataDir, durable: bool) -> anyhow::Result<(Persister, Restored)> {
         let from = dir.oldest_snapshot()?.unwrap_or(0);
         let (log, recovery) = CommitLog::open_on(dir.disk().clone(), &dir.log_dir(), from)?;
         // Read before the journal opens (opening it cuts a torn tail).
         let consensus = dir.read_consensus_state()?;
         let journal = StateJournal::open(&dir)?;
-        let p = Persister {
-            dir,
-            log,
-            journal,
-            last_state: [0; 32],
-            durable,
-            snapshot_every: snapshot_every.max(1),
-            committed: false,
-        };
+        let p = Persister { dir, log, journal, last_state: [0; 32], durable, committed: false };
         Ok((p, Restored { recovery, consensus }))
     }
 
@@ -79,15 +70,14 @@ impl Persister {
         Ok(())
     }
 
-    /// A tick executed: every `snapshot_every` ticks the sim after it is written (`snapshot`
-    /// makes its bytes) and the log pruned below the oldest snapshot kept.
-    pub fn executed(&mut self, tick: u64, snapshot: impl FnOnce() -> Vec<u8>) -> anyhow::Result<()> {
-        if (tick + 1).is_multiple_of(self.snapshot_every) {
-            self.log.sync().context("syncing the commit log")?;
-            self.dir.write_snapshot(tick + 1, &snapshot())?;
-            if let Some(oldest) = self.dir.oldest_snapshot()? {
-                self.log.prune_below(oldest)?;
-            }
+    /// The core's snapshot of tick `tick` ([`CoreOutput::Snapshot`]): written after the log
+    /// is synced (a snapshot never runs ahead of the log that continues it), then the log is
+    /// pruned below the oldest snapshot kept.
+    pub fn snapshot(&mut self, tick: u64, bytes: &[u8]) -> anyhow::Result<()> {
+        self.log.sync().context("syncing the commit log")?;
+        self.dir.write_snapshot(tick, bytes)?;
+        if let Some(oldest) = self.dir.oldest_snapshot()? {
+            self.log.prune_below(oldest)?;
         }
         Ok(())
     }
