@@ -29,12 +29,18 @@ function routesLost() {
 }
 
 let finding = false;
+// While no neighbour is found the search comes again soon, then less often (2, 4, 8, 16 s, then
+// every 30 s with the viewer's other refreshes): right after a world starts its overlay may not
+// know the other sims yet, and the node then answers with its own sim.
+let retryMs = 2000, retry = null;
 // Ask which sims hold the points beyond each edge and corner of this sim's square; watch each
 // new one, and stop watching those no longer next to this sim.
 async function findNeighbours() {
   const s = state.status;
   if (!s || finding) return;
   finding = true;
+  clearTimeout(retry);
+  retry = null;
   try {
     const [ox, oy] = s.region_origin, size = s.region_size, found = new Set();
     for (const [dx, dy] of [[1, 0], [-1, 0], [0, 1], [0, -1], [1, 1], [-1, 1], [1, -1], [-1, -1]]) {
@@ -48,6 +54,12 @@ async function findNeighbours() {
     for (const [sim, nb] of neighbours) if (!found.has(sim)) unwatch(nb);
   } finally {
     finding = false;
+    if (neighbours.size) {
+      retryMs = 2000;
+    } else if (retryMs < 30000) {
+      retry = setTimeout(findNeighbours, retryMs);
+      retryMs *= 2;
+    }
   }
 }
 

@@ -17,6 +17,7 @@ pub mod agreement;
 pub mod epochs;
 pub mod latency;
 pub mod limits;
+pub mod locate;
 mod output;
 #[cfg(test)]
 mod tests;

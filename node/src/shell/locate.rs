@@ -1,5 +1,6 @@
 //! The node's place in the overlay: its Raynet peer on the mesh ([`reach`]), its neighbour sims'
-//! squares, and the questions a client's route asks other sims (where an avatar is).
+//! squares, and the Raynet lookups a client's route asks (which sim holds a point; where an
+//! avatar is: `crate::core::locate`).
 
 use anyhow::Context;
 
@@ -9,8 +10,8 @@ use crate::net::{Mesh, PeerAddr};
 use crate::overlay::reach::Reach;
 use metatopia_sim::SimId;
 
-/// Sims asked at most where an avatar is.
-pub(super) const MAX_LOCATE_SIMS: usize = 64;
+/// Raynet lookups for clients' routes waiting at most (more are answered "none" at once).
+pub(super) const MAX_FINDING: usize = 1_024;
 
 /// The node's Raynet peer on the mesh: its card (a point of its sim's square), its neighbour
 /// sims (their squares and genesis validators, from the world's genesis) and its contacts (its
@@ -81,13 +82,3 @@ pub(super) fn neighbour_squares(
 /// A Raynet lookup for a client's route: its query, where the answer goes, and until when.
 pub(super) type Finding =
     (u64, tokio::sync::oneshot::Sender<Option<(u32, metatopia_client::proto::NodeAddr)>>, std::time::Instant);
-
-/// A client's route question: which other sim holds this account's avatar.
-pub(super) struct Locating {
-    pub(super) account: metatopia_sim::AccountId,
-    /// Taken when a sim says "here".
-    pub(super) tx: Option<tokio::sync::oneshot::Sender<Option<u32>>>,
-    pub(super) deadline: std::time::Instant,
-    /// The nodes (with their sim) that have not answered yet.
-    pub(super) waiting: std::collections::BTreeSet<(SimId, u16)>,
-}

@@ -16,6 +16,7 @@ use crate::api::http::object_view;
 use crate::api::http::{Query, Service, Status};
 use crate::config::NodeConfig;
 use crate::core::epochs::Epochs;
+use crate::core::locate::{Locator, MAX_LOCATE_SIMS};
 use crate::core::{Agreement as _, CoreOutput, NodeCore};
 use crate::net::wire::NodeMsg;
 use crate::net::{Mesh, MeshEvent, PeerAddr};
@@ -24,7 +25,7 @@ use crate::shell::timing::{StageTimes, TimedHost, TimedPhysics};
 use crate::store::DataDir;
 use crate::world::AnyPhysics;
 use anyhow::Context;
-use locate::{Finding, Locating, MAX_LOCATE_SIMS, neighbour_squares, reach};
+use locate::{Finding, MAX_FINDING, neighbour_squares, reach};
 use metatopia_consensus::Config;
 use metatopia_scripting::RhaiHost;
 use metatopia_sim::Snapshot;
@@ -460,7 +461,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut reports: std::collections::VecDeque<(u64, u64)> =
         [(core.sim().world().time_ms(), core.sim().world().tick().0)].into();
     // Clients' route questions waiting for a neighbour's answer, or for a Raynet lookup's.
-    let mut locating: Vec<Locating> = Vec::new();
+    let mut locator: Locator<tokio::sync::oneshot::Sender<Option<u32>>> = Locator::default();
     let mut finding: Vec<Finding> = Vec::new();
     // Set once the requested ticks have executed: the node stays up until its sim's validators
     // all have too (see `Finishing`).
@@ -476,24 +477,29 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 // Where is an avatar that is not here? Ask two nodes of each other sim (one may
                 // be a tick behind the login, or unreachable); the first "here" answers.
                 Some(crate::api::http::Query::Locate(account, tx)) => {
-                    let mut waiting = std::collections::BTreeSet::new();
+                    let mut nodes = std::collections::BTreeSet::new();
                     for pick in [me, me + 1] {
-                        waiting.extend(reach.one_node_of_each(pick, MAX_LOCATE_SIMS));
+                        nodes.extend(reach.one_node_of_each(pick, MAX_LOCATE_SIMS));
                     }
-                    for (_, node) in &waiting {
-                        mesh.send(*node, &NodeMsg::Locate { account: account.0 });
-                    }
-                    if waiting.is_empty() {
-                        let _ = tx.send(None);
-                    } else {
-                        let deadline = std::time::Instant::now() + Duration::from_secs(1);
-                        locating.push(Locating { account, tx: Some(tx), deadline, waiting });
+                    match locator.ask(now_us(), account, nodes, tx) {
+                        Ok(ask) => {
+                            for node in ask {
+                                mesh.send(node, &NodeMsg::Locate { account: account.0 });
+                            }
+                        }
+                        Err((tx, _)) => {
+                            let _ = tx.send(None);
+                        }
                     }
                 }
                 // Which sim holds a point? The Raynet lookup's answer comes below.
                 Some(crate::api::http::Query::Nearest(point, tx)) => {
-                    let query = reach.lookup(point);
-                    finding.push((query, tx, std::time::Instant::now() + Duration::from_secs(1)));
+                    if finding.len() < MAX_FINDING {
+                        let query = reach.lookup(point);
+                        finding.push((query, tx, std::time::Instant::now() + Duration::from_secs(1)));
+                    } else {
+                        let _ = tx.send(None);
+                    }
                 }
                 Some(q) => crate::api::http::answer(&mut core, now_us(), &chat, q),
                 None => {}
@@ -517,11 +523,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         NodeMsg::Located { account, here } => {
                             // The sim is the sender's, whatever it says.
                             if let Some(sim) = reach.sim_of(from.0) {
-                                for l in locating.iter_mut().filter(|l| l.account.0 == account) {
-                                    l.waiting.remove(&(sim, from.0));
-                                    if here && let Some(tx) = l.tx.take() {
-                                        let _ = tx.send(Some(sim.0));
-                                    }
+                                let account = metatopia_sim::AccountId(account);
+                                for (tx, at) in locator.located(sim, from.0, account, here) {
+                                    let _ = tx.send(at.map(|s| s.0));
                                 }
                             }
                         }
@@ -607,11 +611,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         }
         let now = std::time::Instant::now();
         finding.retain(|(_, tx, deadline)| *deadline > now && !tx.is_closed());
-        // Answered, or every sim said no, or no answer within the second.
-        for l in locating.extract_if(.., |l| l.tx.is_none() || l.waiting.is_empty() || l.deadline <= now) {
-            if let Some(tx) = l.tx {
-                let _ = tx.send(None);
-            }
+        // No sim said "here" within the second.
+        for (tx, at) in locator.expire(now_us()) {
+            let _ = tx.send(at.map(|s| s.0));
         }
         // Log commits first, then make the votes durable, then send (a restarted node must never
         // vote differently, nor have voted for what it has not logged).
@@ -620,6 +622,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         let mut committed = false;
         let work_ns = started.elapsed().as_nanos() as u64;
         let mut exec_charged = false;
+        // Ticks executed this turn (several when a block's span or a backlog executes at once):
+        // the clients' view follows once, after the votes left, at the newest.
+        let mut executed = false;
+        let mut said = std::collections::VecDeque::new();
         while let Some(o) = core.poll_output() {
             match o {
                 CoreOutput::Committed(rec) => {
@@ -643,7 +649,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     }
                     // Sessions hear a line where the area index puts their avatars: it goes out
                     // once the index is at this tick (below).
-                    let mut said = Vec::with_capacity(lines.len());
                     for l in lines {
                         let line = crate::api::http::ChatView {
                             tick: tick.0,
@@ -655,7 +660,10 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             to: l.to.map(|a| a.to_string()),
                         };
                         if hub.listened() {
-                            said.push(line.clone());
+                            said.push_back(line.clone());
+                            if said.len() > 1024 {
+                                said.pop_front();
+                            }
                         }
                         chat.push_back(line);
                         if chat.len() > 1024 {
@@ -670,36 +678,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     }
                     publish(&mut meter, &core, tick.0, &root, mesh.connected() as u32);
                     hub.resolve(|id| core.outcome(id).cloned());
-                    {
-                        let w = core.sim().world();
-                        // Kicked and banned accounts lose their sessions.
-                        let g = w.governance();
-                        for (a, until) in &g.kicked_until_ms {
-                            if removed.kicked.get(a) != Some(until) && *until > w.time_ms() {
-                                hub.publish(Feed::Removed { account: a.to_string(), why: "kicked" });
-                            }
-                        }
-                        for a in g.banned.difference(&removed.banned) {
-                            hub.publish(Feed::Removed { account: a.to_string(), why: "banned" });
-                        }
-                        if removed.kicked != g.kicked_until_ms || removed.banned != g.banned {
-                            removed = Removed { kicked: g.kicked_until_ms.clone(), banned: g.banned.clone() };
-                        }
-                        let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
-                        index.radius_m = w.settings().aoi_radius_m;
-                        index.rate_hz = meter.status.tick_rate_hz;
-                        if hub.listened() {
-                            index.update_world(tick.0, w, |o| object_view(w, o, false));
-                            drop(index);
-                            for line in said {
-                                hub.publish(Feed::Chat(line));
-                            }
-                            hub.publish_tick(tick.0);
-                        } else if !index.is_empty() {
-                            // Nobody looks: building views every tick would be wasted.
-                            index.clear();
-                        }
-                    }
+                    executed = true;
                     metrics::counter!("metatopia_events_accepted_total", "sim" => meter.sim.clone())
                         .increment(u64::from(accepted));
                     metrics::counter!("metatopia_events_rejected_total", "sim" => meter.sim.clone())
@@ -816,6 +795,37 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     }
                 }
                 _ => {}
+            }
+        }
+        if executed {
+            let w = core.sim().world();
+            // Kicked and banned accounts lose their sessions.
+            let g = w.governance();
+            for (a, until) in &g.kicked_until_ms {
+                if removed.kicked.get(a) != Some(until) && *until > w.time_ms() {
+                    hub.publish(Feed::Removed { account: a.to_string(), why: "kicked" });
+                }
+            }
+            for a in g.banned.difference(&removed.banned) {
+                hub.publish(Feed::Removed { account: a.to_string(), why: "banned" });
+            }
+            if removed.kicked != g.kicked_until_ms || removed.banned != g.banned {
+                removed = Removed { kicked: g.kicked_until_ms.clone(), banned: g.banned.clone() };
+            }
+            let tick = w.tick().0.saturating_sub(1);
+            let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
+            index.radius_m = w.settings().aoi_radius_m;
+            index.rate_hz = meter.status.tick_rate_hz;
+            if hub.listened() {
+                index.update_world(tick, w, |o| object_view(w, o, false));
+                drop(index);
+                for line in said {
+                    hub.publish(Feed::Chat(line));
+                }
+                hub.publish_tick(tick);
+            } else if !index.is_empty() {
+                // Nobody looks: building views every tick would be wasted.
+                index.clear();
             }
         }
         let (epoch, view, agreed) = crate::core::Agreement::position(core.agreement());
