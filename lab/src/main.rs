@@ -5,7 +5,7 @@ use clap::Parser;
 
 /// The node's allocator, so the lab measures what the node runs.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Debug, Parser)]
 #[command(name = "metatopia-lab", version, about = "Metatopia's lab: scenarios, benchmarks and every node command")]

@@ -2,11 +2,14 @@
 
 use clap::Parser;
 
-/// mimalloc: a tick allocates and frees many small values (events, parts, script state) and a
+/// jemalloc: a tick allocates and frees many small values (events, parts, script state) and a
 /// few large vectors; with the system allocator the large ones came back as fresh pages every
-/// tick (page faults). The scripts bench measured the tick 1.2x faster with it.
+/// tick (page faults), and its freed pages stayed with the process after clients left. jemalloc
+/// keeps the tick as fast as mimalloc did (`sim local --unpaced`) and gives back the pages a
+/// thousand clients used within a minute or two of their leaving (its dirty pages decay), where
+/// mimalloc held about twice as much (docs/benchmarks.md).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Debug, Parser)]
 #[command(name = "metatopia", version, about = "A peer-to-peer, lockstep virtual-world node")]

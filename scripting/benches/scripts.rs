@@ -7,7 +7,7 @@
 
 /// The node binary's allocator, so the figures are the node's.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use metatopia_scripting::RhaiHost;

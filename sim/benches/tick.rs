@@ -18,7 +18,7 @@
 
 /// The node binary's allocator, so the figures are the node's.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use std::time::{Duration, Instant};
 
