@@ -661,25 +661,43 @@ function setupBuild() {
 }
 
 // ---- the own avatar (drawn by draw.js) ----
+// The fastest the drawn avatar eases onto its committed position, in metres a second (the walk
+// is 3 m/s).
+const EASE_MAX_SPEED = 4;
 // Where to draw the own avatar at `now`: while a walk is predicted, where it will be once its
-// input is executed (from where it was drawn at the key press, at the walk's velocity); then,
-// once the committed state has caught up (stopped after the release), eased onto the committed
-// position. A collision the prediction did not know of is corrected the same way.
+// input is executed (from where it was drawn at the key press, at the walk's velocity and the
+// sim's pace); then, once the committed state has caught up (stopped after the release), eased
+// onto the committed position. A collision the prediction did not know of is corrected the same
+// way.
 function ownPosition(o, now) {
   const committed = [+o.position[0], +o.position[1]];
   const p = state.pred;
   let target = committed;
   if (p) {
-    const t = ((p.until ?? now) - p.since) / 1000;
-    target = [p.from[0] + p.vel[0] * t, p.from[1] + p.vel[1] * t];
+    // Walked at the sim's pace: a sim below real time (its dilation) walks the avatar slower.
+    const upto = Math.min(now, p.until ?? now);
+    if (upto > p.last) {
+      const t = ((upto - p.last) / 1000) * Math.min(1, Math.max(0.1, (state.status && state.status.dilation) || 1));
+      p.at = [p.at[0] + p.vel[0] * t, p.at[1] + p.vel[1] * t];
+      p.last = upto;
+    }
+    target = p.at;
     const stopped = !o.base || (o.base.vel[0] === 0 && o.base.vel[1] === 0);
     if (p.until != null && ((stopped && now - p.until > 250) || now - p.until > 3000)) state.pred = null;
   }
   const d = state.drawnFor === o.id ? state.drawn : null;
   let at = target;
   if (!p && d) {
-    // Ease: a tenth of the way a frame (about 150 ms to settle at 60 frames a second).
-    at = [d[0] + (target[0] - d[0]) * 0.15, d[1] + (target[1] - d[1]) * 0.15];
+    // Ease: 15 % of the way a frame (about 150 ms to settle at 60 frames a second), but never
+    // faster than a brisk walk: a sim that ran slower than the wall clock while the walk was
+    // predicted (a loaded node, a dilated sim) leaves the prediction metres ahead, and the
+    // avatar then walks back rather than jumping.
+    const dx = (target[0] - d[0]) * 0.15;
+    const dy = (target[1] - d[1]) * 0.15;
+    const dt = Math.min(0.25, Math.max(0, now - (state.drawnTime ?? now)) / 1000);
+    const most = Math.max(0.01, EASE_MAX_SPEED * dt);
+    const k = Math.min(1, most / (Math.hypot(dx, dy) || 1));
+    at = [d[0] + dx * k, d[1] + dy * k];
     if (Math.hypot(target[0] - at[0], target[1] - at[1]) < 0.005) at = target;
   }
   if (state.keyAt != null && d && (at[0] !== d[0] || at[1] !== d[1])) {
@@ -703,7 +721,7 @@ function predictWalk(vel) {
     return;
   }
   // A new walk starts where the avatar is drawn now (the last one's end, if it was one).
-  state.pred = { vel, since: now, from, until: null };
+  state.pred = { vel, at: from, last: now, until: null };
   state.keyAt = now;
 }
 
