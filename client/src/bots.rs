@@ -143,6 +143,19 @@ pub enum BotError {
     NoAvatar,
     #[error("no node of the sim answers any more")]
     Gone,
+    /// What the bot was doing when it failed.
+    #[error("{step}: {source}")]
+    At {
+        step: &'static str,
+        #[source]
+        source: Box<BotError>,
+    },
+}
+
+impl BotError {
+    fn at(step: &'static str) -> impl FnOnce(BotError) -> BotError {
+        move |e| BotError::At { step, source: Box::new(e) }
+    }
 }
 
 async fn bot(
@@ -155,11 +168,18 @@ async fn bot(
 ) -> Result<(), BotError> {
     let mut rng =
         Rng(plan.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (n as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
-    let mut c = Client::connect_on(endpoint, bootstrap, bot_key(plan.seed, n)).await?;
+    let mut c = Client::connect_on(endpoint, bootstrap, bot_key(plan.seed, n))
+        .await
+        .map_err(|e| BotError::at("connecting")(e.into()))?;
     report.connected.fetch_add(1, Ordering::Relaxed);
-    c.login(&format!("bot{}", plan.first_number + n)).await?;
+    c.login(&format!("bot{}", plan.first_number + n)).await.map_err(|e| BotError::at("logging in")(e.into()))?;
     report.logged_in.fetch_add(1, Ordering::Relaxed);
-    let mut avatar = c.avatar().await?.ok_or(BotError::NoAvatar)?;
+    let mut avatar = c
+        .avatar()
+        .await
+        .map_err(BotError::from)
+        .and_then(|a| a.ok_or(BotError::NoAvatar))
+        .map_err(BotError::at("asking for the avatar"))?;
     let mut crossings = c.crossings;
     let jitter = |rng: &mut Rng, d: Duration| d / 2 + Duration::from_millis(rng.below(d.as_millis() as u64 + 1));
     let mut next_walk = Instant::now();
@@ -214,7 +234,7 @@ async fn bot(
         }
         let wait = next_walk.min(next_chat).min(stop_at).saturating_duration_since(Instant::now());
         let Ok(m) = tokio::time::timeout(wait, c.next()).await else { continue };
-        let Some(m) = m else { return Err(BotError::Gone) };
+        let Some(m) = m else { return Err(BotError::at("running")(BotError::Gone)) };
         if c.crossings != crossings {
             report.crossings.fetch_add(u64::from(c.crossings - crossings), Ordering::Relaxed);
             crossings = c.crossings;

@@ -14,7 +14,9 @@
 //!    faulty peer: counted, never obeyed.
 
 pub mod agreement;
+pub mod dilation;
 pub mod epochs;
+pub mod finish;
 pub mod latency;
 pub mod limits;
 pub mod locate;
@@ -126,6 +128,10 @@ pub struct NodeCore<A, H, P> {
     behind_since: Option<Micros>,
     /// Take a snapshot whenever the sim reaches a multiple of this tick ([`CoreOutput::Snapshot`]).
     snapshot_every: Option<u64>,
+    /// Commits stopped: when to say so.
+    stall: finish::Stall,
+    /// The last tick to execute was executed: stopping once the sim's validators all have.
+    finishing: Option<finish::Finishing>,
 }
 
 impl<A, H: ScriptHost, P: PhysicsStage> std::fmt::Debug for NodeCore<A, H, P> {
@@ -167,6 +173,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             logged_to: 0,
             behind_since: None,
             snapshot_every: None,
+            stall: finish::Stall::default(),
+            finishing: None,
         }
     }
 
@@ -378,14 +386,24 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             self.out.push_back(CoreOutput::Broadcast(ask));
         }
         self.pump(now);
+        if self.finishing.is_none()
+            && let Some(quiet_us) = self.stall.due(now)
+        {
+            self.out.push_back(CoreOutput::Stalled { quiet_us, agreement: self.agreement.describe() });
+        }
     }
 
     pub fn poll_timeout(&self) -> Option<Micros> {
-        let mine = self.resync.as_ref().map(|r| r.next_request);
-        match (self.agreement.poll_timeout(), mine) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let stall = if self.finishing.is_none() { self.stall.next() } else { None };
+        [
+            self.agreement.poll_timeout(),
+            self.resync.as_ref().map(|r| r.next_request),
+            stall,
+            self.finishing.as_ref().and_then(finish::Finishing::next),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// A node whose agreement is far behind its peers for long (`STRANDED_TICKS`,
@@ -521,6 +539,10 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             self.roots.clear();
             self.disagreements.clear();
             self.out.push_back(CoreOutput::Resynced { tick, certified_by, snapshot: bytes, joined: r.join.is_some() });
+            // A snapshot can bring a node past the last tick it was asked to execute.
+            if self.finishing.is_none() && self.exec_limit.is_some_and(|last| tick > last) {
+                self.finishing = Some(finish::Finishing::skipped(tick - 1, self.now));
+            }
             for (_, batch) in r.buffered.range(tick..) {
                 self.run_batch(batch.clone(), true);
             }
@@ -583,6 +605,23 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// execution, agreement gets a turn at once: a leader held back by execution (consensus'
     /// `max_exec_lag`) proposes now rather than at its next timer.
     fn pump(&mut self, now: Micros) {
+        self.now = now;
+        self.pump_agreement(now);
+        self.check_finishing(now);
+    }
+
+    /// A finishing node: whether the sim's validators all executed its last tick (their roots
+    /// came with their votes), or the wait is over.
+    fn check_finishing(&mut self, now: Micros) {
+        let Some(f) = self.finishing.as_mut() else { return };
+        let of = self.agreement.validators();
+        let reported = self.agreement.peer_roots(Tick(f.tick())).len();
+        if let Some(say) = f.step(now, reported, of) {
+            self.out.push_back(CoreOutput::Finishing(say));
+        }
+    }
+
+    fn pump_agreement(&mut self, now: Micros) {
         loop {
             let mut executed = false;
             while let Some((epoch, o)) = self.agreement.poll_epoch_output() {
@@ -637,6 +676,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         let next = self.logged_to.max(self.sim.world().tick().0);
         if resyncing || (self.desynced.is_none() && c.block.tick.0 >= next) {
             self.logged_to = c.block.tick.0 + 1;
+            self.stall.committed(self.now);
             self.out.push_back(CoreOutput::Committed(Box::new(crate::store::LogRecord {
                 tick: c.block.tick.0,
                 time_ms: c.block.time_ms,
@@ -764,6 +804,9 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     script_operations: report.script_operations,
                     queued: report.queued,
                 });
+                if self.finishing.is_none() && self.exec_limit.is_some_and(|last| tick.0 >= last) {
+                    self.finishing = Some(finish::Finishing::new(tick.0, self.now));
+                }
                 let next = tick.0 + 1;
                 if self.snapshot_every.is_some_and(|n| next.is_multiple_of(n)) {
                     let bytes = self.sim.snapshot().encode();

@@ -54,6 +54,15 @@ pub enum CoreOutput {
         tick: u64,
         bytes: Vec<u8>,
     },
+    /// No tick committed for `quiet_us` (said every [`STALL_WARN_US`](crate::core::finish::STALL_WARN_US)
+    /// while it lasts): where agreement stands (`agreement`, its one-line description).
+    Stalled {
+        quiet_us: metatopia_consensus::Micros,
+        agreement: String,
+    },
+    /// A node asked to stop after a tick ([`NodeCore::execute_until`](crate::core::NodeCore::execute_until))
+    /// executed it: what it says while it waits for its peers, and when to stop.
+    Finishing(crate::core::finish::Finish),
     /// This node took a snapshot of tick `tick` whose root `certified_by` other validators
     /// reported, replayed the commits since, and executes again.
     Resynced {

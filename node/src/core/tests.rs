@@ -12,9 +12,10 @@ use metatopia_sim::{Sim, Snapshot};
 use super::{Agreement, CoreOutput, NodeCore};
 use crate::world::AnyPhysics;
 
-/// An agreement that hands out the commits the test queued, all at once.
+/// An agreement that hands out the commits the test queued, all at once; the validators in
+/// `reported` reported a root for every tick.
 #[derive(Default)]
-struct Queued(VecDeque<Output>);
+struct Queued(VecDeque<Output>, Vec<ValidatorIndex>);
 
 impl Agreement for Queued {
     fn handle_message(&mut self, _: Micros, _: ValidatorIndex, _: Message) {}
@@ -29,6 +30,9 @@ impl Agreement for Queued {
     fn report_root(&mut self, _: Tick, _: Digest) {}
     fn validators(&self) -> usize {
         4
+    }
+    fn peer_roots(&self, _: Tick) -> Vec<(ValidatorIndex, Digest)> {
+        self.1.iter().map(|v| (*v, Digest([0; 32]))).collect()
     }
 }
 
@@ -101,4 +105,60 @@ fn a_snapshot_is_of_its_tick_even_when_several_ticks_execute_at_once_and_every_f
         })
         .collect();
     assert!(accepted.is_empty(), "{} flipped bits loaded, at offsets {accepted:?} of {}", accepted.len(), bytes.len());
+}
+
+/// A node asked to stop after a tick executes nothing past it, says it waits for its peers,
+/// and is told to stop once all four reported that tick's root and the linger passed; a node
+/// without commits says so every ten seconds. On the core's clock, at a real-looking time.
+#[test]
+fn a_node_stops_after_its_last_tick_once_its_peers_executed_it_and_says_when_commits_stop() {
+    use super::finish::{FINISH_LINGER_US, Finish, STALL_WARN_US};
+    const T0: Micros = 1_764_000_000_000_000;
+    let demo = demo_world(DemoSpec { objects: 20, players: 2, ..DemoSpec::default() });
+    let start_ms = demo.world.governance().genesis_ms;
+    let sim = Sim::new(demo.world, RhaiHost::default(), AnyPhysics::of("rapier"), 1).unwrap();
+    // As the node runs it: execution deferred until the votes left.
+    let mut core = NodeCore::new(Queued::default(), sim, 1).defer_execution().execute_until(Some(9));
+    core.agreement_mut().0.extend((0..12).map(|t| commit(t, start_ms)));
+    let drain = |core: &mut NodeCore<Queued, _, _>| std::iter::from_fn(|| core.poll_output()).collect::<Vec<_>>();
+    core.handle_timeout(T0);
+    while core.has_deferred() {
+        core.execute_deferred(T0);
+    }
+    let out = drain(&mut core);
+    let executed: Vec<u64> = out
+        .iter()
+        .filter_map(|o| if let CoreOutput::Executed { tick, .. } = o { Some(tick.0) } else { None })
+        .collect();
+    assert_eq!(executed, (0..10).collect::<Vec<_>>(), "ticks 0-9 executed, none past the last");
+    let said: Vec<&Finish> =
+        out.iter().filter_map(|o| if let CoreOutput::Finishing(f) = o { Some(f) } else { None }).collect();
+    assert_eq!(said, [&Finish::Waiting { tick: 9 }]);
+    // Three of four reported: still waiting, and no stall said while finishing.
+    core.agreement_mut().1 = (0..3).map(ValidatorIndex).collect();
+    core.handle_timeout(T0 + 2 * STALL_WARN_US);
+    assert!(drain(&mut core).is_empty());
+    // All four: leaving after the linger.
+    core.agreement_mut().1 = (0..4).map(ValidatorIndex).collect();
+    core.handle_timeout(T0 + 2 * STALL_WARN_US + 1);
+    assert!(drain(&mut core).is_empty());
+    let at = core.poll_timeout().expect("a wake-up for the linger's end");
+    assert_eq!(at, T0 + 2 * STALL_WARN_US + 1 + FINISH_LINGER_US);
+    core.handle_timeout(at);
+    assert!(drain(&mut core).iter().any(|o| matches!(o, CoreOutput::Finishing(Finish::Done))));
+
+    // No commit at all: said after ten seconds, and again after twenty.
+    let demo = demo_world(DemoSpec { objects: 20, players: 2, ..DemoSpec::default() });
+    let sim = Sim::new(demo.world, RhaiHost::default(), AnyPhysics::of("rapier"), 1).unwrap();
+    let mut quiet = NodeCore::new(Queued::default(), sim, 1);
+    quiet.handle_timeout(T0);
+    assert_eq!(quiet.poll_timeout(), Some(T0 + STALL_WARN_US));
+    for n in 1..=2 {
+        quiet.handle_timeout(T0 + n * STALL_WARN_US);
+        let stalls: Vec<u64> = drain(&mut quiet)
+            .iter()
+            .filter_map(|o| if let CoreOutput::Stalled { quiet_us, .. } = o { Some(*quiet_us) } else { None })
+            .collect();
+        assert_eq!(stalls, [n * STALL_WARN_US]);
+    }
 }

@@ -1,8 +1,7 @@
 //! The running node (`metatopia run`): a validator (or observer) of one sim, with its data directory, on the
 //! validators' mesh; several in one process with `--also`. Setting a node up is `crate::shell::setup`;
-//! when it stops, `crate::shell::finish`.
+//! when a sim stalls and when a node asked to stop after a tick stops, `crate::core::finish`.
 
-pub mod finish;
 mod locate;
 pub mod persist;
 pub mod setup;
@@ -16,6 +15,7 @@ use crate::api::http::object_view;
 use crate::api::http::{Query, Service, Status};
 use crate::config::NodeConfig;
 use crate::core::epochs::Epochs;
+use crate::core::finish::Finish;
 use crate::core::locate::{Locator, MAX_LOCATE_SIMS};
 use crate::core::{Agreement as _, CoreOutput, NodeCore};
 use crate::net::wire::NodeMsg;
@@ -456,17 +456,11 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
     let mut chat = std::collections::VecDeque::new();
     let mut last_root = core.root();
-    // (agreed time, next tick) at the status lines of about the last 5 s of agreed time, for the
-    // dilation: a block's ticks come together, so one line's second alone swings around the rate.
-    let mut reports: std::collections::VecDeque<(u64, u64)> =
-        [(core.sim().world().time_ms(), core.sim().world().tick().0)].into();
+    // Sampled at the status lines.
+    let mut dilation = crate::core::dilation::Dilation::new(core.sim().world().time_ms(), core.sim().world().tick().0);
     // Clients' route questions waiting for a neighbour's answer, or for a Raynet lookup's.
     let mut locator: Locator<tokio::sync::oneshot::Sender<Option<u32>>> = Locator::default();
     let mut finding: Vec<Finding> = Vec::new();
-    // Set once the requested ticks have executed: the node stays up until its sim's validators
-    // all have too (see `Finishing`).
-    let mut finishing: Option<crate::shell::finish::Finishing> = None;
-    let mut stall = crate::shell::finish::Stall::new();
     let mut watch = crate::shell::watch::ValidatorWatch::default();
     let outcome: anyhow::Result<&str> = loop {
         let deadline = core.poll_timeout().unwrap_or(u64::MAX);
@@ -619,7 +613,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         // vote differently, nor have voted for what it has not logged).
         let mut sends = Vec::new();
         let mut stop = None;
-        let mut committed = false;
         let work_ns = started.elapsed().as_nanos() as u64;
         let mut exec_charged = false;
         // Ticks executed this turn (several when a block's span or a backlog executes at once):
@@ -631,7 +624,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 CoreOutput::Committed(rec) => {
                     store.committed(&rec)?;
                     meter.latency(crate::unix_ms().saturating_sub(rec.time_ms) as f64);
-                    committed = true;
                 }
                 CoreOutput::Executed {
                     tick,
@@ -685,22 +677,8 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         .increment(u64::from(rejected));
                     if (tick.0 + 1).is_multiple_of(report_every) {
                         let s = core.stats();
-                        // Time dilation: sim seconds per agreed (BFT) second over the last 5 s:
-                        // 1.00 at the rate, lower when ticks come late (slow execution, stalls
-                        // longer than a block may cover). Agreed time, not this node's clock: a
-                        // node catching up, or executing a block's span of ticks at once, is not
-                        // the sim running fast.
-                        let now_ms = core.sim().world().time_ms();
-                        reports.push_back((now_ms, tick.0 + 1));
-                        while reports.len() > 32 || (reports.len() > 2 && now_ms.saturating_sub(reports[1].0) >= 5_000)
-                        {
-                            reports.pop_front();
-                        }
-                        let (from_ms, from_tick) = reports[0];
-                        let agreed = now_ms.saturating_sub(from_ms).max(1) as f64 / 1_000.0;
-                        let dilation = (tick.0 + 1).saturating_sub(from_tick) as f64
-                            / f64::from(meter.status.tick_rate_hz.max(1))
-                            / agreed;
+                        let dilation =
+                            dilation.sample(core.sim().world().time_ms(), tick.0 + 1, meter.status.tick_rate_hz);
                         per_second(&mut meter, &times, dilation);
                         if let Some((p50, p99)) = core.commit_latency_us() {
                             meter.status.proposal_to_commit_p50_us = p50;
@@ -735,16 +713,13 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             dilation
                         );
                     }
-                    if finishing.is_none() && args.ticks.is_some_and(|n| tick.0 + 1 >= n) {
-                        finishing = Some(crate::shell::finish::Finishing::new(tick.0));
-                    }
                 }
                 CoreOutput::PeerDiverged { tick, validator } => {
                     tracing::warn!(tick, validator = validator.0, "a peer reported a different state root");
                 }
                 CoreOutput::Desync(report) => {
                     meter.status.desynced = Some(report.tick);
-                    let path = crate::shell::finish::write_desync_report(dir.root(), &report)?;
+                    let path = persist::write_desync_report(dir.root(), &report)?;
                     eprintln!(
                         "{tag}error: this node diverged at tick {}; report in {}; resyncing from a snapshot its peers certify",
                         report.tick,
@@ -752,18 +727,27 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     );
                 }
                 CoreOutput::Snapshot { tick, bytes } => store.snapshot(tick, &bytes)?,
+                CoreOutput::Stalled { quiet_us, agreement } => eprintln!(
+                    "{tag}warning: no tick committed for {} s ({} of {} validators of this sim connected): {agreement}",
+                    quiet_us / 1_000_000,
+                    meter.status.validators_connected,
+                    crate::core::Agreement::validators(core.agreement()),
+                ),
+                CoreOutput::Finishing(Finish::Waiting { tick }) => {
+                    println!("{tag}executed tick {tick}: waiting for the sim's other validators to execute it too")
+                }
+                CoreOutput::Finishing(Finish::Short { tick, seen, of }) => eprintln!(
+                    "{tag}warning: stopping after tick {tick} although only {seen} of the sim's {of} validators were seen to execute it (waited {} s)",
+                    crate::core::finish::FINISH_WAIT_US / 1_000_000
+                ),
+                CoreOutput::Finishing(Finish::Done) => stop = Some(Ok("after the requested ticks")),
                 CoreOutput::Resynced { tick, certified_by, snapshot, joined } => {
                     meter.status.desynced = None;
                     // Dilation counts ticks executed from here, not the ones the snapshot skipped.
                     let w = core.sim().world();
-                    reports.clear();
-                    reports.push_back((w.time_ms(), w.tick().0.max(tick)));
+                    dilation.restart(w.time_ms(), w.tick().0.max(tick));
                     // The state the log replays on top of after a restart.
                     store.resynced(tick, &snapshot)?;
-                    // A snapshot can bring a node to the tick it was asked to stop after.
-                    if finishing.is_none() && tick > 0 && args.ticks.is_some_and(|n| tick >= n) {
-                        finishing = Some(crate::shell::finish::Finishing::skipped(tick - 1));
-                    }
                     if joined {
                         println!(
                             "{tag}joined: took the state of tick {tick} that {certified_by} validators certify; following"
@@ -838,24 +822,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             changed
         }) {
             metrics::gauge!("metatopia_peers", "sim" => meter.sim.clone()).set(f64::from(meter.status.peers));
-        }
-        if committed {
-            stall.committed();
-        } else if finishing.is_none()
-            && let Some(quiet) = stall.due()
-        {
-            eprintln!(
-                "{tag}warning: no tick committed for {} s ({} of {} validators of this sim connected): {}",
-                quiet.as_secs(),
-                meter.status.validators_connected,
-                crate::core::Agreement::validators(core.agreement()),
-                crate::core::Agreement::describe(core.agreement())
-            );
-        }
-        if let Some(f) = finishing.as_mut()
-            && f.done(core.agreement(), &tag)
-        {
-            stop = Some(Ok("after the requested ticks"));
         }
         if let Some(s) = stop {
             break s;

@@ -5,6 +5,7 @@
 //! restarted node never votes differently, nor has voted for what it has not logged); the
 //! core's snapshot every `snapshot_every` ticks (the log synced first) and the log pruned below
 //! the oldest one kept; a certified snapshot installed is written as the state the log replays on.
+//! And a desync report, when the node diverged ([`write_desync_report`]).
 //!
 //! The node's loop and the simulated cluster (`metatopia-lab`, on a simulated disk) both write
 //! through it, so the cluster's crashes and power cuts test the node's own disk path.
@@ -127,4 +128,28 @@ pub fn holds_votes<'a>(outputs: impl IntoIterator<Item = &'a CoreOutput>) -> boo
         matches!(o, CoreOutput::Broadcast(m) | CoreOutput::Send(_, m)
             if matches!(m, NodeMsg::Consensus { msg, .. } if msg.vote().is_some()))
     })
+}
+
+/// A desync report (`desync-report-<tick>/` under `root`): the node's snapshot, its root and
+/// the peers', its per-subsystem roots, and the last inputs.
+pub fn write_desync_report(
+    root: &std::path::Path,
+    r: &crate::core::DesyncReport,
+) -> anyhow::Result<std::path::PathBuf> {
+    let dir = root.join(format!("desync-report-{}", r.tick));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("snapshot.bin"), &r.snapshot)?;
+    let mut roots = format!("tick {}\nmine {}\n", r.tick, r.mine);
+    for (v, h) in &r.theirs {
+        roots += &format!("validator {} {}\n", v.0, h);
+    }
+    if let Some(s) = &r.subsystems {
+        roots += &format!(
+            "objects {}\nscripts {}\nphysics {}\ngovernance {}\nqueue {}\n",
+            s.objects, s.scripts, s.physics, s.governance, s.queue
+        );
+    }
+    std::fs::write(dir.join("roots.txt"), roots)?;
+    std::fs::write(dir.join("last-inputs.bin"), postcard::to_allocvec(&r.last_inputs)?)?;
+    Ok(dir)
 }
