@@ -379,9 +379,19 @@ pub fn millimetres(decimal: &str) -> i64 {
     let (int, frac) = decimal.split_once('.').unwrap_or((decimal, ""));
     let i: i64 = int.parse().unwrap_or(0);
     let negative = int.starts_with('-');
-    let digits: String = frac.chars().chain("000".chars()).take(3).collect();
-    let f: i64 = digits.parse().unwrap_or(0);
-    let exact = frac.len() <= 3 || frac[3..].bytes().all(|b| b == b'0');
+    // The first three decimals (padded with zeros), without building a string: a node and a
+    // client read many positions a second.
+    let mut three = [b'0'; 3];
+    for (d, b) in three.iter_mut().zip(frac.bytes()) {
+        *d = b;
+    }
+    let f: i64 = if three.iter().all(u8::is_ascii_digit) {
+        three.iter().fold(0, |n, d| n * 10 + i64::from(d - b'0'))
+    } else {
+        let digits: String = frac.chars().chain("000".chars()).take(3).collect();
+        digits.parse().unwrap_or(0)
+    };
+    let exact = frac.len() <= 3 || frac.get(3..).is_none_or(|rest| rest.bytes().all(|b| b == b'0'));
     match (negative, f, exact) {
         (false, _, _) => i * 1000 + f,
         (true, 0, true) => i * 1000,
@@ -400,21 +410,35 @@ pub fn decimal_of_mm(mm: i64) -> String {
 /// [`decimal_of_mm`] into `out` (its old text replaced; no allocation once it has room): a
 /// client applies many positions a second.
 pub fn write_decimal_of_mm(out: &mut String, mm: i64) {
-    use std::fmt::Write;
     out.clear();
     if mm < 0 {
         out.push('-');
     }
     let a = mm.unsigned_abs();
-    let (m, mut r) = (a / 1000, a % 1000);
-    let _ = write!(out, "{m}");
-    if r != 0 {
-        let mut digits = 3;
-        while r % 10 == 0 {
-            r /= 10;
-            digits -= 1;
+    let (m, r) = (a / 1000, a % 1000);
+    // The whole metres' digits, last first (the formatting machinery costs more than this).
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    let mut v = m;
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
         }
-        let _ = write!(out, ".{r:0digits$}");
+    }
+    out.extend(digits[start..].iter().map(|d| char::from(*d)));
+    if r != 0 {
+        out.push('.');
+        let places = if r % 100 == 0 {
+            1
+        } else if r % 10 == 0 {
+            2
+        } else {
+            3
+        };
+        out.extend([r / 100, r / 10 % 10, r % 10][..places].iter().map(|d| char::from(b'0' + *d as u8)));
     }
 }
 
@@ -837,6 +861,24 @@ mod tests {
         for mm in (-30_000..30_000).chain([i64::MIN, i64::MAX, 1_000_001, -999_999_990]) {
             write_decimal_of_mm(&mut buf, mm);
             assert_eq!(buf, plain(mm), "{mm}");
+        }
+        // Reading without building a string reads what building one read, odd texts too.
+        let built = |decimal: &str| {
+            let (int, frac) = decimal.split_once('.').unwrap_or((decimal, ""));
+            let i: i64 = int.parse().unwrap_or(0);
+            let digits: String = frac.chars().chain("000".chars()).take(3).collect();
+            let f: i64 = digits.parse().unwrap_or(0);
+            let exact = frac.len() <= 3 || frac[3..].bytes().all(|b| b == b'0');
+            match (int.starts_with('-'), f, exact) {
+                (false, _, _) => i * 1000 + f,
+                (true, 0, true) => i * 1000,
+                (true, _, true) => i * 1000 - f,
+                (true, _, false) => i * 1000 - f - 1,
+            }
+        };
+        for d in ["1.2", "1.23", "-0.001", "5.", ".5", "-.25", "x.1", "1.a", "1.+5", "2.0000", "-7.1000001", "3.99999"]
+        {
+            assert_eq!(millimetres(d), built(d), "{d}");
         }
     }
 

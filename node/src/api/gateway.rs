@@ -18,7 +18,7 @@
 //! next delta brings its client up to date; a session more than [`crate::api::hub::FEED`] chat
 //! lines behind loses the oldest.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -193,7 +193,8 @@ struct View {
     /// signatures verified): the session holds their keys.
     authors: BTreeSet<String>,
     radius_m: Option<u32>,
-    known: BTreeMap<u64, Sent>,
+    /// What the client was sent of each object it knows, in key order.
+    known: Vec<(u64, Sent)>,
     /// The tick the area was last computed at (it is recomputed every [`AREA_EVERY`] ticks:
     /// objects enter a little late, at walking speeds a few decimetres, for a fraction of the
     /// cost; what is known keeps being updated meanwhile).
@@ -246,33 +247,40 @@ impl View {
             None => true,
         };
         let mut enter = Vec::new();
+        let mut entered = Vec::new();
         if fresh {
             self.compute_area(index);
             for k in &self.in_area {
-                if !self.known.contains_key(k)
+                if self.known.binary_search_by_key(k, |(k, _)| *k).is_err()
                     && let Some(e) = index.entry(*k)
                 {
-                    self.known.insert(*k, Sent { at: e.motion.0, vel: e.motion.1, tick });
+                    entered.push((*k, Sent { at: e.motion.0, vel: e.motion.1, tick }));
                     enter.push(e.view.clone());
                 }
             }
             self.area = Some(tick);
         }
-        // One pass over what the client knows, one index lookup each: what left (the area,
-        // when it was recomputed, or the world) and what changed.
+        // One pass over what the client knows, beside the area (both in key order), one index
+        // lookup each (a slot): what left (the area, when it was recomputed, or the world) and
+        // what changed.
         let (since, in_area) = (self.last_tick, fresh.then_some(&self.in_area));
         let (mut update, mut leave) = (Vec::new(), Vec::new());
-        self.known.retain(|k, sent| {
-            let e = match index.entry(*k) {
-                Some(e) if in_area.is_none_or(|a| a.binary_search(k).is_ok()) => e,
+        let mut next_in_area = 0;
+        self.known.retain_mut(|(k, sent)| {
+            let k = *k;
+            let inside = in_area.is_none_or(|a| {
+                while a.get(next_in_area).is_some_and(|n| *n < k) {
+                    next_in_area += 1;
+                }
+                a.get(next_in_area) == Some(&k)
+            });
+            let e = match index.entry(k) {
+                Some(e) if inside => e,
                 _ => {
                     leave.push(format!("{}v{}", k >> 32, k & 0xffff_ffff));
                     return false;
                 }
             };
-            if sent.tick == tick {
-                return true; // entered whole this tick
-            }
             let (v, (at, vel), meta) = (&e.view, e.motion, &e.meta);
             let guess = ObjectUpdate::extrapolate(sent.at, sent.vel, tick.saturating_sub(sent.tick), index.rate_hz);
             let off = |a: [i64; 2], b: [i64; 2]| (a[0] - b[0]).abs().max((a[1] - b[1]).abs());
@@ -297,6 +305,10 @@ impl View {
             update.push(u);
             true
         });
+        if !entered.is_empty() {
+            self.known.extend(entered);
+            self.known.sort_unstable_by_key(|(k, _)| *k);
+        }
         self.last_tick = tick;
         ServerMsg::Tick { tick, enter, update, leave }
     }
@@ -563,6 +575,33 @@ mod tests {
             body: "static".into(),
             surface: String::new(),
         }
+    }
+
+    /// The index keeps its objects by slot: a slot's next object (a new generation) takes the
+    /// old one's place whole, its cell and its avatar entry, and a client that knew the old one
+    /// is told it left and the new one entered.
+    #[test]
+    fn a_slot_reused_by_a_new_object_replaces_the_old_one_everywhere() {
+        let (a, b) = ("aa".repeat(32), "bb".repeat(32));
+        let mut index = AoiIndex { radius_m: 30, ..AoiIndex::default() };
+        index.update(1, [obj("0v0", &b, true, 10, 10), obj("3v0", &a, true, 12, 10)].into_iter());
+        let mut view = View { follow: Some(b.clone()), ..View::default() };
+        let ServerMsg::Tick { enter, .. } = view.delta(&index) else { panic!() };
+        assert_eq!(enter.len(), 2);
+        // Slot 3's avatar left and a prim took the slot, far away.
+        index.update(1 + AREA_EVERY, [obj("0v0", &b, true, 10, 10), obj("3v1", "x", false, 500, 500)].into_iter());
+        assert_eq!((index.len(), index.get(3 << 32), index.avatar_at(&a)), (2, None, None));
+        assert_eq!(index.get((3 << 32) | 1).map(|v| v.id.as_str()), Some("3v1"));
+        let mut near = Vec::new();
+        index.within([12, 10], 5, &mut near);
+        assert_eq!(near, [0], "the old avatar's cell entry went with it");
+        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index) else { panic!() };
+        assert_eq!((enter.len(), leave), (0, vec!["3v0".to_string()]));
+        // The world shrank: the slots' room goes back, the keys stay in order.
+        index.update(2 + AREA_EVERY, [obj("0v0", &b, true, 10, 10)].into_iter());
+        let mut all = Vec::new();
+        index.all(&mut all);
+        assert_eq!((all, index.objects.slots.len()), (vec![0], 1));
     }
 
     #[test]

@@ -234,11 +234,93 @@ impl Meta {
 /// An object of a grid cell: its key and where it is (whole metres).
 pub(crate) type Placed = (u64, [i64; 2]);
 
+/// The index's objects by slot: an object id's slot is small and dense (the sim reuses freed
+/// slots) and its generation tells a slot's successive objects apart, so a lookup (every
+/// session, every object it knows, every delta) is an index and a comparison, not a tree walk.
+/// Keys come out in key order.
+#[derive(Debug, Default)]
+pub(crate) struct Objects {
+    pub(crate) slots: Vec<Option<(u32, Entry)>>,
+    len: usize,
+}
+
+impl Objects {
+    fn split(k: u64) -> (usize, u32) {
+        ((k >> 32) as usize, k as u32)
+    }
+
+    pub(crate) fn get(&self, k: u64) -> Option<&Entry> {
+        let (slot, generation) = Self::split(k);
+        match self.slots.get(slot) {
+            Some(Some((g, e))) if *g == generation => Some(e),
+            _ => None,
+        }
+    }
+
+    fn get_mut(&mut self, k: u64) -> Option<&mut Entry> {
+        let (slot, generation) = Self::split(k);
+        match self.slots.get_mut(slot) {
+            Some(Some((g, e))) if *g == generation => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The key of the object in `k`'s slot, whichever its generation.
+    fn occupant(&self, k: u64) -> Option<u64> {
+        let (slot, _) = Self::split(k);
+        let (g, _) = self.slots.get(slot)?.as_ref()?;
+        Some(((slot as u64) << 32) | u64::from(*g))
+    }
+
+    /// Put `e` under `k`, in place of whatever its slot held.
+    fn insert(&mut self, k: u64, e: Entry) {
+        let (slot, generation) = Self::split(k);
+        if self.slots.len() <= slot {
+            self.slots.resize_with(slot + 1, || None);
+        }
+        if self.slots[slot].replace((generation, e)).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, k: u64) -> Option<Entry> {
+        let (slot, generation) = Self::split(k);
+        match self.slots.get_mut(slot) {
+            Some(s @ Some(_)) if s.as_ref().is_some_and(|(g, _)| *g == generation) => {
+                self.len -= 1;
+                let e = s.take().map(|(_, e)| e);
+                // The room of a world that shrank goes back.
+                while self.slots.last().is_some_and(Option::is_none) {
+                    self.slots.pop();
+                }
+                e
+            }
+            _ => None,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Every object with its key, in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, &Entry)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, s)| s.as_ref().map(|(g, e)| (((slot as u64) << 32) | u64::from(*g), e)))
+    }
+
+    pub(crate) fn keys(&self) -> impl Iterator<Item = u64> {
+        self.iter().map(|(k, _)| k)
+    }
+}
+
 /// Every object's view, on a grid of [`CELL_M`]-metre cells, and each account's avatar.
 #[derive(Debug, Default)]
 pub struct AoiIndex {
     pub tick: u64,
-    pub(crate) objects: BTreeMap<u64, Entry>,
+    pub(crate) objects: Objects,
     /// Each cell's objects by key, with where they are (whole metres).
     pub(crate) cells: BTreeMap<(i64, i64), Vec<Placed>>,
     pub(crate) avatars: BTreeMap<String, u64>,
@@ -264,7 +346,7 @@ impl AoiIndex {
         for v in now {
             let Some(k) = key_of(&v.id) else { continue };
             seen.insert(k);
-            match self.objects.get_mut(&k) {
+            match self.objects.get_mut(k) {
                 Some(e) if e.view == v => continue,
                 Some(e) => {
                     let u = ObjectUpdate::between(&e.view, &v);
@@ -275,7 +357,7 @@ impl AoiIndex {
                 None => self.insert(k, v),
             }
         }
-        let gone: Vec<u64> = self.objects.keys().filter(|k| !seen.contains(*k)).copied().collect();
+        let gone: Vec<u64> = self.objects.keys().filter(|k| !seen.contains(k)).collect();
         for k in gone {
             self.remove(k);
         }
@@ -298,7 +380,7 @@ impl AoiIndex {
         // a key of the index the walk passes without meeting its object is gone.
         let mut old = std::mem::take(&mut self.scratch);
         old.clear();
-        old.extend(self.objects.keys().copied());
+        old.extend(self.objects.keys());
         let mut next_old = 0;
         let mut last = None;
         for o in w.objects().values() {
@@ -313,7 +395,7 @@ impl AoiIndex {
                 next_old += 1;
             }
             let raw = Raw::of(w, o);
-            match self.objects.get_mut(&k) {
+            match self.objects.get_mut(k) {
                 Some(e) if e.raw.as_ref() == Some(&raw) && e.view.name == o.name && e.view.text == o.text => {}
                 Some(e) => {
                     let v = view(o);
@@ -329,11 +411,11 @@ impl AoiIndex {
                     };
                     changed += 1;
                     self.replace(k, v, meta);
-                    self.objects.get_mut(&k).expect("just replaced").raw = Some(raw);
+                    self.objects.get_mut(k).expect("just replaced").raw = Some(raw);
                 }
                 None => {
                     self.insert(k, view(o));
-                    self.objects.get_mut(&k).expect("just inserted").raw = Some(raw);
+                    self.objects.get_mut(k).expect("just inserted").raw = Some(raw);
                 }
             }
         }
@@ -345,6 +427,10 @@ impl AoiIndex {
     }
 
     fn insert(&mut self, k: u64, view: ObjectView) {
+        // A slot's earlier object, gone from the world, leaves its cell and avatar entries too.
+        if let Some(old) = self.objects.occupant(k).filter(|o| *o != k) {
+            self.remove(old);
+        }
         let motion = view.motion_mm();
         let at = [motion.0[0].div_euclid(1000), motion.0[1].div_euclid(1000)];
         let cell = Self::cell(at);
@@ -362,14 +448,14 @@ impl AoiIndex {
     /// A known object's new view: moved between cells only when its cell changed, its avatar
     /// entry touched only when its owner or kind did (a walking crowd costs no allocation).
     fn replace(&mut self, k: u64, view: ObjectView, meta: Meta) {
-        let Some(e) = self.objects.get(&k) else {
+        let Some(e) = self.objects.get(k) else {
             self.insert(k, view);
             return;
         };
         if e.view.avatar != view.avatar || e.view.owner != view.owner {
             self.remove(k);
             self.insert(k, view);
-            self.objects.get_mut(&k).expect("just inserted").meta = meta;
+            self.objects.get_mut(k).expect("just inserted").meta = meta;
             return;
         }
         let motion = view.motion_mm();
@@ -391,12 +477,12 @@ impl AoiIndex {
             Ok(i) => objects[i].1 = at,
             Err(i) => objects.insert(i, (k, at)),
         }
-        let e = self.objects.get_mut(&k).expect("present");
+        let e = self.objects.get_mut(k).expect("present");
         (e.view, e.at, e.cell, e.motion, e.meta) = (view, at, cell, motion, meta);
     }
 
     fn remove(&mut self, k: u64) {
-        if let Some(e) = self.objects.remove(&k) {
+        if let Some(e) = self.objects.remove(k) {
             if let Some(objects) = self.cells.get_mut(&e.cell) {
                 if let Ok(i) = objects.binary_search_by_key(&k, |(k, _)| *k) {
                     objects.remove(i);
@@ -416,12 +502,12 @@ impl AoiIndex {
     }
 
     pub fn get(&self, k: u64) -> Option<&ObjectView> {
-        self.objects.get(&k).map(|e| &e.view)
+        self.objects.get(k).map(|e| &e.view)
     }
 
     /// An object's view, motion and the last change of its other fields.
     pub(crate) fn entry(&self, k: u64) -> Option<&Entry> {
-        self.objects.get(&k)
+        self.objects.get(k)
     }
 
     pub fn len(&self) -> usize {
@@ -429,12 +515,12 @@ impl AoiIndex {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.objects.is_empty()
+        self.objects.len() == 0
     }
 
     /// Where an account's avatar stands (whole metres), if it is in the sim.
     pub fn avatar_at(&self, account: &str) -> Option<[i64; 2]> {
-        self.objects.get(self.avatars.get(account)?).map(|e| e.at)
+        self.objects.get(*self.avatars.get(account)?).map(|e| e.at)
     }
 
     /// The objects within `radius` metres of `center`, into `out` (cleared first) in key order.
@@ -458,7 +544,7 @@ impl AoiIndex {
     /// Every object, into `out` (cleared first) in key order.
     pub fn all(&self, out: &mut Vec<u64>) {
         out.clear();
-        out.extend(self.objects.keys().copied());
+        out.extend(self.objects.keys());
     }
 }
 
@@ -498,10 +584,10 @@ mod tests {
             changes += b;
             // The same last change of every object's other fields, for every session's delta.
             let metas = |i: &AoiIndex| {
-                i.objects.iter().map(|(k, e)| (*k, e.meta.tick, e.meta.prev, e.meta.diff.clone())).collect::<Vec<_>>()
+                i.objects.iter().map(|(k, e)| (k, e.meta.tick, e.meta.prev, e.meta.diff.clone())).collect::<Vec<_>>()
             };
             assert_eq!(metas(&full), metas(&walk), "tick {t}");
-            let views = |i: &AoiIndex| i.objects.iter().map(|(k, e)| (*k, e.view.clone())).collect::<Vec<_>>();
+            let views = |i: &AoiIndex| i.objects.iter().map(|(k, e)| (k, e.view.clone())).collect::<Vec<_>>();
             assert_eq!(views(&full), views(&walk), "tick {t}");
             assert_eq!((&full.cells, &full.avatars), (&walk.cells, &walk.avatars), "tick {t}");
             let tick = w.tick();
