@@ -682,8 +682,12 @@ function ownPosition(o, now) {
       p.last = upto;
     }
     target = p.at;
+    // Done once the sim has executed the walk and then its stop (a loaded node may execute the
+    // walk after the key was released: its committed state at rest then is the walk not yet
+    // begun); or 3 s after the release, if the walk never ran (refused, say).
     const stopped = !o.base || (o.base.vel[0] === 0 && o.base.vel[1] === 0);
-    if (p.until != null && ((stopped && now - p.until > 250) || now - p.until > 3000)) state.pred = null;
+    if (!stopped) p.seenMoving = true;
+    if (p.until != null && ((p.seenMoving && stopped && now - p.until > 250) || now - p.until > 3000)) state.pred = null;
   }
   const d = state.drawnFor === o.id ? state.drawn : null;
   let at = target;

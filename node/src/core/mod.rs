@@ -17,6 +17,7 @@ pub mod agreement;
 pub mod dilation;
 pub mod epochs;
 pub mod finish;
+pub mod join;
 pub mod latency;
 pub mod limits;
 pub mod locate;

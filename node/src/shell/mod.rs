@@ -348,7 +348,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     if core.is_joining() {
         println!("{tag}joining: asking the sim's nodes for a snapshot that 2f+1 validators certify");
     }
-    let sim_info = crate::shell::setup::sim_info(&cfg, &genesis)?;
+    let sim_info = crate::core::join::sim_info(&cfg, &genesis)?;
     let contacts = peers.clone();
     let delay = crate::net::LinkDelay {
         one_way: Duration::from_millis(args.test_link_delay_ms),

@@ -294,26 +294,6 @@ pub fn start_of(dir: &DataDir, cfg: &NodeConfig, tag: &str) -> anyhow::Result<St
     Ok(Start { genesis, demo: demo.map(|(d, _)| d) })
 }
 
-/// What a node joining this sim is sent (`run --join`): the sim's part of this node's config,
-/// and the scenario file and scripts it names (relative paths: `scenario.toml`, `scripts/…`).
-pub fn sim_info(cfg: &NodeConfig, genesis: &Genesis) -> anyhow::Result<NodeMsg> {
-    let mut shared = cfg.clone();
-    shared.http = None;
-    shared.bots = Default::default();
-    shared.join = None;
-    shared.genesis_hash = Some(genesis.hash.to_string());
-    // The joiner starts from the genesis file: no demo world to build, no scenario to read.
-    (shared.world.scenario, shared.world.scripts) = (None, None);
-    let config = toml::to_string(&shared).context("encoding the sim's config")?;
-    let msg = NodeMsg::SimInfo { config, genesis: genesis.bytes.clone() };
-    anyhow::ensure!(
-        msg.encode().len() < crate::net::MAX_FRAME as usize,
-        "the sim's genesis is over {} bytes: too big to send to joining nodes",
-        crate::net::MAX_FRAME
-    );
-    Ok(msg)
-}
-
 /// `run --join` on a node with no sim yet: ask the node at the join address for the sim's
 /// config and genesis, check the genesis (against the hash the join address names, if it names
 /// one), and write both into the data directory as this node's, with its own addresses.
@@ -351,33 +331,12 @@ pub async fn fetch_config(dir: &DataDir, args: &RunArgs, join: &str, had: Option
         }
     };
     drop(mesh);
-    let g = Genesis::decode(&genesis).with_context(|| format!("the genesis {join} sent"))?;
-    match want {
-        Some(w) => anyhow::ensure!(
-            g.hash.0 == w,
-            "{join} serves a sim whose genesis hash is {}, not the one the join address names: refused",
-            g.hash
-        ),
-        None => println!(
-            "note: the join address names no genesis hash; this sim's is {} (KEY@HOST:PORT/HASH checks it)",
-            g.hash
-        ),
+    let own = crate::core::join::Own { listen, quic, http: args.http.or(had.and_then(|c| c.http)), had: had.cloned() };
+    let crate::core::join::Adopted { config: cfg, genesis: g, note } =
+        crate::core::join::adopt(join, want, &config, &genesis, own)?;
+    if let Some(note) = note {
+        println!("{note}");
     }
-    let mut cfg: NodeConfig =
-        toml::from_str(&config).map_err(|e| anyhow::anyhow!("the config {join} sent does not load: {e}"))?;
-    anyhow::ensure!(
-        cfg.genesis_hash.as_deref() == Some(g.hash.to_string().as_str()),
-        "{join} sent a config that names another genesis than the one it sent: refused"
-    );
-    cfg.listen = listen;
-    cfg.quic = Some(quic);
-    cfg.http = args.http.or(had.and_then(|c| c.http));
-    cfg.bots = Default::default();
-    cfg.join = Some(join.to_owned());
-    if let Some(h) = had {
-        (cfg.sim_workers, cfg.block_history_mib) = (h.sim_workers, h.block_history_mib);
-    }
-    cfg.check().with_context(|| format!("the config {join} sent"))?;
     g.write(dir.root())?;
     crate::store::write_atomic(&dir.config_path(), cfg.commented().as_bytes())?;
     println!("wrote {} and the genesis of {}", dir.config_path().display(), g.describe());
