@@ -47,7 +47,9 @@ try {
   if (await page.evaluate(() => document.activeElement.id === "map")) fail("the map has the focus already");
   const east = await walked(page, async () => { await page.keyboard.down("ArrowRight"); await page.waitForTimeout(600); await page.keyboard.up("ArrowRight"); });
   if (!(east[0] > 1)) fail(`ArrowRight (focus on the list) walked ${east}`);
-  const north = await walked(page, async () => { await page.keyboard.down("w"); await page.waitForTimeout(600); await page.keyboard.up("w"); });
+  // Held 1.2 s (3.6 m): the walk lasts from the press's execution to the release's, and on a
+  // loaded machine the press may be agreed a few hundred ms later than the release is.
+  const north = await walked(page, async () => { await page.keyboard.down("w"); await page.waitForTimeout(1200); await page.keyboard.up("w"); });
   if (!(north[1] > 1)) fail(`w walked ${north}`);
   await page.click("#chat-input");
   await page.keyboard.type("wasd");
