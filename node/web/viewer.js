@@ -325,7 +325,11 @@ function handle(msg) {
 }
 
 // Sign and submit; resolves with the outcome once the sim executed it (null if not in 15 s).
-async function act(payload) {
+// Acts are numbered, signed and submitted one at a time, in the order they were made: each
+// takes the next nonce, and a sim refuses a nonce below one it has executed, so a key's release
+// that overtook its press (their signatures resolve in any order) left the walk refused.
+let submitting = Promise.resolve();
+async function submitInTurn(payload) {
   const acct = await request("account", state.account);
   state.nonce = Math.max(state.nonce + 1, (acct ? acct.last_nonce : 0) + 1);
   const body = encodeBody(payload);
@@ -335,10 +339,18 @@ async function act(payload) {
   const event = new Uint8Array(body.length + 64);
   event.set(body); event.set(sig, body.length);
   const ref = ++refSeq;
-  const id = await new Promise((resolve, reject) => {
+  return new Promise((resolve, reject) => {
     pending.set(ref, { resolve, reject });
     ws.send(JSON.stringify({ submit: { ref, event: hex(event) } }));
+    // Never holding up the acts after it for long (a connection lost meanwhile).
+    setTimeout(() => { if (pending.delete(ref)) reject(new Error("the node did not take the event in within 15 s")); }, 15000);
   });
+}
+
+async function act(payload) {
+  const submitted = submitting.then(() => submitInTurn(payload));
+  submitting = submitted.catch(() => {});
+  const id = await submitted;
   const o = early.get(id) || await new Promise((resolve) => {
     waiting.set(id, resolve);
     setTimeout(() => { if (waiting.delete(id)) resolve(null); }, 15000);
