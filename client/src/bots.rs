@@ -184,7 +184,7 @@ async fn bot(
     let jitter = |rng: &mut Rng, d: Duration| d / 2 + Duration::from_millis(rng.below(d.as_millis() as u64 + 1));
     let mut next_walk = Instant::now();
     let mut next_chat = Instant::now() + jitter(&mut rng, plan.chat_every);
-    let (mut last_tick, mut bytes_before) = (None::<u64>, 0u64);
+    let (mut last_tick, mut bytes_before) = (None::<metatopia_sim::Tick>, 0u64);
     let mut failovers = 0;
     while Instant::now() < stop_at {
         let now = Instant::now();
@@ -257,7 +257,7 @@ async fn bot(
                     // CLIENT_MAX_HZ); a longer gap is ticks this bot missed.
                     let rate = c.view().status.as_ref().map_or(20, |s| s.tick_rate_hz.max(1));
                     let stride = u64::from(rate.div_ceil(crate::proto::CLIENT_MAX_HZ));
-                    report.missed_ticks.fetch_add(tick.saturating_sub(t + stride), Ordering::Relaxed);
+                    report.missed_ticks.fetch_add(tick.since(t + stride), Ordering::Relaxed);
                 }
                 last_tick = Some(tick);
                 let b = c.bytes_received();

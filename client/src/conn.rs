@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
 use metatopia_sim::event::{ChatRange, Payload, SignedEvent, account_of};
-use metatopia_sim::{Fx, ObjectId, SimId, Vec2};
+use metatopia_sim::{Fx, ObjectId, SimId, Tick, Vec2};
 
 use crate::proto::{
     AccountView, ChatView, ClientMsg, MAX_SERVER_FRAME, NodeAddr, ObjectUpdate, ObjectView, Outcome, ServerMsg, Status,
@@ -37,14 +37,14 @@ const KEEP_CHAT: usize = 200;
 /// What a client knows of the world: its area of interest as of `tick`, and chat it heard.
 #[derive(Debug, Default, Clone)]
 pub struct View {
-    pub tick: u64,
+    pub tick: Tick,
     pub status: Option<Status>,
     pub objects: BTreeMap<String, ObjectView>,
     pub chat: VecDeque<ChatView>,
     /// `tick` messages applied.
     pub deltas: u64,
     /// Each object's dead-reckoning base: where it was (mm), its velocity (mm/s), at which tick.
-    motion: BTreeMap<String, ([i64; 2], [i64; 2], u64)>,
+    motion: BTreeMap<String, ([i64; 2], [i64; 2], Tick)>,
 }
 
 impl View {
@@ -100,7 +100,7 @@ impl View {
         Some(match self.motion.get(id) {
             Some((at, vel, since)) if *vel != [0, 0] => {
                 let rate = self.status.as_ref().map_or(20, |s| s.tick_rate_hz);
-                ObjectUpdate::extrapolate(*at, *vel, self.tick.saturating_sub(*since), rate)
+                ObjectUpdate::extrapolate(*at, *vel, self.tick.since(*since), rate)
             }
             _ => o.motion_mm().0,
         })
@@ -207,7 +207,7 @@ pub enum ActError {
     #[error("the node refused it: {0}")]
     NotSubmitted(String),
     #[error("refused at tick {tick}: {reason}")]
-    Refused { tick: u64, reason: String },
+    Refused { tick: Tick, reason: String },
     #[error("no outcome within {0:?}")]
     Timeout(Duration),
     #[error("connection: {0}")]
@@ -683,7 +683,7 @@ impl Client {
     }
 
     /// Wait for an event's outcome (messages meanwhile are applied and kept for `next`).
-    pub async fn outcome(&mut self, id: &str, wait: Duration) -> Result<u64, ActError> {
+    pub async fn outcome(&mut self, id: &str, wait: Duration) -> Result<Tick, ActError> {
         if let Some(i) = self.pending.iter().position(|m| matches!(m, ServerMsg::Outcome { id: x, .. } if x == id)) {
             let m = self.pending.remove(i).expect("found above");
             return outcome_of(m);
@@ -705,13 +705,13 @@ impl Client {
     }
 
     /// Submit and wait until it executed: the tick it took effect at.
-    pub async fn act(&mut self, payload: Payload) -> Result<u64, ActError> {
+    pub async fn act(&mut self, payload: Payload) -> Result<Tick, ActError> {
         let id = self.submit(payload).await?;
         self.outcome(&id, Duration::from_secs(15)).await
     }
 
     /// Log in (creating the account the first time); the avatar appears at the sim's arrival point.
-    pub async fn login(&mut self, name: &str) -> Result<u64, ActError> {
+    pub async fn login(&mut self, name: &str) -> Result<Tick, ActError> {
         self.name = Some(name.to_string());
         let tick = self.act(Payload::Login { name: name.to_string() }).await?;
         self.refreshed = Some(tokio::time::Instant::now());
@@ -737,7 +737,7 @@ impl Client {
     }
 
     /// Log out: the avatar leaves the world now (rather than after the grace period).
-    pub async fn logout(&mut self) -> Result<u64, ActError> {
+    pub async fn logout(&mut self) -> Result<Tick, ActError> {
         self.refreshed = None;
         self.act(Payload::Logout).await
     }
@@ -748,7 +748,7 @@ impl Client {
     }
 
     /// Walk: set the avatar's velocity, metres per second.
-    pub async fn walk(&mut self, vx: i64, vy: i64) -> Result<u64, ActError> {
+    pub async fn walk(&mut self, vx: i64, vy: i64) -> Result<Tick, ActError> {
         let object = self
             .avatar()
             .await
@@ -758,15 +758,15 @@ impl Client {
     }
 
     /// Say on a channel (20 m); `whisper` 10 m and `shout` 100 m with [`Client::chat`].
-    pub async fn say(&mut self, channel: i32, text: &str) -> Result<u64, ActError> {
+    pub async fn say(&mut self, channel: i32, text: &str) -> Result<Tick, ActError> {
         self.chat(channel, ChatRange::Say, text).await
     }
 
-    pub async fn chat(&mut self, channel: i32, range: ChatRange, text: &str) -> Result<u64, ActError> {
+    pub async fn chat(&mut self, channel: i32, range: ChatRange, text: &str) -> Result<Tick, ActError> {
         self.act(Payload::Chat { channel, range, text: text.to_string() }).await
     }
 
-    pub async fn touch(&mut self, object: &str) -> Result<u64, ActError> {
+    pub async fn touch(&mut self, object: &str) -> Result<Tick, ActError> {
         let object =
             parse_object(object).ok_or_else(|| ActError::NotSubmitted(format!("{object:?} is not an object id")))?;
         self.act(Payload::Touch { object }).await
@@ -783,7 +783,7 @@ impl Client {
     }
 }
 
-fn outcome_of(m: ServerMsg) -> Result<u64, ActError> {
+fn outcome_of(m: ServerMsg) -> Result<Tick, ActError> {
     match m {
         ServerMsg::Outcome { outcome: Outcome::Executed { tick }, .. } => Ok(tick),
         ServerMsg::Outcome { outcome: Outcome::Refused { tick, reason }, .. } => {

@@ -14,6 +14,7 @@
 //! `status` once a second. A client too slow for the deltas loses them and gets its whole area
 //! again; the sim never waits for a client.
 
+use metatopia_sim::Tick;
 use serde::{Deserialize, Serialize};
 
 /// The QUIC application protocol name (ALPN).
@@ -44,7 +45,7 @@ pub struct Status {
     pub region_origin: [i64; 2],
     pub region_size: i64,
     /// The last executed tick and the state root after it.
-    pub tick: u64,
+    pub tick: Tick,
     pub root: String,
     /// Sim seconds per wall second over the last second (1.0 in lockstep at the rate).
     pub dilation: f64,
@@ -118,7 +119,7 @@ pub struct Status {
     /// Clients connected to this node (QUIC and WebSocket).
     pub clients: u32,
     /// The tick this node diverged at, if it did (it then stops executing).
-    pub desynced: Option<u64>,
+    pub desynced: Option<Tick>,
     /// Milliseconds since the UNIX epoch when the last tick executed here.
     pub last_executed_unix_ms: u64,
     /// In a world of several sims: the neighbour sims, the mail this node signed for them and
@@ -155,7 +156,7 @@ pub struct Status {
     #[serde(default)]
     pub view: u64,
     #[serde(default)]
-    pub agreed_tick: Option<u64>,
+    pub agreed_tick: Option<Tick>,
 }
 
 /// An account as nodes show it.
@@ -180,7 +181,7 @@ pub struct AccountView {
 /// Who governs the sim now, and why (`metatopia admin status`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct GovernanceView {
-    pub tick: u64,
+    pub tick: Tick,
     /// Sim (BFT) time of the last executed tick, milliseconds.
     pub time_ms: u64,
     pub admin: String,
@@ -196,7 +197,7 @@ pub struct GovernanceView {
     pub validators: Vec<String>,
     /// Validator changes waiting for the epoch boundary: (key, admit?).
     pub pending_validators: Vec<(String, bool)>,
-    pub next_epoch_tick: u64,
+    pub next_epoch_tick: Tick,
     pub banned: Vec<String>,
     /// All the settings (an admin's `settings` act replaces them whole).
     pub settings: metatopia_sim::Settings,
@@ -463,7 +464,7 @@ pub struct ScriptView {
 /// A line of chat heard in the sim.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChatView {
-    pub tick: u64,
+    pub tick: Tick,
     pub name: String,
     pub channel: i32,
     pub text: String,
@@ -485,7 +486,7 @@ impl ChatView {
 /// The root a node computed for a tick.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RootView {
-    pub tick: u64,
+    pub tick: Tick,
     pub root: String,
 }
 
@@ -494,9 +495,9 @@ pub struct RootView {
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// It took effect at this tick.
-    Executed { tick: u64 },
+    Executed { tick: Tick },
     /// It was committed at this tick but refused, for this reason, the same on every node.
-    Refused { tick: u64, reason: String },
+    Refused { tick: Tick, reason: String },
 }
 
 /// A node a client can connect to: its identity (ed25519 public key, hex; the QUIC connection
@@ -595,7 +596,7 @@ pub enum ServerMsg {
     Status(Box<Status>),
     /// Objects that entered the area (whole), changed in it (only what changed), left it.
     Tick {
-        tick: u64,
+        tick: Tick,
         enter: Vec<ObjectView>,
         update: Vec<ObjectUpdate>,
         leave: Vec<String>,
@@ -712,12 +713,15 @@ mod tests {
     async fn frames_round_trip() {
         let msgs = vec![
             ServerMsg::Tick {
-                tick: 9,
+                tick: Tick(9),
                 enter: vec![object("1v0", "12.5", "-3.25")],
                 update: vec![],
                 leave: vec!["2v1".into()],
             },
-            ServerMsg::Outcome { id: "ab".into(), outcome: Outcome::Refused { tick: 3, reason: "banned".into() } },
+            ServerMsg::Outcome {
+                id: "ab".into(),
+                outcome: Outcome::Refused { tick: Tick(3), reason: "banned".into() },
+            },
             ServerMsg::Route {
                 sim: 2,
                 nodes: vec![NodeAddr { key: "c".repeat(64), addr: "127.0.0.1:1".into(), http: None }],
@@ -806,7 +810,7 @@ mod tests {
         let full = ObjectUpdate::between(&view, &other);
         assert!(full.body.is_some() && full.vel_mm.is_some() && full.owner.is_some());
         let msg = ServerMsg::Tick {
-            tick: 9,
+            tick: Tick(9),
             enter: vec![view.clone()],
             update: vec![empty, full],
             leave: vec!["1v0".into()],
@@ -901,7 +905,7 @@ mod tests {
         assert_eq!(whole_metres("-3.000"), -3);
         assert_eq!(object("1v0", "128.9", "-1.1").metres(), [128, -2]);
         let line = ChatView {
-            tick: 1,
+            tick: Tick(1),
             name: "a".into(),
             channel: 0,
             text: "hi".into(),

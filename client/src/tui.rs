@@ -614,6 +614,7 @@ pub async fn run(mut client: Client) -> Result<(), TuiError> {
 mod tests {
     use super::*;
     use crate::proto::{ChatView, ScriptView, Status};
+    use metatopia_sim::Tick;
     use ratatui::Terminal;
     use ratatui::backend::TestBackend;
 
@@ -637,11 +638,17 @@ mod tests {
 
     fn world(me: &str) -> View {
         let mut view = View::default();
-        let status =
-            Status { sim: 3, tick: 41, region_origin: [0, 0], region_size: 256, dilation: 1.0, ..Status::default() };
+        let status = Status {
+            sim: 3,
+            tick: Tick(41),
+            region_origin: [0, 0],
+            region_size: 256,
+            dilation: 1.0,
+            ..Status::default()
+        };
         view.apply(&ServerMsg::Status(Box::new(status)));
         view.apply(&ServerMsg::Tick {
-            tick: 42,
+            tick: Tick(42),
             enter: vec![
                 object("0v0", "ada", me, true, 10, 20),
                 object("1v0", "bob", "other", true, 15, 20),
@@ -652,7 +659,7 @@ mod tests {
             leave: vec![],
         });
         view.apply(&ServerMsg::Chat(ChatView {
-            tick: 40,
+            tick: Tick(40),
             name: "bob".into(),
             channel: 0,
             text: "hello ada".into(),
@@ -661,7 +668,7 @@ mod tests {
             to: None,
         }));
         view.apply(&ServerMsg::Chat(ChatView {
-            tick: 41,
+            tick: Tick(41),
             name: "door".into(),
             channel: 7,
             text: "creak".into(),
@@ -771,7 +778,7 @@ mod tests {
         let me = "aa".repeat(32);
         let mut view = world(&me);
         view.apply(&ServerMsg::Chat(ChatView {
-            tick: 42,
+            tick: Tick(42),
             name: "lamp".into(),
             channel: DEBUG_CHANNEL,
             text: "runtime error: boom (line 1, position 20)".into(),
@@ -809,7 +816,7 @@ mod tests {
         // The sim executed the walk and has the avatar at rest, a little further: after the
         // settling time it is drawn where the sim put it.
         view.apply(&ServerMsg::Tick {
-            tick: 60,
+            tick: Tick(60),
             enter: vec![],
             update: vec![crate::proto::ObjectUpdate {
                 id: "0v0".into(),

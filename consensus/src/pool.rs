@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
-use crate::types::{Digest, EventBytes, Micros, event_ids};
+use crate::types::{Digest, EventBytes, Micros, Tick, event_ids};
 
 /// Events waiting for a block, and the ids recently committed (so a late copy is dropped).
 ///
@@ -32,7 +32,7 @@ pub(crate) struct Pool {
     committed: IdSet,
     committed_old: IdSet,
     /// The first tick of the `committed` generation.
-    generation_from: Option<u64>,
+    generation_from: Option<Tick>,
     /// The gossip batches the events came in, which compact proposals name runs of.
     pub batches: Batches,
 }
@@ -488,9 +488,9 @@ impl Pool {
 
     /// Events of a finalized block leave the pool and are remembered for at least `window`
     /// ticks (and at most `2 * window`).
-    pub fn committed(&mut self, tick: u64, ids: &[Digest], window: u64) {
+    pub fn committed(&mut self, tick: Tick, ids: &[Digest], window: u64) {
         let from = *self.generation_from.get_or_insert(tick);
-        if tick >= from.saturating_add(window.max(1)) {
+        if tick >= from + window.max(1) {
             // The older generation is forgotten and its table reused, already at full size: a
             // fresh table grew by doubling while the generation filled, and rehashing its
             // last doublings (to 300,000 ids at 1,000 events a tick) stalled a validator for
@@ -531,9 +531,9 @@ mod tests {
             many.insert(ev(i), 1_000);
         }
         let older: Vec<Digest> = (0..10).map(|i| event_id(&ev(i))).collect();
-        many.committed(1, &older, 5);
+        many.committed(Tick(1), &older, 5);
         let newer: Vec<Digest> = (10..20).map(|i| event_id(&ev(i))).collect();
-        many.committed(7, &newer, 5);
+        many.committed(Tick(7), &newer, 5);
         let mut one = many.clone();
         // 0..20 committed (older and newer generation), 20..50 pooled, then 40 new ones and
         // repeats of all of these; the cap (60 pooled) falls inside the batch.
@@ -561,15 +561,15 @@ mod tests {
         assert_eq!(p.take(10, 1 << 20, &[]), vec![ev(b"a"), ev(b"b")]);
         let a = event_id(b"a");
         assert_eq!(p.take(10, 1 << 20, &[&[a]]), vec![ev(b"b")]);
-        p.committed(5, &[a], 10);
+        p.committed(Tick(5), &[a], 10);
         assert_eq!(p.len(), 1);
         assert!(p.insert(ev(b"a"), 9).is_none(), "committed recently");
-        p.committed(14, &[], 10);
+        p.committed(Tick(14), &[], 10);
         assert!(p.insert(ev(b"a"), 9).is_none(), "remembered for the window");
-        p.committed(16, &[], 10);
-        p.committed(25, &[], 10);
+        p.committed(Tick(16), &[], 10);
+        p.committed(Tick(25), &[], 10);
         assert!(p.insert(ev(b"a"), 9).is_none(), "remembered for less than twice the window");
-        p.committed(26, &[], 10);
+        p.committed(Tick(26), &[], 10);
         assert!(p.insert(ev(b"a"), 9).is_some(), "forgotten after twice the window");
     }
 
@@ -644,7 +644,7 @@ mod tests {
         let mut near = ids[7];
         near.0[31] ^= 1;
         assert_eq!(p.get(&near), None);
-        p.committed(1, &ids[..10], 5);
+        p.committed(Tick(1), &ids[..10], 5);
         assert_eq!(p.len(), 40);
         assert_eq!(p.get(&ids[3]), None);
         let Batch { events: taken, ids: taken_ids, .. } = p.batch(100, 1 << 20, &[]);
@@ -659,10 +659,10 @@ mod tests {
         let ids: Vec<Digest> = events.iter().map(|e| event_id(e)).collect();
         let shards: HashSet<usize> = ids.iter().map(|id| IdSet::shard(key(id))).collect();
         assert_eq!(shards.len(), IdSet::SHARDS, "5,000 ids reach every shard");
-        p.committed(1, &ids[..2_500], 10);
-        p.committed(11, &ids[2_500..], 10); // a new generation: the first half is in the old one
+        p.committed(Tick(1), &ids[..2_500], 10);
+        p.committed(Tick(11), &ids[2_500..], 10); // a new generation: the first half is in the old one
         assert!(events.iter().all(|e| p.insert(e[..].into(), 100_000).is_none()), "all remembered");
-        p.committed(21, &[], 10); // the first half is forgotten, its table reused
+        p.committed(Tick(21), &[], 10); // the first half is forgotten, its table reused
         assert!(events[..2_500].iter().all(|e| p.insert(e[..].into(), 100_000).is_some()));
         assert!(events[2_500..].iter().all(|e| p.insert(e[..].into(), 100_000).is_none()));
     }
@@ -680,7 +680,7 @@ mod tests {
         let a = evs("a", 6);
         // a[1] pooled before, a[2] committed: both stay in the batch, neither is new.
         p.insert_many(&a[1..2], 100, 0);
-        p.committed(1, &[event_id(&a[2])], 10);
+        p.committed(Tick(1), &[event_id(&a[2])], 10);
         let got = p.insert_gossip(&a, 100, 5);
         let new: Vec<usize> = (0..6).filter(|i| got[*i].is_some()).collect();
         assert_eq!(new, vec![0, 3, 4, 5]);

@@ -185,12 +185,12 @@ fn a_node_whose_state_diverges_detects_it_reports_and_resyncs_from_a_certified_s
     let at = bad.log.iter().position(|o| matches!(o, CoreOutput::Desync(_))).expect("node 3 noticed it diverged");
     let CoreOutput::Desync(report) = &bad.log[at] else { unreachable!() };
     let tick = report.tick;
-    assert!(tick < 5, "within a few ticks: {tick}");
+    assert!(tick.0 < 5, "within a few ticks: {tick}");
     assert!(report.theirs.len() >= 2, "f+1 = 2 peers disagreed: {:?}", report.theirs);
     for r in report.theirs.values() {
-        assert_eq!(Some(r), all[0].get(&Tick(tick)), "the peers' root is the honest one");
+        assert_eq!(Some(r), all[0].get(&tick), "the peers' root is the honest one");
     }
-    assert_ne!(Some(&report.mine), all[0].get(&Tick(tick)));
+    assert_ne!(Some(&report.mine), all[0].get(&tick));
     assert!(report.subsystems.is_some() && !report.last_inputs.is_empty());
     let snap = Snapshot::decode(&report.snapshot, 1 << 30).expect("the report's snapshot decodes");
     // The snapshot is of the state the node stopped in: its last executed tick.
@@ -218,7 +218,7 @@ fn a_node_whose_state_diverges_detects_it_reports_and_resyncs_from_a_certified_s
         .expect("node 3 resynced");
     assert!(resynced.1 >= 2, "certified by f+1 = 2 others at least: {resynced:?}");
     assert!(!bad.core.resyncing() && bad.core.desynced().is_none());
-    let after: Vec<_> = all[3].range(Tick(resynced.0)..).collect();
+    let after: Vec<_> = all[3].range(resynced.0..).collect();
     assert!(after.len() > 20, "node 3 executed {} ticks after its resync at {}", after.len(), resynced.0);
     for (t, r) in after {
         if let Some(honest) = all[0].get(t) {
@@ -252,8 +252,8 @@ fn a_validator_down_longer_than_its_peers_keep_blocks_catches_up_from_a_certifie
     assert!(!joined && certified_by >= 2, "a validator's catch-up, certified by f+1 = 2 others: {certified_by}");
     assert_eq!(p.core.stats().stranded, 1);
     // Node 3 stopped at about tick 8; it waits until its peers are 64 ticks further, then 10 s.
-    assert!(tick > 72, "the snapshot of tick {tick}");
-    let after: Vec<_> = all[3].range(Tick(tick)..).collect();
+    assert!(tick.0 > 72, "the snapshot of tick {tick}");
+    let after: Vec<_> = all[3].range(tick..).collect();
     assert!(after.len() > 20, "node 3 executed {} ticks after taking tick {tick}", after.len());
     for (t, r) in &after {
         assert_eq!(all[0].get(t), Some(*r), "node 3 after its catch-up, tick {t}");

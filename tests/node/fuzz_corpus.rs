@@ -53,7 +53,7 @@ fn write_seed_corpora() {
     write("snapshot", "small", &g.snapshot.encode());
     let msg = metatopia_node::net::wire::NodeMsg::SimInfoRequest;
     write("node_message", "sim-info-request", &msg.encode());
-    let msg = metatopia_node::net::wire::NodeMsg::Snapshot { tick: 0, bytes: g.snapshot.encode() };
+    let msg = metatopia_node::net::wire::NodeMsg::Snapshot { tick: metatopia_sim::Tick(0), bytes: g.snapshot.encode() };
     write("node_message", "snapshot", &msg.encode());
     let mut state = rhai::Map::new();
     state.insert("n".into(), 5i64.into());
@@ -69,10 +69,10 @@ fn write_seed_corpora() {
     j.write(b"first state").unwrap();
     j.write(b"second state").unwrap();
     write("journal", "two", &std::fs::read(dir.join("consensus.journal")).unwrap());
-    let (mut log, _) = metatopia_node::store::CommitLog::open(&data.log_dir(), 0).unwrap();
+    let (mut log, _) = metatopia_node::store::CommitLog::open(&data.log_dir(), metatopia_sim::Tick(0)).unwrap();
     for tick in 0..3 {
         let rec = metatopia_node::store::LogRecord {
-            tick,
+            tick: metatopia_sim::Tick(tick),
             time_ms: tick * 50,
             seed: [1; 32],
             events: vec![metatopia_sim::codec::encode(&login)],

@@ -319,7 +319,7 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
 
     // All four tick together: every one a voter, all on one root at some tick.
     let s = wait_all("four voting nodes past tick 100", Duration::from_secs(90), &hosts, |s| {
-        s.iter().all(|s| s.voting && s.tick > 100 && s.validators_connected == 4)
+        s.iter().all(|s| s.voting && s.tick.0 > 100 && s.validators_connected == 4)
     });
     assert!(s.iter().all(|s| s.validators == 4), "{s:?}");
     // Reachability: the public ones public, the homes private with reservations on relays.
@@ -389,7 +389,7 @@ fn validators_behind_nats_vote_through_relays_and_a_dead_relay_is_replaced() {
     ok(&["init", "--data-dir", jdir.to_str().unwrap(), "--listen", &format!("{}:7100", joiner.ip)]);
     nodes.push(Some(run_in(&joiner, &jdir, &["--join", &format!("{}@{}:7100", keys[0], p1.ip)])));
     let jkey = key_of(&jdir);
-    wait_for("the joiner to follow", Duration::from_secs(60), || status(&joiner).filter(|s| s.tick > 0));
+    wait_for("the joiner to follow", Duration::from_secs(60), || status(&joiner).filter(|s| s.tick.0 > 0));
     let admin = root.join("sim").join("admin.key");
     let out = Command::new("ip")
         .args(["netns", "exec", &p1.ns, env!("CARGO_BIN_EXE_metatopia"), "admin", "--node"])
@@ -477,7 +477,7 @@ fn a_client_uses_the_nearest_node_of_its_sim_and_moves_when_it_dies_and_returns(
     let keys: Vec<String> = dirs.iter().map(|d| key_of(d)).collect();
     let start = |i: usize| run_in(&hosts[i], &dirs[i], &[]);
     let mut nodes: Vec<Option<Kill>> = (0..4).map(|i| Some(start(i))).collect();
-    wait_all("four ticking nodes", Duration::from_secs(60), &refs, |s| s.iter().all(|s| s.tick > 20));
+    wait_all("four ticking nodes", Duration::from_secs(60), &refs, |s| s.iter().all(|s| s.tick.0 > 20));
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
@@ -521,7 +521,7 @@ fn a_client_uses_the_nearest_node_of_its_sim_and_moves_when_it_dies_and_returns(
         assert!(c.nearer_moves > moves);
     });
     // The web viewer, on the same paths.
-    wait_all("node 1 back in step", Duration::from_secs(60), &refs, |s| s.iter().all(|s| s.tick > 20 && s.voting));
+    wait_all("node 1 back in step", Duration::from_secs(60), &refs, |s| s.iter().all(|s| s.tick.0 > 20 && s.voting));
     let (chromium, e2e) = crate::viewer::browser();
     let http = |i: usize| format!("{}:8100", hosts[i].ip);
     let url = format!("http://{}/", http(0));

@@ -4,7 +4,9 @@
 //! - no source file outside the tests passes 1,000 lines without a reason named here;
 //! - no crate's modules import each other in a cycle (a module's named paths to another; a
 //!   split `impl`'s `use super::*`, the parent's own type continued in a child file, is not
-//!   counted).
+//!   counted);
+//! - the libraries return typed errors (`thiserror`): `anyhow` only in the node's program, its
+//!   shell and command line, which report to an operator.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -82,6 +84,39 @@ fn the_crates_below_the_node_depend_on_no_runtime_socket_or_clock() {
             }
         }
     }
+}
+
+/// Where `anyhow` may be used: the node's program (the shell that runs a process and the
+/// command line), and the lab's tools. Everything a library user calls returns typed errors.
+const PROGRAM_DIRS: [&str; 3] = ["node/src/shell", "node/src/cli", "node/src/main.rs"];
+/// Library sources checked for `anyhow`.
+const LIBRARY_DIRS: [&str; 8] = [
+    "sim/src",
+    "scripting/src",
+    "physics/src",
+    "consensus/src",
+    "raynet/src",
+    "scenarios/src",
+    "client/src",
+    "node/src",
+];
+
+#[test]
+fn the_libraries_return_typed_errors_and_anyhow_stays_in_the_program() {
+    let mut files = Vec::new();
+    for dir in LIBRARY_DIRS {
+        let p = root().join(dir);
+        if p.is_file() { files.push(p) } else { sources(&p, &mut files) }
+    }
+    let program: Vec<PathBuf> = PROGRAM_DIRS.iter().map(|d| root().join(d)).collect();
+    let files: BTreeSet<PathBuf> = files.into_iter().filter(|f| !program.iter().any(|p| f.starts_with(p))).collect();
+    assert!(files.len() > 50, "the library sources were not found under {}", root().display());
+    let users: Vec<String> = files
+        .iter()
+        .filter(|f| code_of(&std::fs::read_to_string(f).unwrap()).contains("anyhow"))
+        .map(|f| f.strip_prefix(root()).unwrap_or(f).display().to_string())
+        .collect();
+    assert!(users.is_empty(), "library code uses anyhow (return a thiserror type): {users:?}");
 }
 
 #[test]

@@ -122,7 +122,7 @@ fn a_sim_made_by_its_operator_belongs_to_its_admin_key_and_the_temp_admin_rule_h
     let nodes: Vec<Kill> = sim.dirs.iter().zip(&sim.http).map(|(d, h)| run(d, h, &[])).collect();
     wait_for("the four nodes to tick", Duration::from_secs(120), || {
         let s: Vec<Status> = sim.http.iter().filter_map(|h| status(h)).collect();
-        (s.len() == 4 && s.iter().all(|s| s.tick >= 10)).then_some(())
+        (s.len() == 4 && s.iter().all(|s| s.tick.0 >= 10)).then_some(())
     });
     let node = |i: usize| sim.http[i].as_str();
     // Keys made as an operator or player makes them: random, in files of their own.
@@ -257,7 +257,7 @@ fn a_node_without_its_owners_genesis_does_not_run_and_a_joiner_checks_the_genesi
     let nodes: Vec<Kill> = sim.dirs.iter().zip(&sim.http).map(|(d, h)| run(d, h, &[])).collect();
     wait_for("the four nodes to tick", Duration::from_secs(120), || {
         let s: Vec<Status> = sim.http.iter().filter_map(|h| status(h)).collect();
-        (s.len() == 4 && s.iter().all(|s| s.tick >= 10)).then_some(())
+        (s.len() == 4 && s.iter().all(|s| s.tick.0 >= 10)).then_some(())
     });
     let key0 = account_of(&sim.dirs[0].join("node.key"));
     let join = format!("{key0}@{}", sim.listen[0]);
@@ -276,7 +276,8 @@ fn a_node_without_its_owners_genesis_does_not_run_and_a_joiner_checks_the_genesi
     // The right one: `init` then `run --join` follows the sim.
     let right = format!("{join}/{hash}");
     let _j = run(&joiner, &http, &["--join", &right]);
-    let s = wait_for("the joined node to follow", Duration::from_secs(120), || status(&http).filter(|s| s.tick >= 20));
+    let s =
+        wait_for("the joined node to follow", Duration::from_secs(120), || status(&http).filter(|s| s.tick.0 >= 20));
     assert_eq!(s.sim, 1);
     assert_eq!(
         ok(&["sim", "show", joiner.to_str().unwrap()]).lines().next(),

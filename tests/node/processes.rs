@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use metatopia_node::config::{BotsConfig, NodeConfig, ValidatorEntry, WorldConfig};
 use metatopia_node::store::{DataDir, write_atomic};
+use metatopia_sim::Tick;
 
 /// (node, tick) -> (root, when its line was read).
 type Roots = Arc<Mutex<BTreeMap<(usize, u64), (String, Instant)>>>;
@@ -216,7 +217,7 @@ fn four_validators_and_an_observer_run_1000_ticks_with_identical_roots() {
     assert!(nodes[4].stdout.lock().unwrap().contains("an observer"), "node 4 follows without voting");
     assert!(nodes[0].stdout.lock().unwrap().contains("a validator"));
     // Snapshots were written along the way.
-    assert!(DataDir::open(&dirs[0]).unwrap().snapshots().unwrap().iter().any(|(t, _)| *t == 896));
+    assert!(DataDir::open(&dirs[0]).unwrap().snapshots().unwrap().iter().any(|(t, _)| *t == Tick(896)));
 }
 
 #[test]
@@ -337,7 +338,7 @@ fn a_killed_validator_costs_the_sim_almost_none_of_its_tick_rate() {
     // The dead leader's views were among them (each costs 0.4 s of waiting)...
     assert!(view1 - view0 >= 8, "views {view0}..{view1}");
     // ...and cost next to no ticks: at most a tenth more agreed time a tick than the 50 ms.
-    let per_tick = (ms1 - ms0) as f64 / (tick1 - tick0) as f64;
+    let per_tick = (ms1 - ms0) as f64 / tick1.since(tick0) as f64;
     assert!(per_tick <= 55.0, "{per_tick:.1} ms of agreed time a tick at 20 Hz (ticks {tick0}..{tick1})");
     // Then the dead validator leads no view: at least three views in four ticks.
     let ((tick0, _), view0) = (agreed(), view());
@@ -348,7 +349,7 @@ fn a_killed_validator_costs_the_sim_almost_none_of_its_tick_rate() {
             interrupt(n);
         }
     }
-    assert!(4 * (view1 - view0) >= 3 * (tick1 - tick0), "views {view0}..{view1} for ticks {tick0}..{tick1}");
+    assert!(4 * (view1 - view0) >= 3 * tick1.since(tick0), "views {view0}..{view1} for ticks {tick0}..{tick1}");
     assert!(assert_same_roots(&roots) > 3 * 60, "the three nodes' roots were compared");
 }
 
@@ -402,7 +403,7 @@ fn a_tampered_snapshot_is_refused_with_a_clear_error_and_the_log_rebuilds_the_st
     assert!(roots.iter().all(|r| *r == roots[0]), "{roots:?}");
     let snaps = DataDir::open(&dirs[0]).unwrap().snapshots().unwrap();
     let (tick, path) = snaps.last().unwrap().clone();
-    assert_eq!(tick, 128);
+    assert_eq!(tick, Tick(128));
     let mut bytes = std::fs::read(&path).unwrap();
     // The file holds the state as of the tick it is named for (taken the moment tick 127
     // executed, not when the node's loop got to its output), a multiple of 64 whose root covers
@@ -559,7 +560,7 @@ fn health_metrics_stats_and_signed_admin_acts_through_the_http_service() {
         assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
     }
     let s: Status = clients[2].get("/v1/status").unwrap().unwrap();
-    assert!(s.tick >= 39 && s.validators == 4 && s.node == 2 && s.root.len() == 64, "{s:?}");
+    assert!(s.tick.0 >= 39 && s.validators == 4 && s.node == 2 && s.root.len() == 64, "{s:?}");
 
     let (ok, out, err) = cli(&["stats", "--node", &https[1]]);
     assert!(ok, "{err}");
@@ -740,7 +741,7 @@ fn the_admins_tick_rate_takes_effect_at_the_next_epoch_boundary_on_every_node() 
     let (t0, ms0) = gov(0);
     wait_for("20 more ticks", Duration::from_secs(120), || gov(0).0 >= t0 + 20);
     let (t1, ms1) = gov(0);
-    let per_tick = (ms1 - ms0) / (t1 - t0);
+    let per_tick = (ms1 - ms0) / t1.since(t0);
     assert!(per_tick >= 90, "{per_tick} ms of agreed time a tick at 10 Hz (ticks {t0}..{t1})");
     // Every node agrees on every tick before and after the switch.
     let low = (0..4).map(|i| cluster.status(i).unwrap().tick).min().unwrap();
@@ -780,7 +781,7 @@ fn a_joined_node_admitted_by_the_admin_votes_from_the_next_epoch_and_its_votes_c
             .unwrap(),
     );
     let status = || Client::new(&http).get::<Status>("/v1/status").ok().flatten();
-    wait_for("the new node to follow", Duration::from_secs(120), || status().is_some_and(|s| s.tick > 0));
+    wait_for("the new node to follow", Duration::from_secs(120), || status().is_some_and(|s| s.tick.0 > 0));
     assert!(!status().unwrap().voting);
 
     let admin = cluster.root.join("ada.key");

@@ -244,7 +244,7 @@ impl Cluster {
             http: (0..n).map(|i| format!("127.0.0.1:{}", ports[n + i])).collect(),
         };
         let t0 = std::time::Instant::now();
-        while (0..sims).any(|k| cluster.status(4 * k).is_none_or(|s| s.tick < 10)) {
+        while (0..sims).any(|k| cluster.status(4 * k).is_none_or(|s| s.tick.0 < 10)) {
             assert!(t0.elapsed() < std::time::Duration::from_secs(120), "the nodes did not start ticking");
             std::thread::sleep(std::time::Duration::from_millis(200));
         }

@@ -244,7 +244,7 @@ pub enum ProposalError {
     #[error(
         "tick {got} does not follow the parent's ({expected} is the first it may be) within the span its BFT time allows"
     )]
-    BadTick { expected: u64, got: u64 },
+    BadTick { expected: Tick, got: Tick },
     #[error("BFT time {got} ms is not after the parent's {parent} ms or is more than the drift ahead of {now} ms")]
     BadTime { got: u64, parent: u64, now: u64 },
     #[error("batch over its limits or with duplicate events")]
@@ -296,7 +296,7 @@ pub struct Validator {
     /// Views finalized since patience last changed.
     calm: u64,
     /// This validator's schedule of ticks: a tick and the time it was due (see `due`).
-    schedule: Option<(u64, Micros)>,
+    schedule: Option<(Tick, Micros)>,
     views: BTreeMap<View, ViewState>,
     blocks: Blocks,
     notarized: BTreeMap<View, Certificate>,
@@ -422,7 +422,7 @@ impl Validator {
         // epoch's last block), or from the previous epoch's own if the caller hands it on
         // ([`Validator::continue_schedule`]): a fresh one started from its first block, and lost
         // the ticks due while the epochs changed hands.
-        let schedule = cfg.anchor.as_ref().map(|a| (a.block.tick.0, a.block.time_ms.saturating_mul(1_000)));
+        let schedule = cfg.anchor.as_ref().map(|a| (a.block.tick, a.block.time_ms.saturating_mul(1_000)));
         let mut blocks = Blocks::default();
         let mut output_tick = None;
         if let (Some(a), Some(d)) = (&cfg.anchor, anchor_digest) {

@@ -52,14 +52,14 @@ impl Validator {
         Some(Parent { view: View(0), digest: self.root_parent() })
     }
 
-    pub(super) fn parent_time_tick(&self, parent: &Parent) -> Option<(u64, u64)> {
+    pub(super) fn parent_time_tick(&self, parent: &Parent) -> Option<(u64, Tick)> {
         if parent.view == View(0) {
             return Some(match &self.cfg.anchor {
-                Some(a) => (a.block.time_ms, a.block.tick.0 + 1),
-                None => (self.cfg.genesis_time_ms, 0),
+                Some(a) => (a.block.time_ms, a.block.tick.next()),
+                None => (self.cfg.genesis_time_ms, Tick::ZERO),
             });
         }
-        self.blocks.get(&parent.digest).map(|s| (s.block.time_ms, s.block.tick.0 + 1))
+        self.blocks.get(&parent.digest).map(|s| (s.block.time_ms, s.block.tick.next()))
     }
 
     /// When this validator, as leader of the current view, may propose.
@@ -71,11 +71,11 @@ impl Validator {
         }
         let parent = self.parent_for(self.view)?;
         let (time_ms, tick) = self.parent_time_tick(&parent)?;
-        if self.cfg.last_tick.is_some_and(|last| tick > last.0) {
+        if self.cfg.last_tick.is_some_and(|last| tick > last) {
             return None; // the epoch is over
         }
         if let Some(lag) = self.cfg.max_exec_lag {
-            let executed = self.root.map_or(0, |r| r.tick.0 + 1);
+            let executed = self.root.map_or(Tick::ZERO, |r| r.tick.next());
             if self.unexecuted(&parent, executed, lag) > lag {
                 return None; // wait for execution; the application's next report retries
             }
@@ -87,12 +87,12 @@ impl Validator {
 
     /// The blocks from `parent` back whose ticks reach `executed` (the next tick the application
     /// executes), counted up to `limit + 1`: with a block a tick, the ticks execution trails.
-    fn unexecuted(&self, parent: &Parent, executed: u64, limit: u64) -> u64 {
+    fn unexecuted(&self, parent: &Parent, executed: Tick, limit: u64) -> u64 {
         let mut n = 0;
         let mut d = parent.digest;
         while n <= limit {
             match self.blocks.get(&d) {
-                Some(s) if s.block.tick.0 >= executed => {
+                Some(s) if s.block.tick >= executed => {
                     n += 1;
                     d = s.block.parent.digest;
                 }
@@ -111,14 +111,14 @@ impl Validator {
     /// with BFT time `time_ms` covers at least one tick, at most `max_span`, at most one more
     /// than whole periods of BFT time passed since the parent (so its empty ticks have BFT
     /// times from the parent's on), and an epoch's last tick only alone.
-    pub(super) fn span_ok(&self, first: u64, tick: u64, parent_ms: u64, time_ms: u64) -> bool {
+    pub(super) fn span_ok(&self, first: Tick, tick: Tick, parent_ms: u64, time_ms: u64) -> bool {
         if tick < first {
             return false;
         }
-        let span = tick - first + 1;
+        let span = tick.since(first) + 1;
         span <= self.max_span()
             && span <= self.periods_between(parent_ms, time_ms) + 1
-            && (self.cfg.last_tick != Some(Tick(tick)) || span == 1)
+            && (self.cfg.last_tick != Some(tick) || span == 1)
     }
 
     /// Whole tick periods from BFT time `from_ms` to `to_ms`.
@@ -130,7 +130,7 @@ impl Validator {
     /// `first`, within the span rules, and no more than two spans of ticks past what this
     /// validator has executed (when execution is slow, ticks come later, as with one tick a
     /// block); an epoch's last tick in a block of its own.
-    pub(super) fn span_end(&self, now: Micros, first: u64, parent_ms: u64, time_ms: u64) -> u64 {
+    pub(super) fn span_end(&self, now: Micros, first: Tick, parent_ms: u64, time_ms: u64) -> Tick {
         let max = self.max_span();
         let period = self.cfg.period_us.max(1);
         let Some(due) = self.due(first).filter(|&d| max > 1 && d <= now) else { return first };
@@ -139,12 +139,12 @@ impl Validator {
         if self.cfg.max_exec_lag.is_some() {
             // Two spans: the blocks in flight, not yet handed out for execution (about five
             // one-way delays), may hold one long span already (after a view that failed).
-            let executed = self.root.map_or(first.saturating_sub(1), |r| r.tick.0);
-            span = span.min((executed + 2 * max + 1).saturating_sub(first)).max(1);
+            let executed = self.root.map_or(first.saturating_sub(1), |r| r.tick);
+            span = span.min((executed + 2 * max + 1).since(first)).max(1);
         }
-        let end = first + span.max(1) - 1;
-        match self.cfg.last_tick.map(|t| t.0) {
-            Some(last) if end >= last && first < last => last - 1,
+        let end = first + (span.max(1) - 1);
+        match self.cfg.last_tick {
+            Some(last) if end >= last && first < last => last.saturating_sub(1),
             Some(last) if end >= last => last,
             _ => end,
         }
@@ -159,13 +159,13 @@ impl Validator {
     /// only R1's bounds), follows the chain (`note_schedule`), and never asks for more than
     /// [`MAX_DEBT_PERIODS`] of lost time back, nor a proposal sooner than half a period
     /// after its parent.
-    pub(super) fn due(&self, tick: u64) -> Option<Micros> {
+    pub(super) fn due(&self, tick: Tick) -> Option<Micros> {
         let (at_tick, at) = self.schedule?;
         let period = self.cfg.period_us;
         Some(if tick >= at_tick {
-            at.saturating_add((tick - at_tick).saturating_mul(period))
+            at.saturating_add(tick.since(at_tick).saturating_mul(period))
         } else {
-            at.saturating_sub((at_tick - tick).saturating_mul(period))
+            at.saturating_sub(at_tick.since(tick).saturating_mul(period))
         })
     }
 
@@ -175,7 +175,7 @@ impl Validator {
     /// (the time lost, in a view change say, is not made up). Blocks timed ahead of this
     /// validator's clock are not followed. (With spans, "more than a span" rather than
     /// [`MAX_DEBT_PERIODS`]: the ticks a span could not cover are covered by the next.)
-    pub(super) fn note_schedule(&mut self, now: Micros, tick: u64, time_ms: u64) {
+    pub(super) fn note_schedule(&mut self, now: Micros, tick: Tick, time_ms: u64) {
         let at = time_ms * 1_000;
         if at > now + 1_000 {
             return;
@@ -211,11 +211,11 @@ impl Validator {
         let (parent_time, first) = self.parent_time_tick(&parent).expect("propose_at checked");
         let mut time_ms = (now / 1_000).max(parent_time + 1);
         let tick = self.span_end(now, first, parent_time, time_ms);
-        if self.cfg.last_tick.is_some_and(|last| tick + 1 >= last.0) {
+        if self.cfg.last_tick.is_some_and(|last| tick.next() >= last) {
             // Cut short by the epoch's end (its last tick comes alone): stamped when its own
             // ticks were due, not now, so the BFT time it could not cover is covered by the
             // blocks after it (their spans reach back to their parent's time).
-            let span_ms = (tick - first + 1).saturating_mul(self.cfg.period_us).div_ceil(1_000);
+            let span_ms = (tick.since(first) + 1).saturating_mul(self.cfg.period_us).div_ceil(1_000);
             time_ms = time_ms.min(parent_time + span_ms).max(parent_time + 1);
         }
         let (ancestors, exclude) = self.uncommitted(&parent);
@@ -237,7 +237,7 @@ impl Validator {
             view,
             leader: me,
             parent,
-            tick: Tick(tick),
+            tick,
             time_ms,
             events: Vec::new(),
             parent_certificate: if parent.view > View(0) {
@@ -318,7 +318,7 @@ impl Validator {
             }
             Err(_) => return,
         }
-        self.note_schedule(now, stored.block.tick.0, stored.block.time_ms);
+        self.note_schedule(now, stored.block.tick, stored.block.time_ms);
         self.note_events(stored.ids.len());
         self.blocks.insert(digest, stored);
         if view <= self.tip.0 {
@@ -409,8 +409,8 @@ impl Validator {
         if b.time_ms <= parent_time || b.time_ms > now_ms + self.cfg.max_drift_ms {
             return Err(ProposalError::BadTime { got: b.time_ms, parent: parent_time, now: now_ms });
         }
-        if !self.span_ok(tick, b.tick.0, parent_time, b.time_ms) {
-            return Err(ProposalError::BadTick { expected: tick, got: b.tick.0 });
+        if !self.span_ok(tick, b.tick, parent_time, b.time_ms) {
+            return Err(ProposalError::BadTick { expected: tick, got: b.tick });
         }
         let bytes: usize = b.events.iter().map(|e| e.len()).sum();
         if b.events.len() > self.cfg.max_batch_events

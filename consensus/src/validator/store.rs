@@ -249,7 +249,7 @@ impl Validator {
                 // the batch may hold these events.
                 self.prepared = None;
             }
-            self.pool.committed(tick.0, &ids, self.cfg.dedup_window_ticks);
+            self.pool.committed(tick, &ids, self.cfg.dedup_window_ticks);
         }
         if committed {
             self.prune();

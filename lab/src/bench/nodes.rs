@@ -139,7 +139,7 @@ pub fn run(args: NodesArgs) -> anyhow::Result<()> {
     let status = |i: usize| clients[i].get::<Status>("/v1/status").ok().flatten();
 
     let t0 = Instant::now();
-    while !(0..clients.len()).all(|i| status(i).is_some_and(|s| s.tick > 0)) {
+    while !(0..clients.len()).all(|i| status(i).is_some_and(|s| s.tick.0 > 0)) {
         anyhow::ensure!(t0.elapsed() < Duration::from_secs(120), "the nodes did not start ticking in 2 minutes");
         std::thread::sleep(Duration::from_millis(250));
     }
@@ -155,7 +155,7 @@ pub fn run(args: NodesArgs) -> anyhow::Result<()> {
         for (i, s) in samples.iter_mut().enumerate() {
             let (Some(st), Some(pid)) = (status(i), s.pid) else { continue };
             let cpu = proc_stat(pid).map_or(0, |(_, j)| j);
-            let now = (Instant::now(), st.tick, cpu);
+            let now = (Instant::now(), st.tick.0, cpu);
             s.first.get_or_insert(now);
             s.last = Some(now);
             let size = (st.objects, st.scripts);

@@ -166,7 +166,7 @@ pub(crate) fn recording(
     let mut ticks = BTreeMap::new();
     for o in &node.log {
         if let CoreOutput::Committed(r) = o
-            && let Some(root) = roots.get(&Tick(r.tick))
+            && let Some(root) = roots.get(&r.tick)
         {
             ticks.insert(r.tick, ((**r).clone(), *root));
         }
@@ -276,8 +276,8 @@ impl Disks {
             CoreOutput::Committed(r) => Some(r.tick),
             _ => None,
         });
-        let back: std::collections::BTreeSet<u64> = recovered.iter().map(|r| r.tick).collect();
-        let from = recovered.first().map_or(0, |r| r.tick);
+        let back: std::collections::BTreeSet<Tick> = recovered.iter().map(|r| r.tick).collect();
+        let from = recovered.first().map_or(Tick::ZERO, |r| r.tick);
         let lost = logged.filter(|t| *t >= from && !back.contains(t)).collect::<std::collections::BTreeSet<_>>().len();
         let mut r = self.restarts.lock().unwrap_or_else(|e| e.into_inner());
         r.0 += 1;
@@ -311,7 +311,7 @@ pub(crate) fn replay_log(
     records: &[LogRecord],
 ) {
     let from = core.sim().world().tick().0;
-    for rec in records.iter().filter(|r| r.tick >= from) {
+    for rec in records.iter().filter(|r| r.tick.0 >= from) {
         if core.replay(rec).is_err() {
             break;
         }

@@ -310,7 +310,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         let ticks: Vec<u64> = honest
             .iter()
             .filter(|i| procs[**i].child.is_some())
-            .filter_map(|i| status(*i).map(|s| s.tick + 1))
+            .filter_map(|i| status(*i).map(|s| s.tick.0 + 1))
             .collect();
         let (low, high) = (ticks.iter().copied().min().unwrap_or(0), ticks.iter().copied().max().unwrap_or(0));
         if low >= target || start.elapsed() > cap {
@@ -338,7 +338,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         while let Some((line, s)) = pending.front().copied() {
             let via = usize::from(s.via);
             let Some(st) = status(via) else { break };
-            if st.tick + 1 < s.at_tick {
+            if st.tick.0 + 1 < s.at_tick {
                 break;
             }
             let (mut waiting, mut done) = (false, Vec::new());
@@ -400,7 +400,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
                 continue;
             }
             let at = *at_tick;
-            let Some((i, st)) = honest.iter().find_map(|i| status(*i).filter(|s| s.tick + 1 >= at).map(|s| (*i, s)))
+            let Some((i, st)) = honest.iter().find_map(|i| status(*i).filter(|s| s.tick.0 + 1 >= at).map(|s| (*i, s)))
             else {
                 continue;
             };
@@ -421,7 +421,7 @@ pub fn run(file: &Path, spec: &Scenario, text: &str, opts: &Options, dir: &Path)
         let seen = Seen::new(&clients, &up, &procs, &gs[0].objects, (&labelled, &at_door), roles)?;
         judge(spec, text, &seen)
     };
-    let ticks = (0..n).map(|i| status(i).map(|s| s.tick + 1)).collect();
+    let ticks = (0..n).map(|i| status(i).map(|s| s.tick.0 + 1)).collect();
     for p in &mut procs {
         if let Some(c) = p.child.as_mut() {
             let _ = Command::new("kill").arg("-INT").arg(c.id().to_string()).status();
@@ -470,7 +470,7 @@ impl<'a> Seen<'a> {
             .map(|i| clients[*i].get::<Status>("/v1/status")?.context("no status"))
             .collect::<Result<_, _>>()?;
         // Agreement: every tick of the last 200 that all of them still remember.
-        let low = status.iter().map(|s| s.tick).min().unwrap_or(0);
+        let low = status.iter().map(|s| s.tick.0).min().unwrap_or(0);
         let agreement = compare_roots_over_http(clients, up, low);
         Ok(Seen { clients, up, status, procs, objects, labelled, at_door, roles, agreement })
     }
@@ -491,11 +491,11 @@ impl Observed for Seen<'_> {
     }
 
     fn ticks(&self) -> Vec<u64> {
-        self.status.iter().map(|s| s.tick + 1).collect()
+        self.status.iter().map(|s| s.tick.0 + 1).collect()
     }
 
     fn desynced(&self) -> Vec<u64> {
-        self.status.iter().filter_map(|s| s.desynced).collect()
+        self.status.iter().filter_map(|s| s.desynced.map(|t| t.0)).collect()
     }
 
     fn objects(&self) -> u64 {
@@ -626,7 +626,7 @@ impl<'a> WorldSeen<'a> {
             let nodes: Vec<usize> =
                 up.iter().copied().filter(|i| i / per == k && seen.status.contains_key(i)).collect();
             let first = *nodes.first().with_context(|| format!("no node of sim {} is up at the end", k + 1))?;
-            let low = nodes.iter().map(|i| seen.status[i].tick).min().unwrap_or(0);
+            let low = nodes.iter().map(|i| seen.status[i].tick.0).min().unwrap_or(0);
             let (n, bad) = compare_roots_over_http(clients, &nodes, low);
             seen.compared += n;
             if let Some(t) = bad.filter(|_| seen.differ.is_none()) {
@@ -656,11 +656,11 @@ impl Observed for WorldSeen<'_> {
     }
 
     fn ticks(&self) -> Vec<u64> {
-        self.status.values().map(|s| s.tick + 1).collect()
+        self.status.values().map(|s| s.tick.0 + 1).collect()
     }
 
     fn desynced(&self) -> Vec<u64> {
-        self.status.values().filter_map(|s| s.desynced).collect()
+        self.status.values().filter_map(|s| s.desynced.map(|t| t.0)).collect()
     }
 
     fn objects(&self) -> u64 {

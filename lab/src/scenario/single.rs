@@ -336,7 +336,7 @@ impl Seen<'_> {
             CoreOutput::Resynced { tick, certified_by, joined: j, .. } if *j || !joined => Some((*tick, *certified_by)),
             _ => None,
         })?;
-        Some((p, tick, by))
+        Some((p, tick.0, by))
     }
 }
 
@@ -355,7 +355,7 @@ impl Observed for Seen<'_> {
     }
 
     fn desynced(&self) -> Vec<u64> {
-        self.up.iter().filter_map(|p| p.core.desynced()).collect()
+        self.up.iter().filter_map(|p| p.core.desynced().map(|t| t.0)).collect()
     }
 
     fn objects(&self) -> u64 {

@@ -279,7 +279,7 @@ impl Observed for Seen<'_> {
     }
 
     fn desynced(&self) -> Vec<u64> {
-        self.up().iter().filter_map(|p| p.core.desynced()).collect()
+        self.up().iter().filter_map(|p| p.core.desynced().map(|t| t.0)).collect()
     }
 
     fn objects(&self) -> u64 {

@@ -18,6 +18,7 @@
 //! next delta brings its client up to date; a session more than [`crate::api::hub::FEED`] chat
 //! lines behind loses the oldest.
 
+use metatopia_sim::Tick;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -182,7 +183,7 @@ async fn route(s: &Service, hub: &Hub, account: String, at: Option<[i64; 2]>) ->
 struct Sent {
     at: [i64; 2],
     vel: [i64; 2],
-    tick: u64,
+    tick: Tick,
 }
 
 /// One client's view: what it follows and which objects it has been sent.
@@ -198,14 +199,14 @@ struct View {
     /// The tick the area was last computed at (it is recomputed every [`AREA_EVERY`] ticks:
     /// objects enter a little late, at walking speeds a few decimetres, for a fraction of the
     /// cost; what is known keeps being updated meanwhile).
-    area: Option<u64>,
+    area: Option<Tick>,
     /// The area's objects as last computed, in key order (kept to reuse its room).
     in_area: Vec<u64>,
     /// Send a delta every this many ticks (from the client's `max_hz`).
     stride: u64,
     /// The index's tick at the last delta (0: none yet): the client has every object it knows
     /// as of then.
-    last_tick: u64,
+    last_tick: Tick,
 }
 
 /// Ticks between recomputations of a session's area of interest.
@@ -243,7 +244,7 @@ impl View {
     fn delta(&mut self, index: &AoiIndex) -> ServerMsg {
         let tick = index.tick;
         let fresh = match self.area {
-            Some(at) => tick < at || tick - at >= AREA_EVERY,
+            Some(at) => tick < at || tick.since(at) >= AREA_EVERY,
             None => true,
         };
         let mut enter = Vec::new();
@@ -282,7 +283,7 @@ impl View {
                 }
             };
             let (v, (at, vel), meta) = (&e.view, e.motion, &e.meta);
-            let guess = ObjectUpdate::extrapolate(sent.at, sent.vel, tick.saturating_sub(sent.tick), index.rate_hz);
+            let guess = ObjectUpdate::extrapolate(sent.at, sent.vel, tick.since(sent.tick), index.rate_hz);
             let off = |a: [i64; 2], b: [i64; 2]| (a[0] - b[0]).abs().max((a[1] - b[1]).abs());
             let stopped = vel == [0, 0] && sent.vel != [0, 0];
             let motion =
@@ -344,7 +345,7 @@ async fn full_state<T: Transport>(t: &mut T, s: &Service, hub: &Hub, view: &mut 
         let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
         view.known.clear();
         view.area = None;
-        view.last_tick = 0;
+        view.last_tick = Tick::ZERO;
         let mut m = view.delta(&index);
         if let ServerMsg::Tick { tick: t, .. } = &mut m {
             // An index nobody kept (no session listened) is refilled at the next tick.
@@ -469,7 +470,7 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                     return;
                 }
                 let tick = *ticks.borrow_and_update();
-                if tick < view.last_tick.saturating_add(view.stride.max(1)) {
+                if tick < view.last_tick + view.stride.max(1) {
                     continue;
                 }
                 let m = {
@@ -584,12 +585,13 @@ mod tests {
     fn a_slot_reused_by_a_new_object_replaces_the_old_one_everywhere() {
         let (a, b) = ("aa".repeat(32), "bb".repeat(32));
         let mut index = AoiIndex { radius_m: 30, ..AoiIndex::default() };
-        index.update(1, [obj("0v0", &b, true, 10, 10), obj("3v0", &a, true, 12, 10)].into_iter());
+        index.update(Tick(1), [obj("0v0", &b, true, 10, 10), obj("3v0", &a, true, 12, 10)].into_iter());
         let mut view = View { follow: Some(b.clone()), ..View::default() };
         let ServerMsg::Tick { enter, .. } = view.delta(&index) else { panic!() };
         assert_eq!(enter.len(), 2);
         // Slot 3's avatar left and a prim took the slot, far away.
-        index.update(1 + AREA_EVERY, [obj("0v0", &b, true, 10, 10), obj("3v1", "x", false, 500, 500)].into_iter());
+        index
+            .update(Tick(1 + AREA_EVERY), [obj("0v0", &b, true, 10, 10), obj("3v1", "x", false, 500, 500)].into_iter());
         assert_eq!((index.len(), index.get(3 << 32), index.avatar_at(&a)), (2, None, None));
         assert_eq!(index.get((3 << 32) | 1).map(|v| v.id.as_str()), Some("3v1"));
         let mut near = Vec::new();
@@ -598,7 +600,7 @@ mod tests {
         let ServerMsg::Tick { enter, leave, .. } = view.delta(&index) else { panic!() };
         assert_eq!((enter.len(), leave), (0, vec!["3v0".to_string()]));
         // The world shrank: the slots' room goes back, the keys stay in order.
-        index.update(2 + AREA_EVERY, [obj("0v0", &b, true, 10, 10)].into_iter());
+        index.update(Tick(2 + AREA_EVERY), [obj("0v0", &b, true, 10, 10)].into_iter());
         let mut all = Vec::new();
         index.all(&mut all);
         assert_eq!((all, index.objects.slots.len()), (vec![0], 1));
@@ -618,7 +620,7 @@ mod tests {
                 obj("3v0", "x", false, 125, 118),
             ]
         };
-        let changed = index.update(1, world(90, "closed").into_iter());
+        let changed = index.update(Tick(1), world(90, "closed").into_iter());
         assert!(changed.is_empty(), "new objects are not changes");
         let mut view = View { follow: Some(me.clone()), ..View::default() };
         let ServerMsg::Tick { enter, leave, .. } = view.delta(&index) else { panic!() };
@@ -628,11 +630,11 @@ mod tests {
         assert!(leave.is_empty());
         // The door opens: an update; I walk east 20 m: 3v0 enters (15 m), nothing leaves.
         // (Areas are recomputed every AREA_EVERY ticks.)
-        let changed = index.update(1 + AREA_EVERY, world(110, "open").into_iter());
+        let changed = index.update(Tick(1 + AREA_EVERY), world(110, "open").into_iter());
         assert_eq!(changed.iter().map(|(_, u)| u.id.as_str()).collect::<Vec<_>>(), ["0v0", "1v0"]);
         assert_eq!(changed.iter().map(|(k, _)| *k).collect::<Vec<_>>(), [0, 1 << 32]);
         let ServerMsg::Tick { tick, enter, update, leave } = view.delta(&index) else { panic!() };
-        assert_eq!(tick, 1 + AREA_EVERY);
+        assert_eq!(tick, Tick(1 + AREA_EVERY));
         assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["3v0"]);
         assert_eq!(update.len(), 2);
         assert_eq!(
@@ -644,14 +646,14 @@ mod tests {
         // Far east: everything but 2v0 leaves and 2v0 enters; a removed object leaves too.
         let mut w = world(190, "open");
         w.remove(3);
-        index.update(1 + 2 * AREA_EVERY, w.into_iter());
+        index.update(Tick(1 + 2 * AREA_EVERY), w.into_iter());
         let ServerMsg::Tick { enter, leave, .. } = view.delta(&index) else { panic!() };
         assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["2v0"]);
         assert_eq!(leave, ["1v0", "3v0"]);
         assert_eq!(index.len(), 3);
         // Chat: heard within its range of the avatar, private lines only by their account.
         let line = |x: i64, range_m: u32, to: Option<String>| ChatView {
-            tick: 3,
+            tick: Tick(3),
             name: "n".into(),
             channel: 0,
             text: "t".into(),
@@ -691,12 +693,12 @@ mod tests {
         let new = || View { follow: Some(me.clone()), ..View::default() };
         let (mut quick, mut slow) = (new(), new());
         let (mut qc, mut sc) = (metatopia_client::View::default(), metatopia_client::View::default());
-        index.update(1, world("closed", "ffffffff"));
+        index.update(Tick(1), world("closed", "ffffffff"));
         qc.apply(&quick.delta(&index));
         sc.apply(&slow.delta(&index));
-        index.update(2, world("open", "ffffffff"));
+        index.update(Tick(2), world("open", "ffffffff"));
         qc.apply(&quick.delta(&index));
-        index.update(3, world("open", "00ff00ff"));
+        index.update(Tick(3), world("open", "00ff00ff"));
         // The quick one had tick 2: the recolouring alone.
         let m = quick.delta(&index);
         let ServerMsg::Tick { update, .. } = &m else { panic!() };
@@ -713,7 +715,7 @@ mod tests {
             assert_eq!(c.objects.get("1v0"), index.get(1 << 32), "the client's door is the index's");
         }
         // Nothing changed since: an empty delta for both.
-        index.update(4, world("open", "00ff00ff"));
+        index.update(Tick(4), world("open", "00ff00ff"));
         for v in [&mut quick, &mut slow] {
             let ServerMsg::Tick { update, enter, leave, .. } = v.delta(&index) else { panic!() };
             assert!(update.is_empty() && enter.is_empty() && leave.is_empty());
@@ -729,7 +731,7 @@ mod tests {
         ball: ObjectView,
     ) -> usize {
         let me = "aa".repeat(32);
-        index.update(tick, vec![obj("0v0", &me, true, 0, 0), ball].into_iter());
+        index.update(Tick(tick), vec![obj("0v0", &me, true, 0, 0), ball].into_iter());
         let m = view.delta(index);
         let ServerMsg::Tick { update, .. } = &m else { panic!() };
         let n = update.iter().filter(|u| u.at_mm.is_some()).count();
@@ -779,7 +781,7 @@ mod tests {
             ((seed >> 33) % 600) as i64 - 300
         };
         let objects: Vec<ObjectView> = (0..500).map(|i| obj(&format!("{i}v0"), "o", false, next(), next())).collect();
-        index.update(1, objects.clone().into_iter());
+        index.update(Tick(1), objects.clone().into_iter());
         for _ in 0..50 {
             let (c, r) = ([next(), next()], (next().unsigned_abs() % 120) as u32);
             let scan: BTreeSet<String> = objects
@@ -817,11 +819,12 @@ mod tests {
     async fn a_session_on_a_node_nobody_listened_on_gets_the_chat_said_meanwhile() {
         let me = "aa".repeat(32);
         let hub = std::sync::Arc::new(Hub::new(1, Vec::new()));
-        let (_status_tx, status) = tokio::sync::watch::channel(proto::Status { tick: 40, ..proto::Status::default() });
+        let (_status_tx, status) =
+            tokio::sync::watch::channel(proto::Status { tick: Tick(40), ..proto::Status::default() });
         let (queries, mut asked) = mpsc::channel(8);
         let s = Service { status, queries, metrics: None, started: Instant::now(), hub: Some(hub.clone()) };
         let line = ChatView {
-            tick: 39,
+            tick: Tick(39),
             name: "bob".into(),
             channel: 0,
             text: "still here".into(),
@@ -853,9 +856,9 @@ mod tests {
         {
             let mut index = looped.index.write().unwrap();
             index.radius_m = 30;
-            index.update(41, vec![obj("0v0", &me, true, 100, 100), obj("1v0", "bb", true, 101, 100)].into_iter());
+            index.update(Tick(41), vec![obj("0v0", &me, true, 100, 100), obj("1v0", "bb", true, 101, 100)].into_iter());
         }
-        looped.publish_tick(41);
+        looped.publish_tick(Tick(41));
         let mut heard = Vec::new();
         while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(5), answers.recv()).await {
             if let ServerMsg::Chat(c) = m {

@@ -29,7 +29,7 @@ use axum::routing::{get, post};
 use metatopia_consensus::Micros;
 use metatopia_sim::governance::{Role, report, role_of};
 use metatopia_sim::host::{PhysicsStage, ScriptHost};
-use metatopia_sim::{AccountId, EventId};
+use metatopia_sim::{AccountId, EventId, Tick};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::core::{Agreement, NodeCore, Outcome};
@@ -84,9 +84,9 @@ pub enum Query {
     Script(metatopia_sim::ScriptId, oneshot::Sender<Option<ScriptView>>),
     /// Every object (the first 10,000), without script sources.
     Objects(oneshot::Sender<Vec<ObjectView>>),
-    Root(u64, oneshot::Sender<Option<RootView>>),
+    Root(Tick, oneshot::Sender<Option<RootView>>),
     /// Chat heard since a tick (kept by the loop: the last 1,024 lines).
-    Chat(u64, oneshot::Sender<Vec<ChatView>>),
+    Chat(Tick, oneshot::Sender<Vec<ChatView>>),
     /// Which other sim this account's avatar is in (asked of a node of every sim known through Raynet;
     /// `None` when none says within a second). Answered by the node's loop, which has the mesh.
     Locate(AccountId, oneshot::Sender<Option<u32>>),
@@ -176,7 +176,7 @@ pub fn governance_view(w: &metatopia_sim::World) -> GovernanceView {
     let name = |id: &AccountId| w.account(id).map(|a| a.name.clone());
     let epoch = w.settings().epoch_ticks.max(1);
     GovernanceView {
-        tick: w.tick().0,
+        tick: w.tick(),
         time_ms: w.time_ms(),
         admin: r.admin.to_string(),
         admin_name: name(&r.admin),
@@ -189,7 +189,7 @@ pub fn governance_view(w: &metatopia_sim::World) -> GovernanceView {
         temp_admin_active_days: w.settings().temp_admin_active_days,
         validators: g.validators.iter().map(ToString::to_string).collect(),
         pending_validators: g.pending_validators.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-        next_epoch_tick: (w.tick().0 / epoch + 1) * epoch,
+        next_epoch_tick: Tick((w.tick().0 / epoch + 1) * epoch),
         banned: g.banned.iter().map(ToString::to_string).collect(),
         settings: w.settings().clone(),
     }
@@ -376,7 +376,7 @@ async fn objects(State(s): State<Service>) -> Response {
 }
 
 async fn root(State(s): State<Service>, Path(tick): Path<u64>) -> Response {
-    match s.ask(|tx| Query::Root(tick, tx)).await {
+    match s.ask(|tx| Query::Root(Tick(tick), tx)).await {
         Ok(Some(r)) => axum::Json(r).into_response(),
         Ok(None) => err(StatusCode::NOT_FOUND, "not executed here, or too long ago (the last 512 ticks are kept)"),
         Err(e) => e,
@@ -384,7 +384,7 @@ async fn root(State(s): State<Service>, Path(tick): Path<u64>) -> Response {
 }
 
 async fn chat(State(s): State<Service>, Path(since): Path<u64>) -> Response {
-    match s.ask(|tx| Query::Chat(since, tx)).await {
+    match s.ask(|tx| Query::Chat(Tick(since), tx)).await {
         Ok(lines) => axum::Json(lines).into_response(),
         Err(e) => e,
     }

@@ -13,6 +13,7 @@ use std::sync::RwLock;
 use std::sync::atomic::AtomicU32;
 
 use metatopia_client::proto::{self, ChatView, NodeAddr, ObjectUpdate, ObjectView};
+use metatopia_sim::Tick;
 use tokio::sync::{broadcast, oneshot, watch};
 
 /// Events one connection may submit per second.
@@ -50,7 +51,7 @@ pub const MAX_MOVED: usize = 65_536;
 pub struct Hub {
     pub feed: broadcast::Sender<Feed>,
     /// The tick the index is at, as the loop last brought it there: sessions wake on it.
-    pub ticks: watch::Sender<u64>,
+    pub ticks: watch::Sender<Tick>,
     pub index: RwLock<AoiIndex>,
     /// The sim this node serves and the nodes clients may connect to for it.
     pub sim: u32,
@@ -73,7 +74,7 @@ impl Hub {
     pub fn new(sim: u32, nodes: Vec<NodeAddr>) -> Hub {
         Hub {
             feed: broadcast::channel(FEED).0,
-            ticks: watch::channel(0).0,
+            ticks: watch::channel(Tick::ZERO).0,
             index: RwLock::new(AoiIndex::default()),
             sim,
             nodes,
@@ -141,7 +142,7 @@ impl Hub {
     }
 
     /// The index is at `tick` now: sessions make their deltas.
-    pub fn publish_tick(&self, tick: u64) {
+    pub fn publish_tick(&self, tick: Tick) {
         self.ticks.send_replace(tick);
     }
 }
@@ -215,14 +216,14 @@ pub(crate) struct Entry {
 /// whole of them.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Meta {
-    pub tick: u64,
-    pub prev: u64,
+    pub tick: Tick,
+    pub prev: Tick,
     /// What changed at `tick` (no motion), `None` when it came into the index then.
     pub diff: Option<Box<ObjectUpdate>>,
 }
 
 impl Meta {
-    fn after(old: Meta, tick: u64, u: &ObjectUpdate) -> Meta {
+    fn after(old: Meta, tick: Tick, u: &ObjectUpdate) -> Meta {
         if u.is_motion_only() {
             return old;
         }
@@ -319,7 +320,7 @@ impl Objects {
 /// Every object's view, on a grid of [`CELL_M`]-metre cells, and each account's avatar.
 #[derive(Debug, Default)]
 pub struct AoiIndex {
-    pub tick: u64,
+    pub tick: Tick,
     pub(crate) objects: Objects,
     /// Each cell's objects by key, with where they are (whole metres).
     pub(crate) cells: BTreeMap<(i64, i64), Vec<Placed>>,
@@ -339,7 +340,7 @@ impl AoiIndex {
 
     /// Bring the index to `now` (every object of the world as the API shows it); what changed
     /// in the objects it already had.
-    pub fn update(&mut self, tick: u64, now: impl Iterator<Item = ObjectView>) -> Vec<(u64, ObjectUpdate)> {
+    pub fn update(&mut self, tick: Tick, now: impl Iterator<Item = ObjectView>) -> Vec<(u64, ObjectUpdate)> {
         self.tick = tick;
         let mut changed = Vec::new();
         let mut seen = BTreeSet::new();
@@ -370,7 +371,7 @@ impl AoiIndex {
     /// How many of the objects it already had changed.
     pub fn update_world(
         &mut self,
-        tick: u64,
+        tick: Tick,
         w: &metatopia_sim::World,
         view: impl Fn(&metatopia_sim::Object) -> ObjectView,
     ) -> usize {
@@ -578,8 +579,8 @@ mod tests {
         for _ in 0..60 {
             let w = sim.world();
             let t = w.tick().0;
-            let a = full.update(t, w.objects().values().map(|o| object_view(w, o, false)));
-            let b = walk.update_world(t, w, |o| object_view(w, o, false));
+            let a = full.update(Tick(t), w.objects().values().map(|o| object_view(w, o, false)));
+            let b = walk.update_world(Tick(t), w, |o| object_view(w, o, false));
             assert_eq!(a.len(), b, "tick {t}");
             changes += b;
             // The same last change of every object's other fields, for every session's delta.

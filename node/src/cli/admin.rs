@@ -338,7 +338,7 @@ pub(crate) fn act(
     key: &metatopia_sim::SigningKey,
     payload: Payload,
     wait: u64,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<metatopia_sim::Tick> {
     let me = metatopia_sim::event::account_of(key);
     let status: Status = client.get("/v1/status")?.context("the node has no /v1/status")?;
     // The next nonce: above the last one the sim accepted from this account.
@@ -421,11 +421,17 @@ mod tests {
 
     #[test]
     fn stats_show_the_neighbour_sims_only_in_a_world_of_several() {
-        let mut s = Status { sim: 2, tick: 7, root: "ab".repeat(32), tick_rate_hz: 20, ..Status::default() };
+        let mut s = Status {
+            sim: 2,
+            tick: metatopia_sim::Tick(7),
+            root: "ab".repeat(32),
+            tick_rate_hz: 20,
+            ..Status::default()
+        };
         let one = render_stats(&s);
         assert!(one.starts_with("sim 2 · node 0 of 0 · tick 7") && !one.contains("neighbour"), "{one}");
         assert!(one.contains("agreement          epoch 0, view 0, committed to tick none yet\n"), "{one}");
-        (s.epoch, s.view, s.agreed_tick) = (1, 930, Some(9));
+        (s.epoch, s.view, s.agreed_tick) = (1, 930, Some(metatopia_sim::Tick(9)));
         assert!(render_stats(&s).contains("agreement          epoch 1, view 930, committed to tick 9\n"));
         s.neighbours = vec![1, 3];
         (s.mail_sent, s.mail_received, s.mail_late) = (40, 80, 20);

@@ -15,6 +15,7 @@
 //!   replaying a long log while its peers ran their last few ticks).
 
 use metatopia_consensus::Micros;
+use metatopia_sim::Tick;
 
 /// How long without a commit before a node says where its agreement stands (and again each
 /// time as long again passes).
@@ -62,10 +63,10 @@ pub const FINISH_LINGER_US: Micros = 1_000_000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Finish {
     /// It executed `tick`, its last, and waits for its sim's other validators to execute it.
-    Waiting { tick: u64 },
+    Waiting { tick: Tick },
     /// It stops after `tick` although only `seen` of the sim's `of` validators were seen to
     /// execute it ([`FINISH_WAIT_US`] passed).
-    Short { tick: u64, seen: usize, of: usize },
+    Short { tick: Tick, seen: usize, of: usize },
     /// Stop now.
     Done,
 }
@@ -73,7 +74,7 @@ pub enum Finish {
 /// A node asked to stop after a tick, once it executed it (see the module's rules).
 #[derive(Debug)]
 pub(crate) struct Finishing {
-    tick: u64,
+    tick: Tick,
     /// This node took a snapshot past `tick` (a certified one: a quorum executed it): it never
     /// reports that tick's root itself, and counts as having executed it.
     skipped: bool,
@@ -84,7 +85,7 @@ pub(crate) struct Finishing {
 }
 
 impl Finishing {
-    pub(crate) fn new(tick: u64, now: Micros) -> Finishing {
+    pub(crate) fn new(tick: Tick, now: Micros) -> Finishing {
         Finishing {
             tick,
             skipped: false,
@@ -96,11 +97,11 @@ impl Finishing {
     }
 
     /// Finishing after a snapshot brought this node past `tick` without executing it.
-    pub(crate) fn skipped(tick: u64, now: Micros) -> Finishing {
+    pub(crate) fn skipped(tick: Tick, now: Micros) -> Finishing {
         Finishing { skipped: true, ..Finishing::new(tick, now) }
     }
 
-    pub(crate) fn tick(&self) -> u64 {
+    pub(crate) fn tick(&self) -> Tick {
         self.tick
     }
 
@@ -142,8 +143,8 @@ mod tests {
     /// it waited the whole `FINISH_WAIT_US` and warned that a validator had not executed it).
     #[test]
     fn a_node_a_snapshot_brought_past_its_last_tick_waits_only_for_its_peers() {
-        let mut executed = Finishing::new(99, T0);
-        assert_eq!(executed.step(T0, 3, 4), Some(Finish::Waiting { tick: 99 }));
+        let mut executed = Finishing::new(Tick(99), T0);
+        assert_eq!(executed.step(T0, 3, 4), Some(Finish::Waiting { tick: Tick(99) }));
         assert_eq!(executed.step(T0 + 1, 3, 4), None, "said once");
         assert!(executed.leaving.is_none(), "three of four roots seen: still waiting");
         assert_eq!(executed.step(T0 + 2, 4, 4), None);
@@ -151,11 +152,11 @@ mod tests {
         assert_eq!(executed.step(T0 + 2 + FINISH_LINGER_US - 1, 4, 4), None);
         assert_eq!(executed.step(T0 + 2 + FINISH_LINGER_US, 4, 4), Some(Finish::Done));
         assert_eq!(executed.next(), None);
-        let mut skipped = Finishing::skipped(99, T0);
+        let mut skipped = Finishing::skipped(Tick(99), T0);
         assert_eq!(skipped.step(T0, 3, 4), None);
         assert!(skipped.leaving.is_some(), "its peers' three roots are all it waits for");
-        let mut early = Finishing::skipped(99, T0);
-        assert_eq!(early.step(T0, 2, 4), Some(Finish::Waiting { tick: 99 }));
+        let mut early = Finishing::skipped(Tick(99), T0);
+        assert_eq!(early.step(T0, 2, 4), Some(Finish::Waiting { tick: Tick(99) }));
         assert!(early.leaving.is_none(), "a peer has yet to execute the tick");
     }
 
@@ -163,11 +164,11 @@ mod tests {
     /// the node says how many it saw.
     #[test]
     fn a_peer_that_never_executes_the_last_tick_holds_a_node_for_the_wait_only() {
-        let mut f = Finishing::new(7, T0);
-        assert_eq!(f.step(T0, 2, 4), Some(Finish::Waiting { tick: 7 }));
+        let mut f = Finishing::new(Tick(7), T0);
+        assert_eq!(f.step(T0, 2, 4), Some(Finish::Waiting { tick: Tick(7) }));
         assert_eq!(f.next(), Some(T0 + FINISH_WAIT_US));
         assert_eq!(f.step(T0 + FINISH_WAIT_US - 1, 3, 4), None);
-        assert_eq!(f.step(T0 + FINISH_WAIT_US, 3, 4), Some(Finish::Short { tick: 7, seen: 3, of: 4 }));
+        assert_eq!(f.step(T0 + FINISH_WAIT_US, 3, 4), Some(Finish::Short { tick: Tick(7), seen: 3, of: 4 }));
         assert_eq!(f.next(), Some(T0 + FINISH_WAIT_US + FINISH_LINGER_US));
         assert_eq!(f.step(T0 + FINISH_WAIT_US + FINISH_LINGER_US, 3, 4), Some(Finish::Done));
     }

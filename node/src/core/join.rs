@@ -11,29 +11,52 @@
 //!
 //! The shell asks over a throwaway mesh and writes what [`adopt`] returns.
 
-use anyhow::Context;
-
-use crate::config::NodeConfig;
+use crate::config::{ConfigError, NodeConfig};
 use crate::net::wire::NodeMsg;
+use crate::world::WorldError;
 use crate::world::genesis::Genesis;
+
+/// Why a join answer was refused, or a sim's answer could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// The sim's config does not encode (a value TOML cannot hold).
+    #[error("encoding the sim's config: {0}")]
+    Encode(#[from] toml::ser::Error),
+    /// The sim's genesis is too big for one mesh frame.
+    #[error("the sim's genesis is over {max} bytes: too big to send to joining nodes")]
+    TooBig { max: u32 },
+    /// The genesis the peer sent does not decode or check.
+    #[error("the genesis {join} sent: {cause}")]
+    Genesis { join: String, cause: WorldError },
+    /// The genesis is not the one the join address names.
+    #[error("{join} serves a sim whose genesis hash is {got}, not the one the join address names: refused")]
+    OtherGenesis { join: String, got: String },
+    /// The config the peer sent does not parse.
+    #[error("the config {join} sent does not load: {cause}")]
+    Unloadable { join: String, cause: toml::de::Error },
+    /// The config names another genesis than the one sent.
+    #[error("{join} sent a config that names another genesis than the one it sent: refused")]
+    Mismatch { join: String },
+    /// The config breaks a rule every config keeps.
+    #[error("the config {join} sent: {cause}")]
+    Config { join: String, cause: ConfigError },
+}
 
 /// What a node joining this sim is sent: the sim's part of this node's config, and its
 /// genesis. Relative paths (a scenario file, its scripts) are left out: the joiner starts from
 /// the genesis, with no demo world to build and no scenario to read.
-pub fn sim_info(cfg: &NodeConfig, genesis: &Genesis) -> anyhow::Result<NodeMsg> {
+pub fn sim_info(cfg: &NodeConfig, genesis: &Genesis) -> Result<NodeMsg, JoinError> {
     let mut shared = cfg.clone();
     shared.http = None;
     shared.bots = Default::default();
     shared.join = None;
     shared.genesis_hash = Some(genesis.hash.to_string());
     (shared.world.scenario, shared.world.scripts) = (None, None);
-    let config = toml::to_string(&shared).context("encoding the sim's config")?;
+    let config = toml::to_string(&shared)?;
     let msg = NodeMsg::SimInfo { config, genesis: genesis.bytes.clone() };
-    anyhow::ensure!(
-        msg.encode().len() < crate::net::MAX_FRAME as usize,
-        "the sim's genesis is over {} bytes: too big to send to joining nodes",
-        crate::net::MAX_FRAME
-    );
+    if msg.encode().len() >= crate::net::MAX_FRAME as usize {
+        return Err(JoinError::TooBig { max: crate::net::MAX_FRAME });
+    }
     Ok(msg)
 }
 
@@ -58,28 +81,23 @@ pub struct Adopted {
 
 /// Check a node's answer to a joining node (the rules at the top) and make this node's config
 /// of it. `join` is the address as given (for messages), `want` the hash it names.
-pub fn adopt(join: &str, want: Option<[u8; 32]>, config: &str, genesis: &[u8], own: Own) -> anyhow::Result<Adopted> {
-    let g = Genesis::decode(genesis).with_context(|| format!("the genesis {join} sent"))?;
+pub fn adopt(join: &str, want: Option<[u8; 32]>, config: &str, genesis: &[u8], own: Own) -> Result<Adopted, JoinError> {
+    let g = Genesis::decode(genesis).map_err(|cause| JoinError::Genesis { join: join.to_owned(), cause })?;
     let note = match want {
-        Some(w) => {
-            anyhow::ensure!(
-                g.hash.0 == w,
-                "{join} serves a sim whose genesis hash is {}, not the one the join address names: refused",
-                g.hash
-            );
-            None
+        Some(w) if g.hash.0 != w => {
+            return Err(JoinError::OtherGenesis { join: join.to_owned(), got: g.hash.to_string() });
         }
+        Some(_) => None,
         None => Some(format!(
             "note: the join address names no genesis hash; this sim's is {} (KEY@HOST:PORT/HASH checks it)",
             g.hash
         )),
     };
     let mut cfg: NodeConfig =
-        toml::from_str(config).map_err(|e| anyhow::anyhow!("the config {join} sent does not load: {e}"))?;
-    anyhow::ensure!(
-        cfg.genesis_hash.as_deref() == Some(g.hash.to_string().as_str()),
-        "{join} sent a config that names another genesis than the one it sent: refused"
-    );
+        toml::from_str(config).map_err(|cause| JoinError::Unloadable { join: join.to_owned(), cause })?;
+    if cfg.genesis_hash.as_deref() != Some(g.hash.to_string().as_str()) {
+        return Err(JoinError::Mismatch { join: join.to_owned() });
+    }
     cfg.listen = own.listen;
     cfg.quic = Some(own.quic);
     cfg.http = own.http;
@@ -88,7 +106,7 @@ pub fn adopt(join: &str, want: Option<[u8; 32]>, config: &str, genesis: &[u8], o
     if let Some(h) = &own.had {
         (cfg.sim_workers, cfg.block_history_mib) = (h.sim_workers, h.block_history_mib);
     }
-    cfg.check().with_context(|| format!("the config {join} sent"))?;
+    cfg.check().map_err(|cause| JoinError::Config { join: join.to_owned(), cause })?;
     Ok(Adopted { config: cfg, genesis: g, note })
 }
 

@@ -73,9 +73,9 @@ struct Resync {
     /// stranded behind blocks no peer keeps), then commits from the snapshot's tick on.
     held: bool,
     next_request: Micros,
-    buffered: BTreeMap<u64, Batch>,
+    buffered: BTreeMap<Tick, Batch>,
     /// The newest snapshot each peer sent: the number of ticks it executed, and the snapshot.
-    offers: BTreeMap<ValidatorIndex, (u64, Snapshot)>,
+    offers: BTreeMap<ValidatorIndex, (Tick, Snapshot)>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -93,15 +93,15 @@ pub struct NodeCore<A, H, P> {
     sim: Sim<H, P>,
     workers: u32,
     /// Roots this node computed, by tick (recent).
-    roots: BTreeMap<u64, (Hash32, SubsystemRoots)>,
+    roots: BTreeMap<Tick, (Hash32, SubsystemRoots)>,
     /// Peers' disagreeing roots, by tick.
-    disagreements: BTreeMap<u64, BTreeMap<ValidatorIndex, Hash32>>,
+    disagreements: BTreeMap<Tick, BTreeMap<ValidatorIndex, Hash32>>,
     /// Validators this node holds evidence of equivocation against (at most the set's size).
     equivocators: BTreeSet<ValidatorIndex>,
     /// Proposal-to-commit and input-to-execution latencies.
     latency: latency::Latencies,
     last_inputs: VecDeque<Batch>,
-    desynced: Option<u64>,
+    desynced: Option<Tick>,
     stats: CoreStats,
     out: VecDeque<CoreOutput>,
     outcomes: BTreeMap<EventId, Outcome>,
@@ -113,18 +113,18 @@ pub struct NodeCore<A, H, P> {
     /// The time of the input being handled (for agreement work triggered by execution).
     now: Micros,
     /// Root reports for ticks below this are history (before a resync): not judged again.
-    judge_from: u64,
+    judge_from: Tick,
     served: BTreeMap<ValidatorIndex, Micros>,
     /// Commits waiting for [`NodeCore::execute_deferred`] (when execution is deferred).
     deferred: Option<VecDeque<Box<Commit>>>,
     /// Deferred commits of ticks above this wait ([`NodeCore::execute_until`]).
-    exec_limit: Option<u64>,
+    exec_limit: Option<Tick>,
     /// Signature verdicts: recorded at the door, computed ahead for gossiped and proposed events.
     verifier: crate::core::verify::Verifier,
     /// This node's key, to sign its sim's mail for neighbour sims while it is a validator.
     mail_key: Option<metatopia_sim::SigningKey>,
     /// Ticks below this have been handed to the log (or were in the state it started from).
-    logged_to: u64,
+    logged_to: Tick,
     /// Since when this node has been `STRANDED_TICKS` behind its peers.
     behind_since: Option<Micros>,
     /// Take a snapshot whenever the sim reaches a multiple of this tick ([`CoreOutput::Snapshot`]).
@@ -165,13 +165,13 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             time_anchor_ms: 0,
             resync: None,
             now: 0,
-            judge_from: 0,
+            judge_from: Tick::ZERO,
             served: BTreeMap::new(),
             deferred: None,
             exec_limit: None,
             verifier: crate::core::verify::Verifier::cache(),
             mail_key: None,
-            logged_to: 0,
+            logged_to: Tick::ZERO,
             behind_since: None,
             snapshot_every: None,
             stall: finish::Stall::default(),
@@ -213,8 +213,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// Execute deferred commits up to tick `last` and no further (a node asked to stop there):
     /// later commits are still logged as agreement hands them out, but wait. A node started at
     /// or past `last` executes one tick.
-    pub fn execute_until(mut self, last: Option<u64>) -> Self {
-        self.exec_limit = last.map(|t| t.max(self.sim.world().tick().0));
+    pub fn execute_until(mut self, last: Option<Tick>) -> Self {
+        self.exec_limit = last.map(|t| t.max(self.sim.world().tick()));
         self
     }
 
@@ -225,7 +225,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
 
     fn next_deferred(&self) -> Option<&Commit> {
         let c = self.deferred.as_ref()?.front()?;
-        self.exec_limit.is_none_or(|last| c.block.tick.0 <= last).then_some(&**c)
+        self.exec_limit.is_none_or(|last| c.block.tick <= last).then_some(&**c)
     }
 
     /// Execute the deferred commits, in order (up to the limit), then give agreement its turn
@@ -280,12 +280,12 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     }
 
     /// The tick this node diverged at, if it did.
-    pub fn desynced(&self) -> Option<u64> {
+    pub fn desynced(&self) -> Option<Tick> {
         self.desynced
     }
 
     /// The root this node computed for `tick`, if still remembered.
-    pub fn root_of(&self, tick: u64) -> Option<Hash32> {
+    pub fn root_of(&self, tick: Tick) -> Option<Hash32> {
         self.roots.get(&tick).map(|r| r.0)
     }
 
@@ -418,14 +418,14 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// still getting a certified snapshot (joining or resyncing) when its set moves on to the
     /// next epoch (the roots that would certify it are reported in the epoch it cannot follow).
     fn check_stranded(&mut self, now: Micros) {
-        let executed = self.sim.world().tick().0;
-        let at = executed.max(self.agreement.position().2.map_or(0, |t| t.0 + 1));
+        let executed = self.sim.world().tick();
+        let at = executed.max(self.agreement.position().2.map_or(Tick::ZERO, Tick::next));
         // (A node that executed all it was asked to, `execute_until`, is not behind: it waits.)
         let running =
             self.resync.is_none() && self.desynced.is_none() && self.exec_limit.is_none_or(|last| executed <= last);
         let behind_epoch = (running || self.resync.is_some()) && self.agreement.behind_epoch();
         let behind =
-            behind_epoch || running && self.agreement.peers_executed().is_some_and(|t| t.0 > at + STRANDED_TICKS);
+            behind_epoch || running && self.agreement.peers_executed().is_some_and(|t| t > at + STRANDED_TICKS);
         if !behind {
             self.behind_since = None;
             return;
@@ -435,17 +435,17 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             return;
         }
         self.behind_since = None;
-        let peers = self.agreement.peers_executed().map_or(0, |t| t.0);
+        let peers = self.agreement.peers_executed().unwrap_or_default();
         self.stats.stranded += 1;
         if behind_epoch {
             // Its peers have left its validator epoch: it joins theirs, as a new node does.
-            tracing::warn!(at, "left behind in a past validator epoch for 10 s: joining the peers' epoch");
+            tracing::warn!(%at, "left behind in a past validator epoch for 10 s: joining the peers' epoch");
             self.agreement.rejoin(now);
             self.resync =
                 Some(Resync { join: Some(JoinState::Asking), held: true, next_request: now, ..Default::default() });
             return;
         }
-        tracing::warn!(at, peers, "far behind the peers for 10 s: taking a snapshot they certify");
+        tracing::warn!(%at, %peers, "far behind the peers for 10 s: taking a snapshot they certify");
         self.agreement.hold(now);
         self.resync = Some(Resync { held: true, next_request: now, ..Resync::default() });
     }
@@ -465,7 +465,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             return;
         }
         self.served.insert(from, now);
-        let tick = self.sim.world().tick().0;
+        let tick = self.sim.world().tick();
         let bytes = self.sim.snapshot().encode();
         let msg = match join.then(|| self.agreement.join_state()).flatten() {
             Some(agreement) => NodeMsg::JoinSnapshot { tick, bytes, agreement },
@@ -475,11 +475,11 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     }
 
     /// A snapshot a peer sent: kept while this node looks for one its peers certify.
-    fn offered(&mut self, from: ValidatorIndex, tick: u64, bytes: &[u8]) {
+    fn offered(&mut self, from: ValidatorIndex, tick: Tick, bytes: &[u8]) {
         if let Some(r) = self.resync.as_mut()
             && bytes.len() <= MAX_SNAPSHOT_BYTES
             && let Ok(snap) = Snapshot::decode(bytes, MAX_SNAPSHOT_BYTES as u32)
-            && snap.world.tick().0 == tick
+            && snap.world.tick() == tick
         {
             r.offers.insert(from, (tick, snap));
         }
@@ -504,16 +504,14 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     fn try_resync(&mut self) -> bool {
         let Some(r) = self.resync.as_mut() else { return false };
         let f = self.agreement.validators().saturating_sub(1) / 3;
-        let mut offers: Vec<(u64, ValidatorIndex)> = r.offers.iter().map(|(v, (t, _))| (*t, *v)).collect();
+        let mut offers: Vec<(Tick, ValidatorIndex)> = r.offers.iter().map(|(v, (t, _))| (*t, *v)).collect();
         offers.sort_unstable_by(|a, b| b.cmp(a));
         for (tick, from) in offers {
             let Some((_, snap)) = r.offers.get(&from) else { continue };
-            if tick == 0 {
-                continue;
-            }
+            let Some(last_executed) = tick.checked_sub(1) else { continue };
             let root = snap.root;
             let certified_by =
-                self.agreement.peer_roots(Tick(tick - 1)).into_iter().filter(|(_, d)| d.0 == root.0).count();
+                self.agreement.peer_roots(last_executed).into_iter().filter(|(_, d)| d.0 == root.0).count();
             // A joining node (no validator of the set) waits for 2f+1 of them; one that diverged
             // takes f+1 others (at least one honest), as it may be a validator itself.
             let need = if r.join.is_some() { 2 * f + 1 } else { f + 1 };
@@ -521,8 +519,8 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 continue;
             }
             // The commits from `tick` on must all be here (or not committed yet).
-            let newest = r.buffered.keys().next_back().copied().unwrap_or(0);
-            if newest >= tick && (tick..=newest).any(|t| !r.buffered.contains_key(&t)) {
+            let newest = r.buffered.keys().next_back().copied().unwrap_or_default();
+            if newest >= tick && r.buffered.range(tick..).count() as u64 != newest.since(tick) + 1 {
                 continue;
             }
             let Some((_, snap)) = r.offers.remove(&from) else { continue };
@@ -533,7 +531,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             }
             let r = self.resync.take().unwrap_or_default();
             if r.held {
-                self.agreement.commit_from(self.now, Tick(tick));
+                self.agreement.commit_from(self.now, tick);
             }
             self.desynced = None;
             self.judge_from = tick;
@@ -542,7 +540,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             self.out.push_back(CoreOutput::Resynced { tick, certified_by, snapshot: bytes, joined: r.join.is_some() });
             // A snapshot can bring a node past the last tick it was asked to execute.
             if self.finishing.is_none() && self.exec_limit.is_some_and(|last| tick > last) {
-                self.finishing = Some(finish::Finishing::skipped(tick - 1, self.now));
+                self.finishing = Some(finish::Finishing::skipped(last_executed, self.now));
             }
             for (_, batch) in r.buffered.range(tick..) {
                 self.run_batch(batch.clone(), true);
@@ -616,7 +614,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     fn check_finishing(&mut self, now: Micros) {
         let Some(f) = self.finishing.as_mut() else { return };
         let of = self.agreement.validators();
-        let reported = self.agreement.peer_roots(Tick(f.tick())).len();
+        let reported = self.agreement.peer_roots(f.tick()).len();
         if let Some(say) = f.step(now, reported, of) {
             self.out.push_back(CoreOutput::Finishing(say));
         }
@@ -647,7 +645,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                         }
                     },
                     Output::RootMismatch { tick, theirs, validator, .. } => {
-                        self.mismatch(tick.0, validator, Hash32(theirs.0))
+                        self.mismatch(tick, validator, Hash32(theirs.0))
                     }
                     Output::Evidence(e) => {
                         self.stats.equivocations += 1;
@@ -674,12 +672,12 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// gap from a snapshot the peers certify.
     fn log_commit(&mut self, c: &Commit) -> &mut Self {
         let resyncing = self.resync.is_some();
-        let next = self.logged_to.max(self.sim.world().tick().0);
-        if resyncing || (self.desynced.is_none() && c.block.tick.0 >= next) {
-            self.logged_to = c.block.tick.0 + 1;
+        let next = self.logged_to.max(self.sim.world().tick());
+        if resyncing || (self.desynced.is_none() && c.block.tick >= next) {
+            self.logged_to = c.block.tick.next();
             self.stall.committed(self.now);
             self.out.push_back(CoreOutput::Committed(Box::new(crate::store::LogRecord {
-                tick: c.block.tick.0,
+                tick: c.block.tick,
                 time_ms: c.block.time_ms,
                 seed: c.seed.0,
                 events: c.block.events.iter().map(|e| e.to_vec()).collect(),
@@ -719,7 +717,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         let batch = Batch { tick, time_ms, seed: Hash32(c.seed.0), events };
         match self.resync.as_mut() {
             Some(r) => {
-                r.buffered.insert(tick.0, batch);
+                r.buffered.insert(tick, batch);
                 while r.buffered.len() > RESYNC_BUFFER {
                     r.buffered.pop_first();
                 }
@@ -740,7 +738,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             .filter_map(|r| {
                 let notarization = postcard::from_bytes(&r.certificate).ok()?;
                 let events = r.events.iter().map(|e| metatopia_consensus::EventBytes::from(e.as_slice())).collect();
-                Some(metatopia_consensus::Logged { tick: Tick(r.tick), time_ms: r.time_ms, events, notarization })
+                Some(metatopia_consensus::Logged { tick: r.tick, time_ms: r.time_ms, events, notarization })
             })
             .collect();
         self.agreement.recall(logged)
@@ -749,7 +747,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     /// Re-execute a logged tick (after a restart, before consensus resumes). Returns the root.
     pub fn replay(&mut self, rec: &crate::store::LogRecord) -> Result<Hash32, String> {
         let at = self.sim.world().tick();
-        if Tick(rec.tick) != at {
+        if rec.tick != at {
             return Err(format!("the log's tick {} is not the sim's next tick {at}", rec.tick));
         }
         let events = rec.events.iter().filter_map(|b| SignedEvent::decode(b, MAX_BLOCK_EVENT_BYTES).ok()).collect();
@@ -770,7 +768,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 self.stats.executed += 1;
                 self.stats.accepted += u64::from(report.accepted);
                 self.stats.rejected += report.rejected.len() as u64;
-                self.roots.insert(tick.0, (report.root, report.roots));
+                self.roots.insert(tick, (report.root, report.roots));
                 self.remember_outcomes(&batch, &report.rejected);
                 while self.roots.len() > 512 {
                     self.roots.pop_first();
@@ -805,18 +803,18 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                     script_operations: report.script_operations,
                     queued: report.queued,
                 });
-                if self.finishing.is_none() && self.exec_limit.is_some_and(|last| tick.0 >= last) {
-                    self.finishing = Some(finish::Finishing::new(tick.0, self.now));
+                if self.finishing.is_none() && self.exec_limit.is_some_and(|last| tick >= last) {
+                    self.finishing = Some(finish::Finishing::new(tick, self.now));
                 }
-                let next = tick.0 + 1;
-                if self.snapshot_every.is_some_and(|n| next.is_multiple_of(n)) {
+                let next = tick.next();
+                if self.snapshot_every.is_some_and(|n| next.0.is_multiple_of(n)) {
                     let bytes = self.sim.snapshot().encode();
                     self.out.push_back(CoreOutput::Snapshot { tick: next, bytes });
                 }
             }
             Err(e) => {
                 tracing::error!(%tick, error = %e, "a committed batch did not execute; stopping this sim");
-                self.desynced = Some(tick.0);
+                self.desynced = Some(tick);
             }
         }
     }
@@ -838,7 +836,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
     }
 
     fn remember_outcomes(&mut self, batch: &Batch, rejected: &[metatopia_sim::state::Rejection]) {
-        let tick = batch.tick.0;
+        let tick = batch.tick;
         let refused: BTreeMap<EventId, String> = rejected.iter().map(|r| (r.event, r.reason.to_string())).collect();
         for e in &batch.events {
             let id = e.id();
@@ -858,7 +856,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         }
     }
 
-    fn mismatch(&mut self, tick: u64, validator: ValidatorIndex, theirs: Hash32) {
+    fn mismatch(&mut self, tick: Tick, validator: ValidatorIndex, theirs: Hash32) {
         if self.desynced.is_some() || tick < self.judge_from {
             return;
         }
@@ -875,14 +873,14 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         }
     }
 
-    fn desync(&mut self, tick: u64) {
+    fn desync(&mut self, tick: Tick) {
         self.desynced = Some(tick);
         let (mine, subsystems) = match self.roots.get(&tick) {
             Some((root, subs)) => (*root, Some(*subs)),
             None => (self.sim.root(), None),
         };
         let theirs = self.disagreements.get(&tick).cloned().unwrap_or_default();
-        tracing::error!(tick, %mine, peers = theirs.len(), "this node diverged; it stops executing this sim");
+        tracing::error!(%tick, %mine, peers = theirs.len(), "this node diverged; it stops executing this sim");
         let snapshot = self.sim.snapshot().encode();
         self.out.push_back(CoreOutput::Desync(Box::new(DesyncReport {
             tick,

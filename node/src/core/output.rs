@@ -34,7 +34,7 @@ pub enum CoreOutput {
     },
     /// A peer reported a different root for a tick, but fewer than f+1 did: the peer is faulty.
     PeerDiverged {
-        tick: u64,
+        tick: Tick,
         validator: ValidatorIndex,
     },
     /// This node diverged: it has stopped executing. Write the report; the core resyncs.
@@ -51,7 +51,7 @@ pub enum CoreOutput {
     /// ticks: write it (the state a restart loads). Taken here rather than when the shell gets
     /// to it, as the core may have executed further ticks by then.
     Snapshot {
-        tick: u64,
+        tick: Tick,
         bytes: Vec<u8>,
     },
     /// No tick committed for `quiet_us` (said every [`STALL_WARN_US`](crate::core::finish::STALL_WARN_US)
@@ -66,7 +66,7 @@ pub enum CoreOutput {
     /// This node took a snapshot of tick `tick` whose root `certified_by` other validators
     /// reported, replayed the commits since, and executes again.
     Resynced {
-        tick: u64,
+        tick: Tick,
         certified_by: usize,
         snapshot: Vec<u8>,
         /// The node was joining the sim (rather than recovering from a divergence).
@@ -77,7 +77,7 @@ pub enum CoreOutput {
 /// Everything needed to find out why a node diverged (DESIGN §4).
 #[derive(Clone, Debug)]
 pub struct DesyncReport {
-    pub tick: u64,
+    pub tick: Tick,
     pub mine: Hash32,
     /// The roots the peers reported for `tick`.
     pub theirs: BTreeMap<ValidatorIndex, Hash32>,

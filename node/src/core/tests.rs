@@ -88,7 +88,7 @@ fn a_snapshot_is_of_its_tick_even_when_several_ticks_execute_at_once_and_every_f
     }
     assert_eq!(core.sim().world().tick().0, ticks, "every commit executed");
     let [(tick, bytes)] = &snapshots[..] else { panic!("one snapshot, not {}", snapshots.len()) };
-    assert_eq!(*tick, every);
+    assert_eq!(tick.0, every);
     let snap = Snapshot::decode(bytes, 1 << 30).unwrap();
     assert_eq!(snap.world.tick().0, every, "the snapshot handed out for tick {every} holds another tick");
     let restore = |b: &[u8]| {
@@ -118,7 +118,7 @@ fn a_node_stops_after_its_last_tick_once_its_peers_executed_it_and_says_when_com
     let start_ms = demo.world.governance().genesis_ms;
     let sim = Sim::new(demo.world, RhaiHost::default(), AnyPhysics::of("rapier"), 1).unwrap();
     // As the node runs it: execution deferred until the votes left.
-    let mut core = NodeCore::new(Queued::default(), sim, 1).defer_execution().execute_until(Some(9));
+    let mut core = NodeCore::new(Queued::default(), sim, 1).defer_execution().execute_until(Some(Tick(9)));
     core.agreement_mut().0.extend((0..12).map(|t| commit(t, start_ms)));
     let drain = |core: &mut NodeCore<Queued, _, _>| std::iter::from_fn(|| core.poll_output()).collect::<Vec<_>>();
     core.handle_timeout(T0);
@@ -133,7 +133,7 @@ fn a_node_stops_after_its_last_tick_once_its_peers_executed_it_and_says_when_com
     assert_eq!(executed, (0..10).collect::<Vec<_>>(), "ticks 0-9 executed, none past the last");
     let said: Vec<&Finish> =
         out.iter().filter_map(|o| if let CoreOutput::Finishing(f) = o { Some(f) } else { None }).collect();
-    assert_eq!(said, [&Finish::Waiting { tick: 9 }]);
+    assert_eq!(said, [&Finish::Waiting { tick: Tick(9) }]);
     // Three of four reported: still waiting, and no stall said while finishing.
     core.agreement_mut().1 = (0..3).map(ValidatorIndex).collect();
     core.handle_timeout(T0 + 2 * STALL_WARN_US);

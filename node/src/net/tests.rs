@@ -1,5 +1,6 @@
 //! The mesh's tests: real swarms on loopback.
 use super::*;
+use metatopia_sim::Tick;
 
 fn key(i: u8) -> SigningKey {
     SigningKey::from_bytes(&[i; 32])
@@ -59,7 +60,7 @@ async fn listed_nodes_connect_over_quic_and_are_numbered_by_their_keys() {
     for (_, rx) in &mut meshes[1..] {
         assert_eq!(next(rx).await, (ValidatorIndex(0), NodeMsg::SnapshotRequest));
     }
-    let m = NodeMsg::Snapshot { tick: 9, bytes: vec![7; 300_000] };
+    let m = NodeMsg::Snapshot { tick: Tick(9), bytes: vec![7; 300_000] };
     meshes[2].0.send(1, &m);
     assert_eq!(next(&mut meshes[1].1).await, (ValidatorIndex(2), m));
 }
@@ -74,14 +75,14 @@ async fn the_delay_stage_holds_each_frame_and_keeps_their_order() {
     let (m1, mut rx1) = Mesh::start(&key(2), a[1].0, Some(a[1].1), peers).await.unwrap();
     until_connected(&m0, 1).await;
     until_connected(&m1, 1).await;
-    let frame = |tick| NodeMsg::Snapshot { tick, bytes: vec![tick as u8; 100] };
-    m0.send(1, &frame(0));
-    assert_eq!(next(&mut rx1).await.1, frame(0), "the stream is open");
+    let frame = |tick: u64| NodeMsg::Snapshot { tick: Tick(tick), bytes: vec![tick as u8; 100] };
+    m0.send(1, &frame(0u64));
+    assert_eq!(next(&mut rx1).await.1, frame(0u64), "the stream is open");
     let t0 = std::time::Instant::now();
     for t in 1..=40 {
         m0.send(1, &frame(t));
     }
-    assert_eq!(next(&mut rx1).await.1, frame(1));
+    assert_eq!(next(&mut rx1).await.1, frame(1u64));
     // At least the delay less its jitter (a loaded machine can only add to it).
     assert!(t0.elapsed() >= Duration::from_millis(20), "{:?}", t0.elapsed());
     // In order, whatever each frame's jitter.
@@ -172,7 +173,7 @@ async fn a_stranger_gets_broadcasts_only_after_asking_and_its_index_is_taken_aga
     let a = addrs(6);
     let listed = vec![PeerAddr::direct(key(1).verifying_key(), Some(a[0].0), Some(a[0].1))];
     let (m0, mut rx0) = Mesh::start(&key(1), a[0].0, Some(a[0].1), listed.clone()).await.unwrap();
-    let frame = |tick| NodeMsg::Snapshot { tick, bytes: vec![1; 10] };
+    let frame = |tick: u64| NodeMsg::Snapshot { tick: Tick(tick), bytes: vec![1; 10] };
     for s in 1..6u8 {
         let stranger = key(40 + s);
         let mut theirs = listed.clone();
@@ -193,28 +194,28 @@ async fn a_stranger_gets_broadcasts_only_after_asking_and_its_index_is_taken_aga
         // does not...
         let t0 = std::time::Instant::now();
         loop {
-            m0.send(index, &frame(0));
+            m0.send(index, &frame(0u64));
             if let Ok(Some(MeshEvent::Message(_, f))) =
                 tokio::time::timeout(Duration::from_millis(200), rx.recv()).await
             {
-                assert_eq!(f, frame(0));
+                assert_eq!(f, frame(0u64));
                 break;
             }
             assert!(t0.elapsed() < Duration::from_secs(10), "stranger {s}: no stream");
         }
-        m0.broadcast(&frame(1));
+        m0.broadcast(&frame(1u64));
         // ...until it asks: then the next broadcast is the next thing it gets (after any of the
         // messages sent while its stream opened).
         m.send(0, &NodeMsg::JoinRequest);
         assert_eq!(next(&mut rx0).await, (ValidatorIndex(1), NodeMsg::JoinRequest));
-        m0.broadcast(&frame(2));
+        m0.broadcast(&frame(2u64));
         let got = loop {
             let (_, f) = next(&mut rx).await;
-            if f != frame(0) {
+            if f != frame(0u64) {
                 break f;
             }
         };
-        assert_eq!(got, frame(2), "stranger {s}");
+        assert_eq!(got, frame(2u64), "stranger {s}");
         m.stop();
         drop((m, rx));
         let t0 = std::time::Instant::now();
@@ -271,7 +272,7 @@ async fn a_stranger_cannot_use_a_relay_beyond_its_limits() {
     // The stranger reaches the member through the relay (it knows no address of it) and
     // pushes 8 KiB frames at it for 6 s.
     let to = stranger.add_contact(PeerAddr::direct(ka.verifying_key(), None, None)).unwrap();
-    let frame = NodeMsg::Snapshot { tick: 1, bytes: vec![7; 8 * 1024] };
+    let frame = NodeMsg::Snapshot { tick: Tick(1), bytes: vec![7; 8 * 1024] };
     let size = frame.encode().len() as u64;
     // `wanted`: what it tried to send; `offered`: what it could hand to a connection.
     let (mut wanted, mut offered, mut received, mut relayed_seen) = (0u64, 0u64, 0u64, false);

@@ -2,6 +2,7 @@
 //! resync (or join).
 
 use metatopia_consensus::Message;
+use metatopia_sim::Tick;
 use serde::{Deserialize, Serialize};
 
 /// A message between the nodes of a sim.
@@ -19,7 +20,7 @@ pub enum NodeMsg {
     /// The sender's state after executing ticks `0..tick` (an encoded `Snapshot`). Trusted by
     /// the receiver only when its root is the one 2f+1 validators reported for `tick - 1`.
     Snapshot {
-        tick: u64,
+        tick: Tick,
         bytes: Vec<u8>,
     },
     /// "Send me what a new node of this sim needs to start": from `run --join`.
@@ -37,7 +38,7 @@ pub enum NodeMsg {
     /// view) to follow from. The joiner trusts the snapshot only when its root is the one f+1
     /// validators of that epoch reported.
     JoinSnapshot {
-        tick: u64,
+        tick: Tick,
         bytes: Vec<u8>,
         agreement: Vec<u8>,
     },
@@ -153,7 +154,7 @@ mod tests {
         ] {
             assert_eq!(NodeMsg::decode(&m.encode(), 1 << 20), Ok(m.clone()), "{}", m.kind());
         }
-        let m = NodeMsg::Snapshot { tick: 7, bytes: vec![1, 2, 3] };
+        let m = NodeMsg::Snapshot { tick: Tick(7), bytes: vec![1, 2, 3] };
         assert_eq!(NodeMsg::decode(&m.encode(), 1 << 20), Ok(m.clone()));
         assert!(NodeMsg::decode(&m.encode(), 4).is_err());
         let mut trailing = m.encode();

@@ -28,8 +28,8 @@ use anyhow::Context;
 use locate::{Finding, MAX_FINDING, neighbour_squares, reach};
 use metatopia_consensus::Config;
 use metatopia_scripting::RhaiHost;
-use metatopia_sim::Snapshot;
 use metatopia_sim::genesis::EventGen;
+use metatopia_sim::{Snapshot, Tick};
 pub use setup::{DirArgs, InitArgs, RunArgs};
 
 fn now_us() -> u64 {
@@ -146,7 +146,7 @@ struct Meter {
     /// Wall time of the core calls that executed ticks, ns, and the ticks they executed.
     exec_ns: u64,
     /// At the last status line: ticks executed, exec, script and physics ns.
-    last: (u64, u64, u64, u64),
+    last: (Tick, u64, u64, u64),
     status: Status,
     /// The `sim` label of this node's metrics (a process may run nodes of several sims).
     sim: String,
@@ -298,9 +298,9 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             "{tag}warning: --unsafe-no-sync: votes are sent before they are on stable storage (measurement only)"
         );
     }
-    let from = core.sim().world().tick().0;
+    let from = core.sim().world().tick();
     // A node that joined and has no state of its own yet starts from a certified snapshot.
-    let fresh = from == 0 && recovery.records.is_empty() && saved_state.is_none();
+    let fresh = from == Tick::ZERO && recovery.records.is_empty() && saved_state.is_none();
     if cfg.join.is_some() && fresh {
         core = core.joining();
     }
@@ -319,7 +319,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let recalled = core.recall(&recovery.records);
     tracing::info!(recalled, "blocks from the commit log kept to answer peers' fetches");
     // From where the log left it: a node already at or past the requested tick executes one.
-    core = core.execute_until(args.ticks.map(|n| n.saturating_sub(1)));
+    core = core.execute_until(args.ticks.map(|n| Tick(n.saturating_sub(1))));
     let root = core.root();
     println!(
         "{tag}node {me} of {} ({}): {} ({} objects); snapshot at tick {from}, {replayed} ticks replayed from the log; now at tick {} root {root}; sim workers {}",
@@ -383,7 +383,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 core.sim().world().region().origin.y.floor_int(),
             ],
             region_size: core.sim().world().region().size.floor_int(),
-            tick: core.sim().world().tick().0,
+            tick: core.sim().world().tick(),
             root: root.to_string(),
             genesis: genesis.hash.to_string(),
             ..Status::default()
@@ -457,7 +457,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut chat = std::collections::VecDeque::new();
     let mut last_root = core.root();
     // Sampled at the status lines.
-    let mut dilation = crate::core::dilation::Dilation::new(core.sim().world().time_ms(), core.sim().world().tick().0);
+    let mut dilation = crate::core::dilation::Dilation::new(core.sim().world().time_ms(), core.sim().world().tick());
     // Clients' route questions waiting for a neighbour's answer, or for a Raynet lookup's.
     let mut locator: Locator<tokio::sync::oneshot::Sender<Option<u32>>> = Locator::default();
     let mut finding: Vec<Finding> = Vec::new();
@@ -564,7 +564,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     let w = core.sim().world();
                     let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
                     if index.is_empty() && !w.objects().is_empty() {
-                        let tick = w.tick().0;
+                        let tick = w.tick();
                         index.update_world(tick, w, |o| object_view(w, o, false));
                         drop(index);
                         hub.publish_tick(tick);
@@ -643,7 +643,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     // once the index is at this tick (below).
                     for l in lines {
                         let line = crate::api::http::ChatView {
-                            tick: tick.0,
+                            tick,
                             name: l.name,
                             channel: l.channel,
                             text: l.text,
@@ -668,7 +668,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         meter.exec_ns += work_ns;
                         exec_charged = true;
                     }
-                    publish(&mut meter, &core, tick.0, &root, mesh.connected() as u32);
+                    publish(&mut meter, &core, tick, &root, mesh.connected() as u32);
                     hub.resolve(|id| core.outcome(id).cloned());
                     executed = true;
                     metrics::counter!("metatopia_events_accepted_total", "sim" => meter.sim.clone())
@@ -678,7 +678,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     if (tick.0 + 1).is_multiple_of(report_every) {
                         let s = core.stats();
                         let dilation =
-                            dilation.sample(core.sim().world().time_ms(), tick.0 + 1, meter.status.tick_rate_hz);
+                            dilation.sample(core.sim().world().time_ms(), tick.next(), meter.status.tick_rate_hz);
                         per_second(&mut meter, &times, dilation);
                         if let Some((p50, p99)) = core.commit_latency_us() {
                             meter.status.proposal_to_commit_p50_us = p50;
@@ -715,7 +715,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     }
                 }
                 CoreOutput::PeerDiverged { tick, validator } => {
-                    tracing::warn!(tick, validator = validator.0, "a peer reported a different state root");
+                    tracing::warn!(%tick, validator = validator.0, "a peer reported a different state root");
                 }
                 CoreOutput::Desync(report) => {
                     meter.status.desynced = Some(report.tick);
@@ -745,7 +745,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                     meter.status.desynced = None;
                     // Dilation counts ticks executed from here, not the ones the snapshot skipped.
                     let w = core.sim().world();
-                    dilation.restart(w.time_ms(), w.tick().0.max(tick));
+                    dilation.restart(w.time_ms(), w.tick().max(tick));
                     // The state the log replays on top of after a restart.
                     store.resynced(tick, &snapshot)?;
                     if joined {
@@ -796,7 +796,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             if removed.kicked != g.kicked_until_ms || removed.banned != g.banned {
                 removed = Removed { kicked: g.kicked_until_ms.clone(), banned: g.banned.clone() };
             }
-            let tick = w.tick().0.saturating_sub(1);
+            let tick = w.tick().saturating_sub(1);
             let mut index = hub.index.write().unwrap_or_else(|e| e.into_inner());
             index.radius_m = w.settings().aoi_radius_m;
             index.rate_hz = meter.status.tick_rate_hz;
@@ -813,7 +813,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
             }
         }
         let (epoch, view, agreed) = crate::core::Agreement::position(core.agreement());
-        (meter.status.epoch, meter.status.view, meter.status.agreed_tick) = (epoch, view, agreed.map(|t| t.0));
+        (meter.status.epoch, meter.status.view, meter.status.agreed_tick) = (epoch, view, agreed);
         if status_tx.send_if_modified(|s| {
             let changed = *s != meter.status;
             if changed {
@@ -890,7 +890,7 @@ struct Removed {
 }
 
 /// After every executed tick: the status the HTTP service shows, and the gauges.
-fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash32, peers: u32) {
+fn publish(meter: &mut Meter, core: &Core, tick: Tick, root: &metatopia_sim::Hash32, peers: u32) {
     let w = core.sim().world();
     let s = core.stats();
     let st = &mut meter.status;
@@ -915,7 +915,7 @@ fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash
     st.departures = s.departures;
     st.arrivals = s.arrivals;
     st.in_transit = w.links().departed().values().map(|d| d.record.object.name.clone()).collect();
-    metrics::gauge!("metatopia_tick", "sim" => meter.sim.clone()).set(tick as f64);
+    metrics::gauge!("metatopia_tick", "sim" => meter.sim.clone()).set(tick.0 as f64);
     metrics::gauge!("metatopia_objects", "sim" => meter.sim.clone()).set(st.objects as f64);
     metrics::gauge!("metatopia_scripts", "sim" => meter.sim.clone()).set(st.scripts as f64);
     metrics::gauge!("metatopia_accounts", "sim" => meter.sim.clone()).set(st.accounts as f64);
@@ -933,9 +933,9 @@ fn publish(meter: &mut Meter, core: &Core, tick: u64, root: &metatopia_sim::Hash
 /// physics since the last time.
 fn per_second(meter: &mut Meter, times: &StageTimes, dilation: f64) {
     let (script_ns, physics_ns) = times.totals();
-    let executed = meter.status.tick + 1;
+    let executed = meter.status.tick.next();
     let (t0, e0, s0, p0) = meter.last;
-    let ticks = executed.saturating_sub(t0).max(1) as f64;
+    let ticks = executed.since(t0).max(1) as f64;
     let per_tick_ms = |now: u64, then: u64| now.saturating_sub(then) as f64 / ticks / 1e6;
     let (p50, p99) = (meter.quantile(0.5), meter.quantile(0.99));
     let st = &mut meter.status;

@@ -15,6 +15,7 @@ use anyhow::Context;
 use crate::core::CoreOutput;
 use crate::net::wire::NodeMsg;
 use crate::store::{CommitLog, DataDir, LogRecord, Recovery, StateJournal};
+use metatopia_sim::Tick;
 
 #[derive(Debug)]
 pub struct Persister {
@@ -39,7 +40,7 @@ pub struct Restored {
 impl Persister {
     /// Open the log and the journal of `dir`: what they hold, for the restart.
     pub fn open(dir: DataDir, durable: bool) -> anyhow::Result<(Persister, Restored)> {
-        let from = dir.oldest_snapshot()?.unwrap_or(0);
+        let from = dir.oldest_snapshot()?.unwrap_or_default();
         let (log, recovery) = CommitLog::open_on(dir.disk().clone(), &dir.log_dir(), from)?;
         // Read before the journal opens (opening it cuts a torn tail).
         let consensus = dir.read_consensus_state()?;
@@ -53,7 +54,7 @@ impl Persister {
     }
 
     /// The snapshots kept, newest first, with their bytes (a bad one is the caller's to skip).
-    pub fn snapshots(&self) -> anyhow::Result<Vec<(u64, anyhow::Result<Vec<u8>>)>> {
+    pub fn snapshots(&self) -> anyhow::Result<Vec<(Tick, anyhow::Result<Vec<u8>>)>> {
         let disk = self.dir.disk();
         Ok(self
             .dir
@@ -74,7 +75,7 @@ impl Persister {
     /// The core's snapshot of tick `tick` ([`CoreOutput::Snapshot`]): written after the log
     /// is synced (a snapshot never runs ahead of the log that continues it), then the log is
     /// pruned below the oldest snapshot kept.
-    pub fn snapshot(&mut self, tick: u64, bytes: &[u8]) -> anyhow::Result<()> {
+    pub fn snapshot(&mut self, tick: Tick, bytes: &[u8]) -> anyhow::Result<()> {
         self.log.sync().context("syncing the commit log")?;
         self.dir.write_snapshot(tick, bytes)?;
         if let Some(oldest) = self.dir.oldest_snapshot()? {
@@ -84,7 +85,7 @@ impl Persister {
     }
 
     /// A certified snapshot installed: the state the log replays on after a restart.
-    pub fn resynced(&mut self, tick: u64, snapshot: &[u8]) -> anyhow::Result<()> {
+    pub fn resynced(&mut self, tick: Tick, snapshot: &[u8]) -> anyhow::Result<()> {
         Ok(self.dir.write_snapshot(tick, snapshot)?)
     }
 

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use super::disk::{Disk, SimDisk};
 use super::log::{CommitLog, LogRecord, SEGMENT_RECORDS};
 use super::{DataDir, StateJournal};
+use metatopia_sim::Tick;
 
 fn rec(tick: u64, size: u64) -> LogRecord {
     LogRecord {
-        tick,
+        tick: Tick(tick),
         time_ms: tick * 50,
         seed: [tick as u8; 32],
         events: vec![vec![tick as u8; 40]; (size % 5) as usize],
@@ -45,7 +46,7 @@ struct Node {
 fn open(disk: &Arc<SimDisk>) -> (Node, Vec<LogRecord>) {
     let disk: Arc<dyn Disk> = disk.clone();
     let dir = DataDir::open_on(disk.clone(), Path::new("/node")).expect("the data directory opens");
-    let (log, recovery) = CommitLog::open_on(disk, &dir.log_dir(), 0).expect("the log opens");
+    let (log, recovery) = CommitLog::open_on(disk, &dir.log_dir(), Tick::ZERO).expect("the log opens");
     assert!(recovery.damaged.is_empty(), "a power cut is not damage: {:?}", recovery.damaged);
     let journal = StateJournal::open(&dir).expect("the journal opens");
     (Node { dir, log, journal }, recovery.records)
@@ -73,9 +74,9 @@ fn power_losses(seed: u64) -> (u64, u64) {
                 node = again;
                 // Every synced record is back, whole; nothing was made up.
                 for r in &records {
-                    assert_eq!(appended.get(&r.tick), Some(r), "seed {seed}: tick {} misread", r.tick);
+                    assert_eq!(appended.get(&r.tick.0), Some(r), "seed {seed}: tick {} misread", r.tick);
                 }
-                let back: std::collections::BTreeSet<u64> = records.iter().map(|r| r.tick).collect();
+                let back: std::collections::BTreeSet<u64> = records.iter().map(|r| r.tick.0).collect();
                 for t in appended.keys().filter(|t| synced_upto.is_some_and(|s| **t <= s)) {
                     assert!(back.contains(t), "seed {seed}: synced tick {t} lost");
                 }
@@ -91,8 +92,8 @@ fn power_losses(seed: u64) -> (u64, u64) {
                 written = state.unwrap_or(0);
                 synced_state = written;
                 // The node goes on from its newest record (what it lost comes again from peers).
-                next = records.last().map_or(0, |r| r.tick + 1);
-                synced_upto = synced_upto.min(records.last().map(|r| r.tick));
+                next = records.last().map_or(0, |r| r.tick.0 + 1);
+                synced_upto = synced_upto.min(records.last().map(|r| r.tick.0));
             }
             _ => {
                 let r = rec(next, rng.next());
@@ -134,7 +135,7 @@ fn a_flipped_bit_in_an_older_segment_is_reported_with_its_file_and_offset() {
     let disk = Arc::new(SimDisk::new());
     let d: Arc<dyn Disk> = disk.clone();
     let dir = Path::new("/node/log");
-    let (mut log, _) = CommitLog::open_on(d.clone(), dir, 0).unwrap();
+    let (mut log, _) = CommitLog::open_on(d.clone(), dir, Tick::ZERO).unwrap();
     for t in 0..SEGMENT_RECORDS + 20 {
         log.append(&rec(t, t)).unwrap();
     }
@@ -143,12 +144,12 @@ fn a_flipped_bit_in_an_older_segment_is_reported_with_its_file_and_offset() {
     let seg = dir.join("000000000000.seg");
     let len = disk.len(&seg).unwrap();
     disk.flip_bit(&seg, len / 2, 3).unwrap();
-    let (_, r) = CommitLog::open_on(d.clone(), dir, 0).unwrap();
+    let (_, r) = CommitLog::open_on(d.clone(), dir, Tick::ZERO).unwrap();
     assert_eq!(r.damaged.len(), 1, "{:?}", r.damaged);
     assert!(r.damaged[0].contains("000000000000.seg") && r.damaged[0].contains("at offset"), "{}", r.damaged[0]);
     // What is read is what was written, up to the damage and from the next segment on.
-    assert!(r.records.iter().all(|x| *x == rec(x.tick, x.tick)));
-    assert!(r.records.iter().any(|x| x.tick >= SEGMENT_RECORDS) && r.records.len() < (SEGMENT_RECORDS + 20) as usize);
+    assert!(r.records.iter().all(|x| *x == rec(x.tick.0, x.tick.0)));
+    assert!(r.records.iter().any(|x| x.tick.0 >= SEGMENT_RECORDS) && r.records.len() < (SEGMENT_RECORDS + 20) as usize);
     assert!(disk.exists(&dir.join("000000000000.seg.damaged")), "a copy kept for the operator");
 }
 
@@ -157,7 +158,7 @@ fn a_full_disk_is_a_clear_error_and_the_log_goes_on_once_there_is_room() {
     let disk = Arc::new(SimDisk::new());
     let d: Arc<dyn Disk> = disk.clone();
     let dir = Path::new("/node/log");
-    let (mut log, _) = CommitLog::open_on(d.clone(), dir, 0).unwrap();
+    let (mut log, _) = CommitLog::open_on(d.clone(), dir, Tick::ZERO).unwrap();
     for t in 0..50 {
         log.append(&rec(t, 4)).unwrap();
     }
@@ -167,18 +168,18 @@ fn a_full_disk_is_a_clear_error_and_the_log_goes_on_once_there_is_room() {
     assert!(err.to_string().contains("no space left"), "{err}");
     // The node stops; restarted on the still-full disk, it cuts the torn record and opens.
     drop(log);
-    let (_, r) = CommitLog::open_on(d.clone(), dir, 0).unwrap();
+    let (_, r) = CommitLog::open_on(d.clone(), dir, Tick::ZERO).unwrap();
     assert!(r.records.len() >= 50 && r.damaged.is_empty());
     // Room again: it goes on where it was.
     disk.set_capacity(None);
-    let (mut log, r) = CommitLog::open_on(d.clone(), dir, 0).unwrap();
-    let next = r.records.last().unwrap().tick + 1;
+    let (mut log, r) = CommitLog::open_on(d.clone(), dir, Tick::ZERO).unwrap();
+    let next = r.records.last().unwrap().tick.0 + 1;
     for t in next..next + 10 {
         log.append(&rec(t, 4)).unwrap();
     }
     drop(log);
-    let (_, r) = CommitLog::open_on(d, dir, 0).unwrap();
-    assert_eq!(r.records.iter().map(|x| x.tick).collect::<Vec<_>>(), (0..next + 10).collect::<Vec<_>>());
+    let (_, r) = CommitLog::open_on(d, dir, Tick::ZERO).unwrap();
+    assert_eq!(r.records.iter().map(|x| x.tick.0).collect::<Vec<_>>(), (0..next + 10).collect::<Vec<_>>());
 }
 
 #[test]
@@ -186,7 +187,7 @@ fn a_read_only_disk_is_an_error_naming_the_file_and_reading_still_works() {
     let disk = Arc::new(SimDisk::new());
     let d: Arc<dyn Disk> = disk.clone();
     let dir = DataDir::open_on(d.clone(), Path::new("/node")).unwrap();
-    let (mut log, _) = CommitLog::open_on(d.clone(), &dir.log_dir(), 0).unwrap();
+    let (mut log, _) = CommitLog::open_on(d.clone(), &dir.log_dir(), Tick::ZERO).unwrap();
     let mut journal = StateJournal::open(&dir).unwrap();
     log.append(&rec(0, 1)).unwrap();
     journal.write(b"state").unwrap();
@@ -194,8 +195,8 @@ fn a_read_only_disk_is_an_error_naming_the_file_and_reading_still_works() {
     assert!(log.append(&rec(1, 1)).unwrap_err().to_string().contains("read-only"));
     let e = format!("{:#}", journal.write(b"newer").unwrap_err());
     assert!(e.contains("consensus.journal") && e.contains("read-only"), "{e}");
-    assert!(format!("{:#}", dir.write_snapshot(1, b"snap").unwrap_err()).contains("read-only"));
-    let (_, r) = CommitLog::open_on(d, &dir.log_dir(), 0).unwrap();
+    assert!(format!("{:#}", dir.write_snapshot(Tick(1), b"snap").unwrap_err()).contains("read-only"));
+    let (_, r) = CommitLog::open_on(d, &dir.log_dir(), Tick::ZERO).unwrap();
     assert_eq!(r.records, vec![rec(0, 1)]);
     assert_eq!(dir.read_consensus_state().unwrap().as_deref(), Some(&b"state"[..]));
 }
@@ -206,12 +207,12 @@ fn the_format_marker_and_snapshots_survive_a_power_loss_whole() {
         let disk = Arc::new(SimDisk::new());
         let d: Arc<dyn Disk> = disk.clone();
         let dir = DataDir::open_on(d.clone(), Path::new("/node")).unwrap();
-        dir.write_snapshot(10, &[1; 300]).unwrap();
-        dir.write_snapshot(20, &[2; 300]).unwrap();
+        dir.write_snapshot(Tick(10), &[1; 300]).unwrap();
+        dir.write_snapshot(Tick(20), &[2; 300]).unwrap();
         disk.power_loss(seed);
         let dir = DataDir::open_on(d.clone(), Path::new("/node")).expect("the marker is whole");
         let snaps = dir.snapshots().unwrap();
-        assert_eq!(snaps.iter().map(|(t, _)| *t).collect::<Vec<_>>(), vec![10, 20], "seed {seed}");
+        assert_eq!(snaps.iter().map(|(t, _)| *t).collect::<Vec<_>>(), vec![Tick(10), Tick(20)], "seed {seed}");
         assert_eq!(d.read(&snaps[1].1).unwrap(), vec![2; 300]);
     }
 }

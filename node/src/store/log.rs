@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::error::{Doing, Result};
+use metatopia_sim::Tick;
 use serde::{Deserialize, Serialize};
 
 use super::disk::{Disk, OsDisk};
@@ -46,7 +47,7 @@ const EXT: &str = "seg";
 /// One committed tick, as logged: enough to re-execute it and to prove it was committed.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct LogRecord {
-    pub tick: u64,
+    pub tick: Tick,
     pub time_ms: u64,
     /// The canonical-order seed (from the commit certificate).
     pub seed: [u8; 32],
@@ -74,8 +75,8 @@ pub struct Recovery {
 #[derive(Debug)]
 struct Current {
     path: PathBuf,
-    first: u64,
-    next: u64,
+    first: Tick,
+    next: Tick,
     records: u64,
 }
 
@@ -88,18 +89,18 @@ pub struct CommitLog {
     unsynced: u32,
 }
 
-fn segment_path(dir: &Path, first: u64) -> PathBuf {
-    dir.join(format!("{first:012}.{EXT}"))
+fn segment_path(dir: &Path, first: Tick) -> PathBuf {
+    dir.join(format!("{:012}.{EXT}", first.0))
 }
 
 /// The segments in `dir`, by first tick.
-fn segments(disk: &dyn Disk, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+fn segments(disk: &dyn Disk, dir: &Path) -> Result<Vec<(Tick, PathBuf)>> {
     let mut v = Vec::new();
     for p in disk.list(dir).doing(|| format!("listing {}", dir.display()))? {
         if p.extension().is_some_and(|x| x == EXT)
             && let Some(t) = p.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok())
         {
-            v.push((t, p));
+            v.push((Tick(t), p));
         }
     }
     v.sort();
@@ -116,7 +117,7 @@ struct Read_ {
 /// Read a segment's records up to the first bad one. `torn` (the third field of `bad`): the bad
 /// record is the file's last (its claimed end reaches the end of the file), as a crash mid-write
 /// leaves it; anything else is damage.
-fn read_segment(disk: &dyn Disk, path: &Path, first: u64) -> Result<Read_> {
+fn read_segment(disk: &dyn Disk, path: &Path, first: Tick) -> Result<Read_> {
     let bytes = disk.read(path).doing(|| format!("reading {}", path.display()))?;
     read_records(&bytes[..], bytes.len() as u64, first).doing(|| format!("reading {}", path.display()))
 }
@@ -124,10 +125,10 @@ fn read_segment(disk: &dyn Disk, path: &Path, first: u64) -> Result<Read_> {
 /// The records of a segment of `size` bytes whose first tick is `first`, read from `r`, up to
 /// the first bad one (public for the fuzz targets: any bytes, no panic, bounded allocation).
 pub fn read_records_for_fuzzing(bytes: &[u8]) -> usize {
-    read_records(bytes, bytes.len() as u64, 0).map_or(0, |r| r.records.len())
+    read_records(bytes, bytes.len() as u64, Tick::ZERO).map_or(0, |r| r.records.len())
 }
 
-fn read_records(mut r: impl Read, size: u64, first: u64) -> io::Result<Read_> {
+fn read_records(mut r: impl Read, size: u64, first: Tick) -> io::Result<Read_> {
     let mut out = Read_ { records: Vec::new(), good_len: 0, bad: None };
     let mut at = 0u64;
     let mut head = [0u8; HEADER];
@@ -178,12 +179,12 @@ impl CommitLog {
     /// (the oldest snapshot it may load): the segments that can hold ticks at or after it.
     /// A torn tail of the newest segment is cut off; damage elsewhere is reported in
     /// [`Recovery::damaged`] and the segment kept up to it.
-    pub fn open(dir: &Path, from: u64) -> Result<(CommitLog, Recovery)> {
+    pub fn open(dir: &Path, from: Tick) -> Result<(CommitLog, Recovery)> {
         CommitLog::open_on(Arc::new(OsDisk::default()), dir, from)
     }
 
     /// [`CommitLog::open`] on `disk` (the machine's, or a simulated one).
-    pub fn open_on(disk: Arc<dyn Disk>, dir: &Path, from: u64) -> Result<(CommitLog, Recovery)> {
+    pub fn open_on(disk: Arc<dyn Disk>, dir: &Path, from: Tick) -> Result<(CommitLog, Recovery)> {
         let d = &*disk;
         d.create_dir_all(dir).doing(|| format!("creating {}", dir.display()))?;
         adopt_single_file_log(d, dir)?;
@@ -219,7 +220,7 @@ impl CommitLog {
             let n = read.records.len() as u64;
             recovery.records.extend(read.records);
             if newest {
-                current = Some(Current { path: path.clone(), first: *first, next: first + n, records: n });
+                current = Some(Current { path: path.clone(), first: *first, next: *first + n, records: n });
             }
         }
         Ok((CommitLog { disk, dir: dir.to_owned(), current, unsynced: 0 }, recovery))
@@ -241,7 +242,7 @@ impl CommitLog {
         frame.extend_from_slice(&checksum(&payload));
         frame.extend_from_slice(&payload);
         self.disk.append(&c.path, &frame)?;
-        c.next = rec.tick + 1;
+        c.next = rec.tick.next();
         c.records += 1;
         self.unsynced += 1;
         if self.unsynced >= SYNC_EVERY {
@@ -252,7 +253,7 @@ impl CommitLog {
 
     /// Close the current segment (durable) and start one at `first`; segments that begin at or
     /// after it are a future this node no longer follows, and go.
-    fn start_segment(&mut self, first: u64) -> io::Result<()> {
+    fn start_segment(&mut self, first: Tick) -> io::Result<()> {
         self.sync()?;
         self.current = None;
         for (t, p) in segments(&*self.disk, &self.dir).map_err(io::Error::other)? {
@@ -280,7 +281,7 @@ impl CommitLog {
     }
 
     /// Delete the segments wholly below `tick` (the oldest snapshot kept); the current one stays.
-    pub fn prune_below(&mut self, tick: u64) -> Result<u32> {
+    pub fn prune_below(&mut self, tick: Tick) -> Result<u32> {
         let all = segments(&*self.disk, &self.dir)?;
         let current = self.current.as_ref().map(|c| c.first);
         let mut removed = 0;
@@ -303,7 +304,7 @@ impl CommitLog {
     }
 
     /// The next tick the log expects (one past its newest record), if it has any.
-    pub fn next_tick(&self) -> Option<u64> {
+    pub fn next_tick(&self) -> Option<Tick> {
         self.current.as_ref().filter(|c| c.records > 0).map(|c| c.next)
     }
 
@@ -350,12 +351,12 @@ mod tests {
     use std::fs::{self, OpenOptions};
 
     fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
-        super::segments(&OsDisk::default(), dir)
+        Ok(super::segments(&OsDisk::default(), dir)?.into_iter().map(|(t, p)| (t.0, p)).collect())
     }
 
     fn rec(tick: u64) -> LogRecord {
         LogRecord {
-            tick,
+            tick: Tick(tick),
             time_ms: tick * 16,
             seed: [tick as u8; 32],
             events: vec![vec![1, 2, 3]; (tick % 3) as usize],
@@ -369,33 +370,33 @@ mod tests {
     }
 
     fn ticks(r: &Recovery) -> Vec<u64> {
-        r.records.iter().map(|r| r.tick).collect()
+        r.records.iter().map(|r| r.tick.0).collect()
     }
 
     #[test]
     fn records_round_trip_and_a_torn_tail_is_cut_not_misread() {
         let scratch = tmp("torn");
         let d = scratch.path();
-        let (mut log, r) = CommitLog::open(d, 0).unwrap();
+        let (mut log, r) = CommitLog::open(d, Tick::ZERO).unwrap();
         assert!(r.records.is_empty() && r.truncated == 0);
         for t in 0..11 {
             log.append(&rec(t)).unwrap();
         }
         drop(log);
-        let seg = segment_path(d, 0);
+        let seg = segment_path(d, Tick(0));
         let whole = fs::metadata(&seg).unwrap().len();
         // Tear the last record in the middle, as a crash mid-write would.
         let f = OpenOptions::new().write(true).open(&seg).unwrap();
         f.set_len(whole - 9).unwrap();
         drop(f);
-        let (mut log, r) = CommitLog::open(d, 0).unwrap();
+        let (mut log, r) = CommitLog::open(d, Tick::ZERO).unwrap();
         assert_eq!(r.records, (0..10).map(rec).collect::<Vec<_>>());
         assert!(r.truncated > 0 && r.reason.as_deref().unwrap().contains("torn"), "{:?}", r.reason);
         assert!(r.damaged.is_empty());
         // Appending after recovery continues the chain.
         log.append(&rec(10)).unwrap();
         drop(log);
-        let (_, r) = CommitLog::open(d, 0).unwrap();
+        let (_, r) = CommitLog::open(d, Tick::ZERO).unwrap();
         assert_eq!(ticks(&r), (0..11).collect::<Vec<_>>());
         assert_eq!(r.truncated, 0);
     }
@@ -406,12 +407,12 @@ mod tests {
     fn a_jump_starts_a_segment_and_is_never_taken_for_corruption() {
         let scratch = tmp("jump");
         let d = scratch.path();
-        let (mut log, _) = CommitLog::open(d, 0).unwrap();
+        let (mut log, _) = CommitLog::open(d, Tick::ZERO).unwrap();
         for t in (0..976).chain(1080..1326) {
             log.append(&rec(t)).unwrap();
         }
         drop(log);
-        let (_, r) = CommitLog::open(d, 0).unwrap();
+        let (_, r) = CommitLog::open(d, Tick::ZERO).unwrap();
         assert_eq!((r.truncated, r.damaged.len()), (0, 0), "{:?}", r.reason);
         assert_eq!(ticks(&r), (0..976).chain(1080..1326).collect::<Vec<_>>());
         assert_eq!(segments(d).unwrap().iter().map(|(t, _)| *t).collect::<Vec<_>>(), vec![0, 1080]);
@@ -422,7 +423,7 @@ mod tests {
     fn a_later_segment_supersedes_what_earlier_ones_hold_from_its_first_tick() {
         let scratch = tmp("supersede");
         let d = scratch.path();
-        let (mut log, _) = CommitLog::open(d, 0).unwrap();
+        let (mut log, _) = CommitLog::open(d, Tick::ZERO).unwrap();
         for t in 0..50 {
             log.append(&rec(t)).unwrap();
         }
@@ -433,7 +434,7 @@ mod tests {
             log.append(&rec(t)).unwrap();
         }
         drop(log);
-        let (_, r) = CommitLog::open(d, 0).unwrap();
+        let (_, r) = CommitLog::open(d, Tick::ZERO).unwrap();
         assert_eq!(ticks(&r), (0..40).collect::<Vec<_>>());
         assert_eq!(r.records[30].time_ms, 7, "the later segment's record");
     }
@@ -442,17 +443,17 @@ mod tests {
     fn damage_in_the_middle_is_reported_with_file_and_offset_and_the_rest_is_kept() {
         let scratch = tmp("flip");
         let d = scratch.path();
-        let (mut log, _) = CommitLog::open(d, 0).unwrap();
+        let (mut log, _) = CommitLog::open(d, Tick::ZERO).unwrap();
         for t in 0..6 {
             log.append(&rec(t)).unwrap();
         }
         drop(log);
-        let seg = segment_path(d, 0);
+        let seg = segment_path(d, Tick(0));
         let mut bytes = fs::read(&seg).unwrap();
         let n = bytes.len();
         bytes[n / 4 + 3] ^= 0x10;
         fs::write(&seg, &bytes).unwrap();
-        let (_, r) = CommitLog::open(d, 0).unwrap();
+        let (_, r) = CommitLog::open(d, Tick::ZERO).unwrap();
         assert!(r.records.len() < 6 && r.truncated == 0);
         assert_eq!(r.damaged.len(), 1);
         assert!(r.damaged[0].contains("000000000000.seg") && r.damaged[0].contains("at offset"), "{}", r.damaged[0]);
@@ -463,7 +464,7 @@ mod tests {
     fn segments_roll_and_are_pruned_below_the_oldest_snapshot_and_opening_reads_only_what_it_needs() {
         let scratch = tmp("prune");
         let d = scratch.path();
-        let (mut log, _) = CommitLog::open(d, 0).unwrap();
+        let (mut log, _) = CommitLog::open(d, Tick::ZERO).unwrap();
         let n = 3 * SEGMENT_RECORDS + 10;
         for t in 0..n {
             log.append(&rec(t)).unwrap();
@@ -471,12 +472,12 @@ mod tests {
         let firsts = |d: &Path| segments(d).unwrap().iter().map(|(t, _)| *t).collect::<Vec<_>>();
         assert_eq!(firsts(d), vec![0, SEGMENT_RECORDS, 2 * SEGMENT_RECORDS, 3 * SEGMENT_RECORDS]);
         // Opened for a restart from 2·S + 5: the first two segments are not read.
-        let (_, r) = CommitLog::open(d, 2 * SEGMENT_RECORDS + 5).unwrap();
-        assert_eq!(r.records.first().map(|r| r.tick), Some(2 * SEGMENT_RECORDS));
+        let (_, r) = CommitLog::open(d, Tick(2 * SEGMENT_RECORDS + 5)).unwrap();
+        assert_eq!(r.records.first().map(|r| r.tick), Some(Tick(2 * SEGMENT_RECORDS)));
         assert_eq!(r.records.len() as u64, n - 2 * SEGMENT_RECORDS);
-        assert_eq!(log.prune_below(2 * SEGMENT_RECORDS + 5).unwrap(), 2);
+        assert_eq!(log.prune_below(Tick(2 * SEGMENT_RECORDS + 5)).unwrap(), 2);
         assert_eq!(firsts(d), vec![2 * SEGMENT_RECORDS, 3 * SEGMENT_RECORDS]);
-        assert_eq!(log.next_tick(), Some(n));
+        assert_eq!(log.next_tick(), Some(Tick(n)));
     }
 
     #[test]
@@ -484,11 +485,11 @@ mod tests {
         let scratch = tmp("garbage");
         let d = scratch.path();
         fs::create_dir_all(d).unwrap();
-        let seg = segment_path(d, 0);
+        let seg = segment_path(d, Tick(0));
         let mut junk = vec![0xffu8; 4]; // length u32::MAX
         junk.extend_from_slice(&[0; 40]);
         fs::write(&seg, &junk).unwrap();
-        let (_, r) = CommitLog::open(d, 0).unwrap();
+        let (_, r) = CommitLog::open(d, Tick::ZERO).unwrap();
         assert!(r.records.is_empty());
         assert!(r.reason.unwrap().contains("over the limit"));
         assert_eq!(fs::metadata(&seg).unwrap().len(), 0);
@@ -505,7 +506,7 @@ mod tests {
                 })
                 .collect();
             fs::write(&seg, &bytes).unwrap();
-            let (_, r) = CommitLog::open(d, 0).unwrap();
+            let (_, r) = CommitLog::open(d, Tick::ZERO).unwrap();
             assert!(r.records.is_empty());
         }
     }
@@ -514,14 +515,14 @@ mod tests {
     fn a_log_from_before_segments_is_adopted() {
         let scratch = tmp("adopt");
         let d = scratch.path();
-        let (mut log, _) = CommitLog::open(d, 0).unwrap();
+        let (mut log, _) = CommitLog::open(d, Tick::ZERO).unwrap();
         for t in 5..9 {
             log.append(&rec(t)).unwrap();
         }
         drop(log);
-        fs::rename(segment_path(d, 5), d.join("commits.log")).unwrap();
-        let (_, r) = CommitLog::open(d, 0).unwrap();
+        fs::rename(segment_path(d, Tick(5)), d.join("commits.log")).unwrap();
+        let (_, r) = CommitLog::open(d, Tick::ZERO).unwrap();
         assert_eq!(ticks(&r), vec![5, 6, 7, 8]);
-        assert!(segment_path(d, 5).exists() && !d.join("commits.log").exists());
+        assert!(segment_path(d, Tick(5)).exists() && !d.join("commits.log").exists());
     }
 }

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use error::{Doing, Result, StoreError};
-use metatopia_sim::SigningKey;
+use metatopia_sim::{SigningKey, Tick};
 
 pub mod disk;
 pub mod durable;
@@ -145,8 +145,8 @@ impl DataDir {
     }
 
     /// Write the snapshot after `tick`; keep the newest two.
-    pub fn write_snapshot(&self, tick: u64, bytes: &[u8]) -> Result<()> {
-        let path = self.root.join("snapshots").join(format!("{tick:012}.snap"));
+    pub fn write_snapshot(&self, tick: Tick, bytes: &[u8]) -> Result<()> {
+        let path = self.root.join("snapshots").join(format!("{:012}.snap", tick.0));
         self.disk.write_atomic(&path, bytes).doing(|| format!("writing {}", path.display()))?;
         let mut all = self.snapshots()?;
         while all.len() > 2 {
@@ -157,12 +157,12 @@ impl DataDir {
     }
 
     /// The tick of the oldest snapshot kept (what the log must reach back to).
-    pub fn oldest_snapshot(&self) -> Result<Option<u64>> {
+    pub fn oldest_snapshot(&self) -> Result<Option<Tick>> {
         Ok(self.snapshots()?.first().map(|(t, _)| *t))
     }
 
     /// Snapshots on disk, oldest first.
-    pub fn snapshots(&self) -> Result<Vec<(u64, PathBuf)>> {
+    pub fn snapshots(&self) -> Result<Vec<(Tick, PathBuf)>> {
         let mut v = Vec::new();
         for p in self
             .disk
@@ -172,7 +172,7 @@ impl DataDir {
             if p.extension().is_some_and(|x| x == "snap")
                 && let Some(t) = p.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok())
             {
-                v.push((t, p));
+                v.push((Tick(t), p));
             }
         }
         v.sort();
@@ -419,10 +419,10 @@ mod tests {
         let d = scratch.path();
         let dir = DataDir::open(d).unwrap();
         for t in [10u64, 20, 30, 40] {
-            dir.write_snapshot(t, &[t as u8; 10]).unwrap();
+            dir.write_snapshot(Tick(t), &[t as u8; 10]).unwrap();
         }
         let s = dir.snapshots().unwrap();
-        assert_eq!(s.iter().map(|(t, _)| *t).collect::<Vec<_>>(), vec![30, 40]);
+        assert_eq!(s.iter().map(|(t, _)| t.0).collect::<Vec<_>>(), vec![30, 40]);
         assert_eq!(fs::read(&s[1].1).unwrap(), vec![40u8; 10]);
     }
 }

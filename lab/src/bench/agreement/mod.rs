@@ -495,7 +495,7 @@ async fn bench_libp2p(
     let via: Vec<&str> = meshes[0].0.transports().values().copied().collect();
     // Round trip: a 64-byte message there and back, validator 0 and each other in turn.
     let mut samples = Vec::new();
-    let ping = NodeMsg::Snapshot { tick: 0, bytes: vec![7; 64] };
+    let ping = NodeMsg::Snapshot { tick: metatopia_sim::Tick(0), bytes: vec![7; 64] };
     for j in 1..n {
         for _ in 0..200 {
             let t = Instant::now();
