@@ -171,6 +171,8 @@ async fn bot(
     let mut c = Client::connect_on(endpoint, bootstrap, bot_key(plan.seed, n))
         .await
         .map_err(|e| BotError::at("connecting")(e.into()))?;
+    // A bot draws nothing: it decodes every message but keeps only its own avatar's state.
+    c.keep_own_objects_only();
     report.connected.fetch_add(1, Ordering::Relaxed);
     c.login(&format!("bot{}", plan.first_number + n)).await.map_err(|e| BotError::at("logging in")(e.into()))?;
     report.logged_in.fetch_add(1, Ordering::Relaxed);

@@ -45,6 +45,8 @@ pub struct View {
     pub deltas: u64,
     /// Each object's dead-reckoning base: where it was (mm), its velocity (mm/s), at which tick.
     motion: BTreeMap<String, ([i64; 2], [i64; 2], Tick)>,
+    /// Keep only the objects of this account ([`Client::keep_own_objects_only`]).
+    own_only: Option<String>,
 }
 
 impl View {
@@ -57,6 +59,9 @@ impl View {
             }
             ServerMsg::Tick { tick, enter, update, leave } => {
                 for o in enter {
+                    if self.own_only.as_ref().is_some_and(|me| *me != o.owner) {
+                        continue;
+                    }
                     let (at, vel) = o.motion_mm();
                     self.motion.insert(o.id.clone(), (at, vel, *tick));
                     self.objects.insert(o.id.clone(), o.clone());
@@ -361,7 +366,7 @@ impl Client {
                 if let Ok(link) = self.dial(&node).await {
                     tracing::info!(from = %self.nodes[cur], to = %node, "moving to a nearer node of the sim");
                     self.link = Some(LinkBox(link));
-                    self.view = View::default();
+                    self.reset_view();
                     if self.follow().await.is_ok() {
                         self.nearer_moves += 1;
                     }
@@ -393,7 +398,7 @@ impl Client {
             Ok(link) => self.link = Some(LinkBox(link)),
             Err(_) => self.reconnect().await?,
         }
-        self.view = View::default();
+        self.reset_view();
         self.follow().await?;
         // Done (the wait below may be cut short by a cancelled call: the avatar comes anyway).
         self.moving = None;
@@ -451,7 +456,7 @@ impl Client {
                 match self.dial(&node).await {
                     Ok(link) => {
                         self.link = Some(LinkBox(link));
-                        self.view = View::default();
+                        self.reset_view();
                         return Ok(());
                     }
                     Err(e) => last = Some(e),
@@ -582,6 +587,22 @@ impl Client {
 
     pub fn view(&self) -> &View {
         &self.view
+    }
+
+    /// Keep in the view only the objects this account owns (its avatar, its things), for a
+    /// client that shows nothing else: a bot. Every message is still received and decoded;
+    /// the view just does not hold (and update) the crowd around it.
+    pub fn keep_own_objects_only(&mut self) {
+        self.view.own_only = Some(self.account.clone());
+        let me = self.account.clone();
+        self.view.objects.retain(|_, o| o.owner == me);
+        let objects = &self.view.objects;
+        self.view.motion.retain(|id, _| objects.contains_key(id));
+    }
+
+    /// An empty view, keeping what it is asked to keep.
+    fn reset_view(&mut self) {
+        self.view = View { own_only: self.view.own_only.take(), ..View::default() };
     }
 
     /// This client's account id (hex of its public key).
@@ -797,4 +818,51 @@ fn outcome_of(m: ServerMsg) -> Result<Tick, ActError> {
 pub fn parse_object(s: &str) -> Option<ObjectId> {
     let (a, b) = s.split_once('v')?;
     Some(ObjectId::new(a.parse().ok()?, b.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thing(id: &str, owner: &str, x: &str) -> ObjectView {
+        ObjectView {
+            id: id.into(),
+            name: "thing".into(),
+            owner: owner.into(),
+            avatar: false,
+            position: [x.into(), "1".into()],
+            velocity: ["0".into(), "0".into()],
+            shape: "circle 0.5".into(),
+            color: "ffffffff".into(),
+            text: String::new(),
+            script: None,
+            scripted: false,
+            body: "dynamic".into(),
+            surface: String::new(),
+        }
+    }
+
+    /// A view kept to its own objects holds and follows this account's objects only, from the
+    /// same messages a full view applies.
+    #[test]
+    fn a_view_kept_to_its_own_objects_follows_them_and_nothing_else() {
+        let (me, them) = ("aa".repeat(32), "bb".repeat(32));
+        let enter = vec![thing("1v0", &me, "2"), thing("2v0", &them, "3")];
+        let update = |id: &str| ObjectUpdate { id: id.into(), at_mm: Some([5_000, 1_000]), ..ObjectUpdate::default() };
+        let msgs = [
+            ServerMsg::Tick { tick: Tick(1), enter, update: vec![], leave: vec![] },
+            ServerMsg::Tick { tick: Tick(2), enter: vec![], update: vec![update("1v0"), update("2v0")], leave: vec![] },
+        ];
+        let (mut full, mut own) = (View::default(), View { own_only: Some(me.clone()), ..View::default() });
+        for m in &msgs {
+            full.apply(m);
+            own.apply(m);
+        }
+        assert_eq!(full.objects.len(), 2);
+        assert_eq!(own.objects.keys().collect::<Vec<_>>(), ["1v0"]);
+        assert_eq!(own.position_mm("1v0"), Some([5_000, 1_000]));
+        assert_eq!(own.position_mm("1v0"), full.position_mm("1v0"));
+        assert_eq!((own.tick, own.deltas), (full.tick, full.deltas));
+        assert_eq!(own.avatar_of(&them), None);
+    }
 }

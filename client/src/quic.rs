@@ -52,6 +52,42 @@ fn transport() -> Arc<quinn::TransportConfig> {
     Arc::new(t)
 }
 
+/// The socket buffers a QUIC endpoint asks for, each way. A node's gateway takes every
+/// client's datagrams on one socket, and a bot process a hundred clients' on each: with the
+/// kernel's default (208 KiB) the deltas of one tick, all sent in the same millisecond, came in
+/// faster than the endpoint's task read them, and one datagram in ten was dropped on loopback
+/// with 500 bots (`RcvbufErrors` in `/proc/net/snmp`). A lost handshake packet waits out
+/// QUIC's retransmission timer, doubling each time: logins failed after ten seconds. The
+/// kernel caps the request (`net.core.rmem_max`, `wmem_max`); the endpoint works with less.
+pub const SOCKET_BUFFER: usize = 4 << 20;
+
+/// A UDP socket bound to `addr` for a QUIC endpoint, with [`SOCKET_BUFFER`]s asked for (what
+/// the kernel grants is logged at debug level).
+pub fn udp_socket(addr: std::net::SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        let _ = socket.set_only_v6(false);
+    }
+    // Best effort: a kernel that refuses leaves the default, which works at lower load.
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+    tracing::debug!(
+        recv = socket.recv_buffer_size().unwrap_or(0),
+        send = socket.send_buffer_size().unwrap_or(0),
+        "QUIC socket buffers"
+    );
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// A QUIC endpoint on `addr` ([`udp_socket`]): a server when given its config, else a client.
+pub fn endpoint(addr: std::net::SocketAddr, server: Option<quinn::ServerConfig>) -> std::io::Result<quinn::Endpoint> {
+    let runtime = quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime found"))?;
+    let socket = runtime.wrap_udp_socket(udp_socket(addr)?)?;
+    quinn::Endpoint::new_with_abstract_socket(quinn::EndpointConfig::default(), server, socket, runtime)
+}
+
 fn quic(e: impl std::fmt::Display) -> ClientError {
     ClientError::Quic(e.to_string())
 }

@@ -272,7 +272,7 @@ fn login(
     if has_avatar || in_transit() {
         return Ok(());
     }
-    let at = world.region.centre();
+    let at = landing_spot(world);
     let shape = Shape::Circle { radius: Fx::HALF };
     let avatar = NewObject {
         kind: ObjectKind::Avatar,
@@ -288,6 +288,65 @@ fn login(
         a.avatar = Some(id);
     }
     Ok(())
+}
+
+/// Spacing of the landing spots around the region's centre (an avatar is 1 m across).
+const LANDING_STEP_BITS: i64 = 5 << 14; // 1.25 m
+/// Rings of landing spots tried around the centre (33 × 33 around it, 4,225 spots, 40 m).
+const LANDING_RINGS: i64 = 32;
+
+/// Where a logging-in avatar appears: the region's centre, or the free spot nearest to it on
+/// a grid of [`LANDING_STEP_BITS`] around it when other avatars stand there (no two overlap,
+/// so a crowd arriving together stands side by side instead of being thrown apart by the
+/// physics). Ties go to the lower ring, then row, then column; the same on every node. When the
+/// rings are full, the centre.
+fn landing_spot(world: &World) -> crate::vec2::Vec2 {
+    use crate::vec2::Vec2;
+    let centre = world.region.centre();
+    let step = LANDING_STEP_BITS;
+    let reach = Fx::from_bits(step * (LANDING_RINGS + 2));
+    // The avatars near the centre, by grid cell.
+    let mut near: BTreeMap<(i64, i64), Vec<Vec2>> = BTreeMap::new();
+    for o in world.objects().values().filter(|o| o.kind == ObjectKind::Avatar) {
+        let d = o.position - centre;
+        if d.x.abs() <= reach && d.y.abs() <= reach {
+            let cell = (d.x.to_bits().div_euclid(step), d.y.to_bits().div_euclid(step));
+            near.entry(cell).or_default().push(o.position);
+        }
+    }
+    if near.is_empty() {
+        return centre;
+    }
+    // Two avatars of radius ½ m overlap closer than 1 m (squared, in bits²).
+    let apart = i128::from(Fx::ONE.to_bits()).pow(2);
+    let free = |p: Vec2| {
+        let d = p - centre;
+        let (cx, cy) = (d.x.to_bits().div_euclid(step), d.y.to_bits().div_euclid(step));
+        (cx - 1..=cx + 1).all(|x| {
+            (cy - 1..=cy + 1).all(|y| {
+                near.get(&(x, y)).is_none_or(|v| {
+                    v.iter().all(|q| {
+                        let (dx, dy) = (i128::from((p.x - q.x).to_bits()), i128::from((p.y - q.y).to_bits()));
+                        dx * dx + dy * dy >= apart
+                    })
+                })
+            })
+        })
+    };
+    for ring in 0..=LANDING_RINGS {
+        let mut spots: Vec<(i64, i64)> = (-ring..=ring)
+            .flat_map(|i| (-ring..=ring).map(move |j| (i, j)))
+            .filter(|(i, j)| i.abs().max(j.abs()) == ring)
+            .collect();
+        spots.sort_by_key(|&(i, j)| (i * i + j * j, i, j));
+        for (i, j) in spots {
+            let p = centre + Vec2::new(Fx::from_bits(i * step), Fx::from_bits(j * step));
+            if world.region.contains(p) && free(p) {
+                return p;
+            }
+        }
+    }
+    centre
 }
 
 /// An object to put into the world.

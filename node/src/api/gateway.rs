@@ -113,7 +113,7 @@ pub fn serve_quic(
     key: &metatopia_sim::SigningKey,
     service: Service,
 ) -> Result<(quinn::Endpoint, tokio::task::JoinHandle<()>), GatewayError> {
-    let endpoint = quinn::Endpoint::server(metatopia_client::quic::server_config(key)?, addr)?;
+    let endpoint = metatopia_client::quic::endpoint(addr, Some(metatopia_client::quic::server_config(key)?))?;
     let ep = endpoint.clone();
     let task = tokio::spawn(async move {
         while let Some(incoming) = ep.accept().await {

@@ -20,8 +20,8 @@ fn on_touch(who) { this.seen += 1; say(0, `touched ${this.seen}`); }
 fn on_message(from, data) { this.last = data; }
 "#;
 
-const GOLDEN_ROOT_100: &str = "ee715afa3c8d826138abc4bb6ba223349dd50e4b598a957cd82814b89a713c57";
-const GOLDEN_ROOT_300: &str = "b9f57a454581776c94acfb2801f1f8696f8b7461b64a95810bdbdd22f961bb3d";
+const GOLDEN_ROOT_100: &str = "d473a36d360a8df6a2e7ad716d315879c9038ab16c6d0a38ca67adba1a2f6001";
+const GOLDEN_ROOT_300: &str = "75c2bff4fd494287ac84172d6bcf7bd9e1d87bc4b9304ecbe8b89bd9eec086dd";
 
 /// The roots after 100 ticks and, if `ticks` is 300, after 300.
 fn run(workers: u32, ticks: u64) -> (String, Option<String>) {

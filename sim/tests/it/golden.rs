@@ -8,7 +8,7 @@ use crate::common;
 
 use metatopia_sim::genesis::{DemoSpec, EventGen, demo_world};
 
-const GOLDEN_ROOT_1000: &str = "3758bc8aa6b97c23262aa229a1e86908b28f44e10105249d91c642bd39acd4f3";
+const GOLDEN_ROOT_1000: &str = "c0622f1e80e2a0fed304a33d3790c4a56684ee4be19a60548ca7e38d30ad7b92";
 
 fn run(workers: u32) -> String {
     let demo = demo_world(DemoSpec { seed: 2026, objects: 1_200, players: 40, ..DemoSpec::default() });

@@ -551,3 +551,37 @@ fn an_owner_edits_an_object_and_others_cannot() {
     assert!(reasons.iter().any(|x| x.contains("name is 10000 bytes")), "{reasons:?}");
     assert_eq!(sim.world().object(id).unwrap().text, "hello");
 }
+
+/// A crowd logging in at once stands side by side around the landing point: the first at the
+/// region's centre, no two overlapping, every one still after a second of physics (stacked on
+/// one point, the physics threw them apart at up to 15 m/s and kept them jostling).
+#[test]
+fn a_crowd_logging_in_together_lands_side_by_side_and_stays_still() {
+    let demo = demo_world(DemoSpec { seed: 7, objects: 0, players: 0, ..DemoSpec::default() });
+    let mut sim = common::sim_of(&demo, 2);
+    let centre = sim.world().region().centre();
+    let mut crowd: Vec<Signer> = (0..300).map(|i| Signer::new(demo_key(98, i), &sim)).collect();
+    for chunk in crowd.chunks_mut(50) {
+        let logins: Vec<SignedEvent> =
+            chunk.iter_mut().map(|s| s.sign(&sim, Payload::Login { name: "crowd".into() })).collect();
+        let r = step(&mut sim, logins);
+        assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    }
+    idle(&mut sim, 30);
+    let w = sim.world();
+    let at: Vec<Vec2> = crowd.iter().map(|s| w.object(avatar(&sim, s)).unwrap().position).collect();
+    // (The first in the tick's canonical order, which is not the order they were signed in.)
+    assert!(at.contains(&centre), "the first avatar lands on the centre");
+    for (i, a) in at.iter().enumerate() {
+        assert!(w.region().contains(*a), "avatar {i} at {a:?} is outside the region");
+        for b in &at[i + 1..] {
+            let d = *a - *b;
+            let (dx, dy) = (i128::from(d.x.to_bits()), i128::from(d.y.to_bits()));
+            assert!(dx * dx + dy * dy >= i128::from(Fx::ONE.to_bits()).pow(2), "avatars at {a:?} and {b:?} overlap");
+        }
+    }
+    let moving = crowd.iter().filter(|s| w.object(avatar(&sim, s)).unwrap().velocity != Vec2::ZERO).count();
+    assert_eq!(moving, 0, "avatars standing side by side stay still");
+    let far = at.iter().map(|p| (*p - centre).x.abs().max((*p - centre).y.abs())).max().unwrap();
+    assert!(far <= Fx::from_int(20), "300 avatars stand within 20 m of the centre, not {far:?}");
+}
