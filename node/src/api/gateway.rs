@@ -256,7 +256,7 @@ impl View {
                     && let Some(e) = index.entry(*k)
                 {
                     entered.push((*k, Sent { at: e.motion.0, vel: e.motion.1, tick }));
-                    enter.push(e.view.clone());
+                    enter.push(e.view_now());
                 }
             }
             self.area = Some(tick);
@@ -593,7 +593,7 @@ mod tests {
         index
             .update(Tick(1 + AREA_EVERY), [obj("0v0", &b, true, 10, 10), obj("3v1", "x", false, 500, 500)].into_iter());
         assert_eq!((index.len(), index.get(3 << 32), index.avatar_at(&a)), (2, None, None));
-        assert_eq!(index.get((3 << 32) | 1).map(|v| v.id.as_str()), Some("3v1"));
+        assert_eq!(index.get((3 << 32) | 1).map(|v| v.id), Some("3v1".to_owned()));
         let mut near = Vec::new();
         index.within([12, 10], 5, &mut near);
         assert_eq!(near, [0], "the old avatar's cell entry went with it");
@@ -712,7 +712,7 @@ mod tests {
         assert_eq!((update[0].color.as_deref(), update[0].text.as_deref()), (Some("00ff00ff"), Some("open")));
         sc.apply(&m);
         for c in [&qc, &sc] {
-            assert_eq!(c.objects.get("1v0"), index.get(1 << 32), "the client's door is the index's");
+            assert_eq!(c.objects.get("1v0"), index.get(1 << 32).as_ref(), "the client's door is the index's");
         }
         // Nothing changed since: an empty delta for both.
         index.update(Tick(4), world("open", "00ff00ff"));

@@ -182,6 +182,12 @@ struct Raw {
 }
 
 impl Raw {
+    /// Whether only the motion (position, velocity) differs.
+    fn same_but_motion(&self, other: &Raw) -> bool {
+        (self.kind, self.owner, self.shape, self.color, self.scripted, self.body, self.surface)
+            == (other.kind, other.owner, other.shape, other.color, other.scripted, other.body, other.surface)
+    }
+
     fn of(w: &metatopia_sim::World, o: &metatopia_sim::Object) -> Raw {
         Raw {
             kind: o.kind,
@@ -197,18 +203,54 @@ impl Raw {
     }
 }
 
+/// Whole millimetres of `v` exactly as a client reads them from its decimal text
+/// ([`proto::millimetres`] of its display), the text written on the stack: no allocation.
+fn mm_of(v: metatopia_sim::Fx) -> i64 {
+    use std::fmt::Write;
+    struct Text([u8; 48], usize);
+    impl Write for Text {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let end = self.1 + s.len();
+            self.0.get_mut(self.1..end).ok_or(std::fmt::Error)?.copy_from_slice(s.as_bytes());
+            self.1 = end;
+            Ok(())
+        }
+    }
+    let mut t = Text([0; 48], 0);
+    if write!(t, "{v}").is_err() {
+        return 0;
+    }
+    std::str::from_utf8(&t.0[..t.1]).map_or(0, proto::millimetres)
+}
+
 /// One object in the index: its view, where it is (whole metres) and its grid cell.
 #[derive(Debug)]
 pub(crate) struct Entry {
+    /// Its view; when `stale`, with the position and velocity it had when the view was built.
     pub(crate) view: ObjectView,
     /// What the view was built from (`None`: given as a view).
     raw: Option<Raw>,
+    /// Only the object's motion changed since its view was built: `raw` and `motion` are
+    /// current, the view's position and velocity text is not ([`Entry::view_now`]).
+    stale: bool,
     at: [i64; 2],
     cell: (i64, i64),
     /// Position (mm) and velocity (mm/s), parsed once per change for every session's dead reckoning.
     pub(crate) motion: ([i64; 2], [i64; 2]),
     /// When its other fields last changed, and how.
     pub(crate) meta: Meta,
+}
+
+impl Entry {
+    /// Its whole view as of now (what an entering object is sent as).
+    pub(crate) fn view_now(&self) -> ObjectView {
+        let mut v = self.view.clone();
+        if let (true, Some(r)) = (self.stale, &self.raw) {
+            v.position = [r.position.x.to_string(), r.position.y.to_string()];
+            v.velocity = [r.velocity.x.to_string(), r.velocity.y.to_string()];
+        }
+        v
+    }
 }
 
 /// When an object's fields other than its motion last changed: a session whose last delta
@@ -366,9 +408,10 @@ impl AoiIndex {
     }
 
     /// Bring the index to the world after a tick, building the views (`view`) of the objects
-    /// that changed only: an unchanged object costs a comparison of plain values, not a view,
-    /// and a moving one a view but no list of changes (sessions compare against the index).
-    /// How many of the objects it already had changed.
+    /// whose other fields changed only: an unchanged object costs a comparison of plain values,
+    /// a moving one its motion in millimetres and its place on the grid (sessions send motion
+    /// as numbers; its view's text is brought up to date when it is sent whole). How many of
+    /// the objects it already had changed.
     pub fn update_world(
         &mut self,
         tick: Tick,
@@ -398,6 +441,19 @@ impl AoiIndex {
             let raw = Raw::of(w, o);
             match self.objects.get_mut(k) {
                 Some(e) if e.raw.as_ref() == Some(&raw) && e.view.name == o.name && e.view.text == o.text => {}
+                Some(e)
+                    if e.raw.as_ref().is_some_and(|r| r.same_but_motion(&raw))
+                        && e.view.name == o.name
+                        && e.view.text == o.text =>
+                {
+                    let motion = (
+                        [mm_of(raw.position.x), mm_of(raw.position.y)],
+                        [mm_of(raw.velocity.x), mm_of(raw.velocity.y)],
+                    );
+                    (e.raw, e.stale) = (Some(raw), true);
+                    changed += 1;
+                    self.moved(k, motion);
+                }
                 Some(e) => {
                     let v = view(o);
                     if e.view == v {
@@ -443,7 +499,7 @@ impl AoiIndex {
             self.avatars.insert(view.owner.clone(), k);
         }
         let meta = Meta { tick: self.tick, prev: self.tick, diff: None };
-        self.objects.insert(k, Entry { view, raw: None, at, cell, motion, meta });
+        self.objects.insert(k, Entry { view, raw: None, stale: false, at, cell, motion, meta });
     }
 
     /// A known object's new view: moved between cells only when its cell changed, its avatar
@@ -460,9 +516,20 @@ impl AoiIndex {
             return;
         }
         let motion = view.motion_mm();
+        self.moved(k, motion);
+        if let Some(e) = self.objects.get_mut(k) {
+            (e.view, e.stale, e.meta) = (view, false, meta);
+        }
+    }
+
+    /// A known object's motion now: its place on the grid follows (another cell only when it
+    /// crossed into one).
+    fn moved(&mut self, k: u64, motion: ([i64; 2], [i64; 2])) {
         let at = [motion.0[0].div_euclid(1000), motion.0[1].div_euclid(1000)];
         let cell = Self::cell(at);
-        let old = e.cell;
+        let Some(e) = self.objects.get_mut(k) else { return };
+        let old = std::mem::replace(&mut e.cell, cell);
+        (e.at, e.motion) = (at, motion);
         if old != cell
             && let Some(objects) = self.cells.get_mut(&old)
         {
@@ -478,8 +545,6 @@ impl AoiIndex {
             Ok(i) => objects[i].1 = at,
             Err(i) => objects.insert(i, (k, at)),
         }
-        let e = self.objects.get_mut(k).expect("present");
-        (e.view, e.at, e.cell, e.motion, e.meta) = (view, at, cell, motion, meta);
     }
 
     fn remove(&mut self, k: u64) {
@@ -502,8 +567,9 @@ impl AoiIndex {
         *self = AoiIndex { radius_m: self.radius_m, rate_hz: self.rate_hz, ..AoiIndex::default() };
     }
 
-    pub fn get(&self, k: u64) -> Option<&ObjectView> {
-        self.objects.get(k).map(|e| &e.view)
+    /// An object's whole view as of now.
+    pub fn get(&self, k: u64) -> Option<ObjectView> {
+        self.objects.get(k).map(Entry::view_now)
     }
 
     /// An object's view, motion and the last change of its other fields.
@@ -561,6 +627,19 @@ mod tests {
     /// Walking the world and comparing plain values gives the index (and the changes) that
     /// building every object's view gives, tick after tick, with objects moving, recoloured,
     /// retexted, scripted, rezzed and removed by the demo world's bots.
+    /// The index's millimetres of a moving object are the ones a client reads from the text
+    /// of its view, for every value (a position just below a millimetre prints as that
+    /// millimetre), so both ends dead reckon from the same numbers.
+    #[test]
+    fn millimetres_without_text_are_the_texts_millimetres() {
+        let edges = [0, 1, -1, 65, -65, 66, i64::MAX >> 17, -(i64::MAX >> 17), metatopia_sim::Fx::MAX.to_bits()];
+        let values = (-(1i64 << 21)..(1 << 21)).step_by(7).chain((0..4_000).map(|i| i * 1_000_003_721)).chain(edges);
+        for bits in values {
+            let v = metatopia_sim::Fx::from_bits(bits);
+            assert_eq!(mm_of(v), proto::millimetres(&v.to_string()), "{v}");
+        }
+    }
+
     #[test]
     fn the_world_walk_gives_what_building_every_view_gives() {
         let demo = demo_world(DemoSpec {
@@ -588,7 +667,7 @@ mod tests {
                 i.objects.iter().map(|(k, e)| (k, e.meta.tick, e.meta.prev, e.meta.diff.clone())).collect::<Vec<_>>()
             };
             assert_eq!(metas(&full), metas(&walk), "tick {t}");
-            let views = |i: &AoiIndex| i.objects.iter().map(|(k, e)| (k, e.view.clone())).collect::<Vec<_>>();
+            let views = |i: &AoiIndex| i.objects.iter().map(|(k, e)| (k, e.view_now(), e.motion)).collect::<Vec<_>>();
             assert_eq!(views(&full), views(&walk), "tick {t}");
             assert_eq!((&full.cells, &full.avatars), (&walk.cells, &walk.avatars), "tick {t}");
             let tick = w.tick();

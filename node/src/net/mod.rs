@@ -367,7 +367,13 @@ impl Mesh {
         } else {
             relay::Status::Disable
         }));
-        let listen_error = |e: libp2p::TransportError<std::io::Error>| NetError::Listen(e.to_string());
+        // (libp2p's `TransportError::Other` displays as nothing: the cause is its io error.)
+        let listen_error = |e: libp2p::TransportError<std::io::Error>| {
+            NetError::Listen(match e {
+                libp2p::TransportError::Other(io) => io.to_string(),
+                other => other.to_string(),
+            })
+        };
         swarm.listen_on(Multiaddr::from(tcp.ip()).with(Protocol::Tcp(tcp.port()))).map_err(listen_error)?;
         if let Some(q) = quic {
             swarm

@@ -380,3 +380,15 @@ async fn a_node_behind_a_nat_is_dialed_through_the_relays_its_card_names() {
     let (_, m) = next(&mut at_home).await;
     assert_eq!(m, NodeMsg::SnapshotRequest);
 }
+
+/// A node whose mesh port is taken says so, with the cause (libp2p's error displayed as
+/// nothing, and the operator read "listening: " and no more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_port_is_a_clear_error() {
+    let a = addrs(1);
+    let taken = std::net::TcpListener::bind(a[0].0).unwrap();
+    let peers = vec![PeerAddr::direct(key(1).verifying_key(), Some(a[0].0), Some(a[0].1))];
+    let e = Mesh::start(&key(1), a[0].0, Some(a[0].1), peers).await.map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("in use"), "{e}");
+    drop(taken);
+}
