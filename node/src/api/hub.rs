@@ -456,7 +456,9 @@ impl AoiIndex {
                 }
                 Some(e) => {
                     let v = view(o);
-                    if e.view == v {
+                    // (A view whose text is stale is replaced whatever it reads: its motion was
+                    // set from numbers since, and is set from this view now.)
+                    if !e.stale && e.view == v {
                         e.raw = Some(raw);
                         continue;
                     }
