@@ -887,6 +887,9 @@ impl Region {
 
     /// Start handoffs for owned bodies whose centre is well inside a neighbour's area.
     fn handoffs(&mut self, out: &mut StepOutput) {
+        if self.config.neighbours.is_empty() {
+            return; // a region alone (a sim of one region) hands nothing off
+        }
         let grown = Rect::of(&self.config.area, self.config.hysteresis);
         let neighbours: Vec<(RegionId, Rect)> =
             self.config.neighbours.iter().map(|(id, sq)| (*id, Rect::of(sq, Fx::ZERO))).collect();
@@ -921,7 +924,9 @@ impl Region {
         let (tick, every) = (self.tick, u64::from(self.config.retransmit_ticks));
         let due = |sent: u64| tick.saturating_sub(sent) >= every;
         let mut sends = Vec::new();
-        for (id, b) in self.bodies.iter_mut() {
+        // Only a region with neighbours has bodies on their way out.
+        let bodies = if self.config.neighbours.is_empty() { None } else { Some(self.bodies.iter_mut()) };
+        for (id, b) in bodies.into_iter().flatten() {
             if let Role::Departing { to, sent } = b.role
                 && due(sent)
             {
@@ -954,6 +959,9 @@ impl Region {
 
     /// Every neighbour gets this tick's owned bodies within the margin of its area.
     fn feeds(&self, out: &mut StepOutput) {
+        if self.config.neighbours.is_empty() {
+            return;
+        }
         let m = self.config.ghost_margin;
         // Bodies this far inside the area are near no neighbour.
         let inner = Rect::of(&self.config.area, -m);
