@@ -24,6 +24,7 @@ pub(crate) struct Call {
 }
 
 scoped_tls::scoped_thread_local!(pub(crate) static WORLD: World);
+scoped_tls::scoped_thread_local!(pub(crate) static NEAR: metatopia_sim::state::near::Near);
 scoped_tls::scoped_thread_local!(pub(crate) static OBJECT: Object);
 scoped_tls::scoped_thread_local!(pub(crate) static CALL: RefCell<Call>);
 
@@ -91,15 +92,13 @@ pub(crate) fn register(engine: &mut Engine) {
         let r = to_fx("radius", &radius)?;
         let (me, pos) = with_object(|o| (o.id, o.position))?;
         let max = with_call(|c| c.max_nearby)?;
-        if !WORLD.is_set() {
+        if !WORLD.is_set() || !NEAR.is_set() {
             return Err("no world".into());
         }
         Ok(WORLD.with(|w| {
-            w.objects_within(pos, r)
-                .filter(|o| o.id != me)
-                .take(max)
-                .map(|o| Dynamic::from_map(object_map(o)))
-                .collect()
+            NEAR.with(|near| {
+                near.within(w, pos, r, me, max).into_iter().map(|o| Dynamic::from_map(object_map(o))).collect()
+            })
         }))
     });
     // An object by id, or an account's avatar by account id (what `on_touch` gives as `who`).

@@ -411,57 +411,60 @@ impl RhaiHost {
         // busy object no longer cost every node 180 ms a tick.
         let budget = ctx.operations;
         api::WORLD.set(ctx.world, || {
-            api::OBJECT.set(ctx.object, || {
-                api::CALL.set(&call, || {
-                    for input in inputs {
-                        let h = handler_index(input);
-                        if !compiled.has[h] {
-                            continue;
-                        }
-                        if spent >= budget {
-                            dropped += 1;
-                            continue;
-                        }
-                        // A handler that could go past what is left of the budget runs with a
-                        // cap there; if it reaches it, it is undone (its actions, the state and
-                        // the random stream as they were) and counts as not run, so the object
-                        // never uses more than its budget, and its owner's objects together
-                        // never more than the owner's.
-                        let left = budget - spent;
-                        let capped = left < self.limits.operations_per_event;
-                        let saved = capped.then(|| {
-                            let c = call.borrow();
-                            (this.clone(), c.actions.len(), c.rng.clone())
-                        });
-                        CAP.set(if capped { left } else { u64::MAX });
-                        let opts = CallFnOptions::new().eval_ast(false).rewind_scope(true).bind_this_ptr(&mut *this);
-                        let name = HANDLERS[h].0;
-                        OPS.set(0);
-                        let result = self.engine.call_fn_with_options::<Dynamic>(
-                            opts,
-                            scope,
-                            &compiled.ast,
-                            name,
-                            handler_args(input),
-                        );
-                        CAP.set(u64::MAX);
-                        spent = spent.saturating_add(OPS.get().min(left));
-                        match (result, saved) {
-                            (Ok(_), _) => {}
-                            (Err(e), Some((before, len, rng))) if cut_by_budget(&e) => {
-                                *this = before;
-                                let mut c = call.borrow_mut();
-                                c.actions.truncate(len);
-                                c.rng = rng;
+            api::NEAR.set(ctx.near, || {
+                api::OBJECT.set(ctx.object, || {
+                    api::CALL.set(&call, || {
+                        for input in inputs {
+                            let h = handler_index(input);
+                            if !compiled.has[h] {
+                                continue;
+                            }
+                            if spent >= budget {
                                 dropped += 1;
-                                spent = budget;
+                                continue;
                             }
-                            (Err(e), _) => {
-                                error = Some(script_error(&e));
-                                break;
+                            // A handler that could go past what is left of the budget runs with a
+                            // cap there; if it reaches it, it is undone (its actions, the state and
+                            // the random stream as they were) and counts as not run, so the object
+                            // never uses more than its budget, and its owner's objects together
+                            // never more than the owner's.
+                            let left = budget - spent;
+                            let capped = left < self.limits.operations_per_event;
+                            let saved = capped.then(|| {
+                                let c = call.borrow();
+                                (this.clone(), c.actions.len(), c.rng.clone())
+                            });
+                            CAP.set(if capped { left } else { u64::MAX });
+                            let opts =
+                                CallFnOptions::new().eval_ast(false).rewind_scope(true).bind_this_ptr(&mut *this);
+                            let name = HANDLERS[h].0;
+                            OPS.set(0);
+                            let result = self.engine.call_fn_with_options::<Dynamic>(
+                                opts,
+                                scope,
+                                &compiled.ast,
+                                name,
+                                handler_args(input),
+                            );
+                            CAP.set(u64::MAX);
+                            spent = spent.saturating_add(OPS.get().min(left));
+                            match (result, saved) {
+                                (Ok(_), _) => {}
+                                (Err(e), Some((before, len, rng))) if cut_by_budget(&e) => {
+                                    *this = before;
+                                    let mut c = call.borrow_mut();
+                                    c.actions.truncate(len);
+                                    c.rng = rng;
+                                    dropped += 1;
+                                    spent = budget;
+                                }
+                                (Err(e), _) => {
+                                    error = Some(script_error(&e));
+                                    break;
+                                }
                             }
                         }
-                    }
+                    })
                 })
             })
         });

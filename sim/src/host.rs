@@ -55,6 +55,8 @@ pub struct ScriptCtx<'a> {
     /// budget, at most `limits.operations_per_object_tick` (decided by the pipeline, the same
     /// on every node). The inputs that come after it is spent are not run.
     pub operations: u64,
+    /// Objects near a point in `world`, for `nearby` (one grid for every unit of the tick).
+    pub near: &'a crate::state::near::Near,
 }
 
 impl ScriptCtx<'_> {

@@ -53,6 +53,22 @@ fn every_catalogue_scenario_passes_in_simulation_second_half() {
     every_other_catalogue_scenario_passes_in_simulation(1);
 }
 
+/// The worlds kept for measuring by hand (`scenarios/worlds/`, too big to run here) still load
+/// as `devnet --scenario` loads them.
+#[test]
+fn every_world_for_measuring_by_hand_loads() {
+    let mut n = 0;
+    for e in std::fs::read_dir(root().join("worlds")).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let (spec, _) = scenario::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(spec.world.random_objects > 0, "{}", path.display());
+            n += 1;
+        }
+    }
+    assert!(n >= 1, "no world in scenarios/worlds");
+}
+
 #[test]
 fn the_same_seed_gives_the_same_run_and_another_seed_another() {
     let f = root().join("catalogue").join("lossy-network.toml");

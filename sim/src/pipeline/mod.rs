@@ -165,6 +165,7 @@ fn step_here(
         time_ms: batch.time_ms,
         seed: batch.seed,
         script_failure_limit: world.settings.limits.script_failure_limit,
+        near: Default::default(),
     };
     let temp_admin = governance::temp_admin(world, ctx.time_ms);
 

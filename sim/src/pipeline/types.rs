@@ -86,4 +86,6 @@ pub(crate) struct TickCtx {
     pub time_ms: u64,
     pub seed: Hash32,
     pub script_failure_limit: u32,
+    /// The tick's grid for scripts' `nearby` (built the first time one asks).
+    pub near: crate::state::near::Near,
 }

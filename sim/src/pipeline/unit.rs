@@ -353,6 +353,7 @@ fn flush(world: &World, host: &dyn ScriptHost, ctx: &TickCtx, w: &mut Work<'_>, 
             tick_seed: ctx.seed,
             limits,
             operations: w.operations_left,
+            near: &ctx.near,
         },
         &inputs,
     );

@@ -4,6 +4,7 @@
 //! Mutation goes through `World`'s methods, which keep the caches honest: every change to an
 //! object, script instance or account marks its slot dirty.
 
+pub mod near;
 pub mod types;
 
 use std::collections::{BTreeMap, BTreeSet};
