@@ -27,7 +27,8 @@ fn cell_of(x: Fx) -> i64 {
     x.to_bits() >> (FRAC_BITS + CELL_SHIFT) // an arithmetic shift: the floor, negatives too
 }
 
-/// The tick's grid of objects (each with its centre); empty until first asked.
+/// The tick's grid of objects (each with its centre); empty until first asked. The pipeline
+/// makes a fresh one every tick (`TickCtx`), so it never outlives the world it was built from.
 #[derive(Clone, Debug, Default)]
 pub struct Near {
     grid: OnceLock<BTreeMap<Cell, Vec<(ObjectId, Vec2)>>>,
@@ -48,7 +49,7 @@ impl Near {
         let r = radius.abs();
         let (x0, x1) = (cell_of(centre.x.sub_sat(r)), cell_of(centre.x.add_sat(r)));
         let (y0, y1) = (cell_of(centre.y.sub_sat(r)), cell_of(centre.y.add_sat(r)));
-        // A huge radius (over about 250 m) walks every object instead.
+        // A huge radius (over about 120 m: more than 32 × 32 cells) walks every object instead.
         if (x1 - x0 + 1).saturating_mul(y1 - y0 + 1) > MAX_CELLS {
             return world.objects_within(centre, radius).filter(|o| o.id != skip).take(max).collect();
         }
