@@ -105,7 +105,7 @@ macro_rules! hash_id {
 
         /// The bytes' lexicographic order, compared as four big-endian words (the same order:
         /// maps keyed by these ids iterate as before). The derived order called `memcmp` for
-        /// every comparison, 8 % of a tick of 10,000 scripts (the owners' budgets).
+        /// every comparison, 7 % of a tick of 10,000 scripts (the owners' budgets).
         impl Ord for $name {
             fn cmp(&self, other: &Self) -> std::cmp::Ordering {
                 words(&self.0).cmp(&words(&other.0))
