@@ -63,10 +63,12 @@ pub struct Config {
     pub chain_id: u64,
     /// Signature verdicts, shareable (a simulated cluster shares one; a node keeps its own).
     pub sig_cache: std::sync::Arc<crate::types::SigCache>,
-    /// Backpressure from execution: a leader proposes tick t only once its application has
-    /// reported the root of tick t - 1 - `max_exec_lag` ([`Validator::report_root`]). When
-    /// execution is slow, ticks come later (time dilation) instead of execution falling ever
-    /// further behind agreement. `None`: no backpressure (an application that never reports).
+    /// Backpressure from execution: a leader proposes only while at most `max_exec_lag` of the
+    /// blocks it extends were handed out for execution and wait for their roots
+    /// ([`Validator::report_root`]); blocks not handed out yet (waiting for a child to commit)
+    /// do not count, or agreement and execution could wait for each other. When execution is
+    /// slow, ticks come later (time dilation) instead of execution falling ever further behind
+    /// agreement. `None`: no backpressure (an application that never reports).
     pub max_exec_lag: Option<u64>,
     /// The last tick this instance decides (an epoch's end): it never proposes or votes for a
     /// block beyond it, and goes quiet once that block is finalized. `None`: no end.
@@ -611,6 +613,9 @@ impl Validator {
         );
         if self.patience > 0 {
             let _ = write!(s, ", view timeouts ×{}", 1 + self.patience);
+        }
+        if let Some(why) = self.not_proposing() {
+            let _ = write!(s, ", leading but not proposing: {why}");
         }
         let flag = |b: bool, c: char| if b { c } else { '.' };
         // The newest views only: views that keep timing out pile up behind a stall.

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// Blocks not handed out yet that [`Validator::unexecuted`] walks past at most: a longer chain
+/// of them counts as if they were not there (the leader proposes).
+const MAX_WALK_PAST: u64 = 64;
+
 impl Validator {
     /// The certificates of a kind held here, by view.
     pub(super) fn certified(&self, kind: VoteKind) -> &BTreeMap<View, Certificate> {
@@ -85,15 +89,52 @@ impl Validator {
         Some(due.max(after_parent + self.cfg.period_us / 2).max(self.view_started))
     }
 
+    /// Why this validator, leader of the current view, has not proposed and will not (for an
+    /// operator's `describe`); `None` when it is not the leader, has proposed, or will propose.
+    pub(super) fn not_proposing(&self) -> Option<String> {
+        if Some(self.leader(self.view)) != self.me {
+            return None;
+        }
+        let s = self.views.get(&self.view);
+        if s.is_some_and(|s| s.proposed) {
+            return None;
+        }
+        if s.is_some_and(|s| s.my_nullify.is_some()) {
+            return Some("the view timed out here first".into());
+        }
+        let Some(parent) = self.parent_for(self.view) else {
+            return Some("a certificate of an earlier view is missing".into());
+        };
+        let Some((_, tick)) = self.parent_time_tick(&parent) else {
+            return Some(format!("the parent block (view {}) is missing", parent.view.0));
+        };
+        if self.cfg.last_tick.is_some_and(|last| tick > last) {
+            return Some("the epoch is over".into());
+        }
+        let lag = self.cfg.max_exec_lag?;
+        let executed = self.root.map_or(Tick::ZERO, |r| r.tick.next());
+        let n = self.unexecuted(&parent, executed, lag);
+        (n > lag).then(|| format!("waits for execution ({n} blocks handed out from tick {executed} on, not executed)"))
+    }
+
     /// The blocks from `parent` back whose ticks reach `executed` (the next tick the application
-    /// executes), counted up to `limit + 1`: with a block a tick, the ticks execution trails.
-    fn unexecuted(&self, parent: &Parent, executed: Tick, limit: u64) -> u64 {
-        let mut n = 0;
+    /// executes) and were handed out, counted up to `limit + 1`: with a block a tick, the ticks
+    /// execution trails. Blocks not handed out yet do not count: they wait for agreement (a
+    /// block's ticks go out once a child of it commits), not for execution. Counting them let
+    /// a chain of notarized blocks that were not finalized (their views also nullified, under
+    /// load) hold every leader back for an execution that was itself waiting for the next
+    /// block: the sim stopped for good.
+    pub(super) fn unexecuted(&self, parent: &Parent, executed: Tick, limit: u64) -> u64 {
+        // A joining validator hands nothing out until it has the state: every block counts.
+        let handed_out = |tick: Tick| self.held || self.output_tick.is_some_and(|t| tick <= t);
+        let (mut n, mut walked) = (0, 0);
         let mut d = parent.digest;
-        while n <= limit {
+        // The walk passes the blocks not handed out (a few) on its way; bounded all the same.
+        while n <= limit && walked <= limit + MAX_WALK_PAST {
             match self.blocks.get(&d) {
                 Some(s) if s.block.tick >= executed => {
-                    n += 1;
+                    n += u64::from(handed_out(s.block.tick));
+                    walked += 1;
                     d = s.block.parent.digest;
                 }
                 _ => break,
