@@ -2,6 +2,8 @@
 //!
 //! - `tick/10k_on_tick`: one sim tick in which 10,000 objects run an `on_tick` handler of a few
 //!   operations (the whole pipeline: routing, units, merge, root).
+//! - `tick/15k_200_greeters`: one tick of a 15,000-object world in which 200 prims run the
+//!   example greeter (`nearby(10)` each tick: about 70 objects each), one worker.
 //! - `raw/10k_call_fn`: the baseline: the same rhai function called 10,000 times from Rust with
 //!   `Engine::call_fn`, on one engine and AST, nothing around it.
 
@@ -59,6 +61,7 @@ fn bench(c: &mut Criterion) {
             )
         });
     }
+    greeters(&mut g);
     let engine = host.engine();
     let ast = engine.compile(HANDLER).unwrap();
     g.bench_function("raw/10k_call_fn", |bench| {
@@ -70,6 +73,52 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+/// 200 greeters in a 15,000-object world: what `nearby` costs where it finds many objects.
+fn greeters(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    let greeter = include_str!("../../scenarios/scripts/greeter.rhai");
+    let mut demo = demo_world(DemoSpec {
+        seed: 6,
+        objects: 15_000,
+        players: 200,
+        scripted_per_mille: 0,
+        moving_per_mille: 0,
+        ..DemoSpec::default()
+    });
+    let host = RhaiHost::default();
+    let prims: Vec<_> = demo
+        .world
+        .objects()
+        .values()
+        .filter(|o| o.kind == ObjectKind::Prim)
+        .step_by(75)
+        .map(|o| (o.id, o.owner))
+        .collect();
+    for &(id, owner) in &prims {
+        attach_script(&mut demo.world, &host, id, owner, greeter, "AGPL-3.0-or-later").unwrap();
+    }
+    let mut sim = Sim::new(demo.world, RhaiHost::default(), KinematicPhysics::default(), 1).unwrap();
+    let batch = |t: metatopia_sim::Tick| {
+        VerifiedBatch::new(Batch { tick: t, time_ms: t.0 * 33, seed: tick_seed(t), events: vec![] }, 1)
+    };
+    for _ in 0..2 {
+        let t = sim.world().tick();
+        sim.step(&batch(t)).unwrap();
+    }
+    let _ = sim.root();
+    let b = batch(sim.world().tick());
+    g.bench_function("tick/15k_200_greeters", |bench| {
+        bench.iter_batched(
+            || sim.clone(),
+            |mut s| {
+                let r = s.step(&b).unwrap();
+                assert_eq!(r.units as usize, prims.len());
+                s
+            },
+            BatchSize::LargeInput,
+        )
+    });
 }
 
 criterion_group!(benches, bench);

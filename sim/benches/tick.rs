@@ -12,6 +12,9 @@
 //!   their paths hold, hashed in lanes with no tree to walk).
 //! - `wide/leaves_1434x110B`, `wide/nodes4_1300`: the state root's lane-parallel BLAKE3
 //!   (`metatopia_sim::wide`) beside the `blake3` crate doing the same hashes one at a time.
+//! - `near/15k_200_r{10,100}`: a tick's scripts' `nearby` (200 searches of radius 10 or 100 m,
+//!   at most 64 found, in a 15,000-object world, the grid built once as in a tick) beside
+//!   `near/walk_15k_200_r{10,100}`, the walk of every object each search did before.
 
 // Benchmarks measure wall time; the no-clock rule is for the simulation itself.
 #![allow(clippy::disallowed_methods)]
@@ -251,5 +254,32 @@ fn wide(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, tick, root, wide);
+fn near(c: &mut Criterion) {
+    use metatopia_sim::state::near::Near;
+    use metatopia_sim::{Fx, Vec2};
+    let world = demo_world(DemoSpec { seed: 6, objects: 15_000, players: 200, ..DemoSpec::default() }).world;
+    let centres: Vec<(ObjectId, Vec2)> = world.objects().values().step_by(75).map(|o| (o.id, o.position)).collect();
+    let mut g = c.benchmark_group("near");
+    g.sample_size(20);
+    for r in [10, 100] {
+        let radius = Fx::from_int(r);
+        g.bench_function(format!("15k_200_r{r}"), |b| {
+            b.iter(|| {
+                let near = Near::default();
+                centres.iter().map(|&(me, at)| near.within(&world, at, radius, me, 64).len()).sum::<usize>()
+            })
+        });
+        g.bench_function(format!("walk_15k_200_r{r}"), |b| {
+            b.iter(|| {
+                centres
+                    .iter()
+                    .map(|&(me, at)| world.objects_within(at, radius).filter(|o| o.id != me).take(64).count())
+                    .sum::<usize>()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, tick, root, wide, near);
 criterion_main!(benches);
