@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use metatopia_sim::host::ScriptAction;
 use metatopia_sim::rng::DetRng;
 use metatopia_sim::state::Object;
-use metatopia_sim::{ChatRange, Fx, ObjectId, Tick, Vec2, World};
+use metatopia_sim::{AccountId, ChatRange, Fx, ObjectId, Tick, Vec2, World};
 use rhai::{Array, Dynamic, Engine, INT, ImmutableString, Map};
 
 use crate::numbers::{RhaiResult, fx_dyn, to_fx, to_int, vec_map};
@@ -46,16 +46,58 @@ fn push(a: ScriptAction) -> RhaiResult<()> {
     with_call(|c| c.actions.push(a))
 }
 
+/// The most account ids [`account_str`] keeps per thread before it starts again.
+const ACCOUNT_STRS_MAX: usize = 4_096;
+
+thread_local! {
+    /// Account ids as scripts see them, kept per thread: a pure function of the id, so sharing
+    /// them changes nothing but the work (`nearby` makes a map of every object it finds, every
+    /// tick, and objects' owners are few). Emptied when full.
+    static ACCOUNT_STRS: RefCell<std::collections::BTreeMap<AccountId, ImmutableString>> =
+        const { RefCell::new(std::collections::BTreeMap::new()) };
+}
+
+/// An account id as scripts see it: 64 hex digits.
+fn account_str(a: &AccountId) -> ImmutableString {
+    ACCOUNT_STRS.with_borrow_mut(|known| {
+        if let Some(s) = known.get(a) {
+            return s.clone();
+        }
+        if known.len() >= ACCOUNT_STRS_MAX {
+            known.clear();
+        }
+        let mut digits = [0u8; 64];
+        let s: ImmutableString = match hex::encode_to_slice(a.0, &mut digits).map(|()| std::str::from_utf8(&digits)) {
+            Ok(Ok(text)) => text.into(),
+            _ => a.to_string().into(),
+        };
+        known.insert(*a, s.clone());
+        s
+    })
+}
+
+/// An object id as scripts see it (`12v0`), written without a heap string between.
+fn object_id_str(id: ObjectId) -> ImmutableString {
+    use std::io::Write as _;
+    let mut buf = [0u8; 24];
+    let mut w = &mut buf[..];
+    let len = match write!(w, "{id}") {
+        Ok(()) => 24 - w.len(),
+        Err(_) => return id.to_string().into(),
+    };
+    std::str::from_utf8(&buf[..len]).map_or_else(|_| id.to_string().into(), ImmutableString::from)
+}
+
 fn object_map(o: &Object) -> Map {
     let mut m = Map::new();
-    m.insert("id".into(), o.id.to_string().into());
-    m.insert("name".into(), o.name.clone().into());
-    m.insert("owner".into(), o.owner.to_string().into());
+    m.insert("id".into(), object_id_str(o.id).into());
+    m.insert("name".into(), ImmutableString::from(o.name.as_str()).into());
+    m.insert("owner".into(), account_str(&o.owner).into());
     m.insert("avatar".into(), (o.kind == metatopia_sim::state::ObjectKind::Avatar).into());
     m.insert("position".into(), vec_map(o.position).into());
     m.insert("velocity".into(), vec_map(o.velocity).into());
     m.insert("color".into(), INT::from(o.color).into());
-    m.insert("text".into(), o.text.clone().into());
+    m.insert("text".into(), ImmutableString::from(o.text.as_str()).into());
     m
 }
 
@@ -178,4 +220,41 @@ pub(crate) fn register(engine: &mut Engine) {
         Ok(fx_dyn(pa.distance(pb)))
     });
     engine.register_fn("to_int", |x: Dynamic| to_int("x", &x));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_objects_map_shows_its_ids_as_scripts_read_them() {
+        let world = metatopia_sim::genesis::demo_world(metatopia_sim::genesis::DemoSpec {
+            objects: 300,
+            players: 20,
+            ..Default::default()
+        })
+        .world;
+        for _ in 0..2 {
+            for o in world.objects().values() {
+                let m = object_map(o);
+                let text = |k: &str| m[k].clone().into_immutable_string().unwrap().to_string();
+                assert_eq!(text("id"), o.id.to_string());
+                assert_eq!(text("owner"), o.owner.to_string());
+                assert_eq!(text("name"), o.name);
+                assert_eq!(text("text"), o.text);
+            }
+        }
+        // More accounts than are kept: each still reads right, and what is kept stays bounded.
+        for i in 0..(ACCOUNT_STRS_MAX as u32 + 100) {
+            let mut id = [7u8; 32];
+            id[..4].copy_from_slice(&i.to_be_bytes());
+            let a = AccountId(id);
+            assert_eq!(account_str(&a).as_str(), a.to_string());
+        }
+        assert!(ACCOUNT_STRS.with_borrow(|k| k.len()) <= ACCOUNT_STRS_MAX);
+        assert_eq!(
+            object_id_str(ObjectId::new(u32::MAX, u32::MAX)).as_str(),
+            ObjectId::new(u32::MAX, u32::MAX).to_string()
+        );
+    }
 }
