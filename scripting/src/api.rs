@@ -66,26 +66,25 @@ fn account_str(a: &AccountId) -> ImmutableString {
         if known.len() >= ACCOUNT_STRS_MAX {
             known.clear();
         }
-        let mut digits = [0u8; 64];
-        let s: ImmutableString = match hex::encode_to_slice(a.0, &mut digits).map(|()| std::str::from_utf8(&digits)) {
-            Ok(Ok(text)) => text.into(),
-            _ => a.to_string().into(),
-        };
+        let s = ImmutableString::from(a.to_string());
         known.insert(*a, s.clone());
         s
     })
 }
 
-/// An object id as scripts see it (`12v0`), written without a heap string between.
+/// An object id as scripts see it (`12v0`), written on the stack (at most 21 characters:
+/// rhai keeps a string that short inline) rather than through a heap `String`.
 fn object_id_str(id: ObjectId) -> ImmutableString {
     use std::io::Write as _;
     let mut buf = [0u8; 24];
     let mut w = &mut buf[..];
-    let len = match write!(w, "{id}") {
-        Ok(()) => 24 - w.len(),
-        Err(_) => return id.to_string().into(),
-    };
-    std::str::from_utf8(&buf[..len]).map_or_else(|_| id.to_string().into(), ImmutableString::from)
+    match write!(w, "{id}") {
+        Ok(()) => {
+            let len = 24 - w.len();
+            std::str::from_utf8(&buf[..len]).map_or_else(|_| id.to_string().into(), ImmutableString::from)
+        }
+        Err(_) => id.to_string().into(),
+    }
 }
 
 fn object_map(o: &Object) -> Map {

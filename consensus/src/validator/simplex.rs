@@ -6,6 +6,24 @@ use super::*;
 /// of them counts as if they were not there (the leader proposes).
 const MAX_WALK_PAST: u64 = 64;
 
+/// What holds a validator back from proposing in the current view.
+enum Hold {
+    NotLeading,
+    Proposed,
+    /// It nullified the view (its timer fired before it could propose).
+    TimedOut,
+    /// A view between the parent and this one has no certificate here.
+    NoCertificate,
+    /// The parent's block (of this view) is not here.
+    NoParent(View),
+    EpochOver,
+    /// Blocks handed out for execution and not executed yet, from tick `executed` on.
+    Execution {
+        blocks: u64,
+        executed: Tick,
+    },
+}
+
 impl Validator {
     /// The certificates of a kind held here, by view.
     pub(super) fn certified(&self, kind: VoteKind) -> &BTreeMap<View, Certificate> {
@@ -68,53 +86,50 @@ impl Validator {
 
     /// When this validator, as leader of the current view, may propose.
     pub(super) fn propose_at(&self) -> Option<Micros> {
-        if Some(self.leader(self.view)) != self.me
-            || self.views.get(&self.view).is_some_and(|s| s.proposed || s.my_nullify.is_some())
-        {
-            return None;
+        self.propose_when().ok()
+    }
+
+    /// Why this validator, leader of the current view, has not proposed and will not yet (for
+    /// an operator's `describe`); `None` when it is not the leader, has proposed, or will.
+    pub(super) fn not_proposing(&self) -> Option<String> {
+        Some(match self.propose_when().err()? {
+            Hold::NotLeading | Hold::Proposed => return None,
+            Hold::TimedOut => "the view timed out here first".into(),
+            Hold::NoCertificate => "a certificate of an earlier view is missing".into(),
+            Hold::NoParent(view) => format!("the parent block (view {}) is missing", view.0),
+            Hold::EpochOver => "the epoch is over".into(),
+            Hold::Execution { blocks, executed } => {
+                format!("waits for execution ({blocks} blocks handed out from tick {executed} on, not executed)")
+            }
+        })
+    }
+
+    /// When this validator may propose in the current view, or what holds it back.
+    fn propose_when(&self) -> Result<Micros, Hold> {
+        if Some(self.leader(self.view)) != self.me {
+            return Err(Hold::NotLeading);
         }
-        let parent = self.parent_for(self.view)?;
-        let (time_ms, tick) = self.parent_time_tick(&parent)?;
+        match self.views.get(&self.view) {
+            Some(s) if s.proposed => return Err(Hold::Proposed),
+            Some(s) if s.my_nullify.is_some() => return Err(Hold::TimedOut),
+            _ => {}
+        }
+        let parent = self.parent_for(self.view).ok_or(Hold::NoCertificate)?;
+        let (time_ms, tick) = self.parent_time_tick(&parent).ok_or(Hold::NoParent(parent.view))?;
         if self.cfg.last_tick.is_some_and(|last| tick > last) {
-            return None; // the epoch is over
+            return Err(Hold::EpochOver);
         }
         if let Some(lag) = self.cfg.max_exec_lag {
             let executed = self.root.map_or(Tick::ZERO, |r| r.tick.next());
-            if self.unexecuted(&parent, executed, lag) > lag {
-                return None; // wait for execution; the application's next report retries
+            let blocks = self.unexecuted(&parent, executed, lag);
+            if blocks > lag {
+                // The application's next report retries.
+                return Err(Hold::Execution { blocks, executed });
             }
         }
         let after_parent = time_ms * 1_000;
         let due = self.due(tick).unwrap_or(after_parent + self.cfg.period_us);
-        Some(due.max(after_parent + self.cfg.period_us / 2).max(self.view_started))
-    }
-
-    /// Why this validator, leader of the current view, has not proposed and will not (for an
-    /// operator's `describe`); `None` when it is not the leader, has proposed, or will propose.
-    pub(super) fn not_proposing(&self) -> Option<String> {
-        if Some(self.leader(self.view)) != self.me {
-            return None;
-        }
-        let s = self.views.get(&self.view);
-        if s.is_some_and(|s| s.proposed) {
-            return None;
-        }
-        if s.is_some_and(|s| s.my_nullify.is_some()) {
-            return Some("the view timed out here first".into());
-        }
-        let Some(parent) = self.parent_for(self.view) else {
-            return Some("a certificate of an earlier view is missing".into());
-        };
-        let Some((_, tick)) = self.parent_time_tick(&parent) else {
-            return Some(format!("the parent block (view {}) is missing", parent.view.0));
-        };
-        if self.cfg.last_tick.is_some_and(|last| tick > last) {
-            return Some("the epoch is over".into());
-        }
-        let lag = self.cfg.max_exec_lag?;
-        let executed = self.root.map_or(Tick::ZERO, |r| r.tick.next());
-        let n = self.unexecuted(&parent, executed, lag);
-        (n > lag).then(|| format!("waits for execution ({n} blocks handed out from tick {executed} on, not executed)"))
+        Ok(due.max(after_parent + self.cfg.period_us / 2).max(self.view_started))
     }
 
     /// The blocks from `parent` back whose ticks reach `executed` (the next tick the application
@@ -124,7 +139,7 @@ impl Validator {
     /// a chain of notarized blocks that were not finalized (their views also nullified, under
     /// load) hold every leader back for an execution that was itself waiting for the next
     /// block: the sim stopped for good.
-    pub(super) fn unexecuted(&self, parent: &Parent, executed: Tick, limit: u64) -> u64 {
+    fn unexecuted(&self, parent: &Parent, executed: Tick, limit: u64) -> u64 {
         // A joining validator hands nothing out until it has the state: every block counts.
         let handed_out = |tick: Tick| self.held || self.output_tick.is_some_and(|t| tick <= t);
         let (mut n, mut walked) = (0, 0);

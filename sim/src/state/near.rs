@@ -68,9 +68,7 @@ impl Near {
         let r = radius.abs();
         let (x0, x1) = (cell_of(centre.x.sub_sat(r)), cell_of(centre.x.add_sat(r)));
         let (y0, y1) = (cell_of(centre.y.sub_sat(r)), cell_of(centre.y.add_sat(r)));
-        let walk = || {
-            world.objects().values().filter(|o| o.id != skip && o.position.within(centre, radius)).take(max).collect()
-        };
+        let walk = || world.objects_within(centre, radius).filter(|o| o.id != skip).take(max).collect();
         // A huge radius (over about 120 m: more than 32 × 32 cells) walks every object instead.
         if (x1 - x0 + 1).saturating_mul(y1 - y0 + 1) > MAX_CELLS {
             return walk();
