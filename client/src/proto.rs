@@ -157,6 +157,10 @@ pub struct Status {
     pub view: u64,
     #[serde(default)]
     pub agreed_tick: Option<Tick>,
+    /// Ticks handed out here in two blocks: opened empty, then filled with their events a
+    /// moment before the next tick was due (the agreement's fills, which cut input latency).
+    #[serde(default)]
+    pub filled_ticks: u64,
 }
 
 /// An account as nodes show it.

@@ -24,6 +24,19 @@
 //!   advances one tick per period on average, never faster, and the delays of proposals sent
 //!   late do not add up (the pipeline: proposing the next block needs only the notarization
 //!   of its parent).
+//! - **R1 fills.** A block may instead carry its parent's tick (a *fill*): its parent is an
+//!   empty block of a view (not the root an epoch starts from), its tick is not the epoch's
+//!   last, and it carries events (so a fill is never filled: at most two blocks a tick). The
+//!   tick's events are the fill's, handed out once, with the fill's seed, when a block of a
+//!   later tick commits ([`Commit::opener`] names the empty block). A leader whose recent
+//!   notarizations came within half a period of their blocks (`fill_lead_us` on) opens each
+//!   tick with an empty block when it is due, and the next leader fills it a lead before the
+//!   next tick is due (the configured lead or a round and a half, at most half a period), so
+//!   the next tick's block, which seeds this one, follows the fill by that lead: an event
+//!   waits about half a period for its block and the lead and a round more for its hand-out,
+//!   instead of a whole period more (the seed rule below). A leader with no events to fill
+//!   with proposes the next tick when due; across longer round trips every block carries
+//!   events, as without fills. Voters check only the rule above.
 //! - **R2 (notarize).** In its current view, a validator notarizes the first valid proposal,
 //!   unless it already nullified the view. The leader's proposal carries its own notarize vote.
 //! - **R3 (advance + finalize).** On `q` notarize votes for `(v, B)` (a notarization), a
@@ -53,7 +66,8 @@
 //!   notarization of block t embedded in block t+1)`. A node's own set of 2f+1 signatures
 //!   differs from its peers', so only the copy embedded in the committed chain is unique; and
 //!   it is unknown to the leader of `t` when it proposes. The price: tick `t` is handed out
-//!   (as [`Commit`]) when block `t+1` is committed, one tick period after its own finality.
+//!   (as [`Commit`]) when block `t+1` is committed, one tick period after its own finality
+//!   (with R1 fills, a fill's lead after the fill's).
 //!   The empty ticks of a block's span are handed out just before it, each as a `filler`
 //!   [`Commit`] with a BFT time one period before the next and a seed derived from the block's
 //!   ([`span_seed`]).
@@ -107,8 +121,8 @@ pub mod types;
 mod validator;
 
 pub use types::{
-    Block, Certificate, CertificateError, DecodeError, Digest, EventBytes, Logged, Mac, Message, Micros, Parent, Piece,
-    RootReport, Sig, SigCache, Signed, Tick, ValidatorIndex, View, Vote, VoteKind, event_id, pair_key,
+    Block, Certificate, CertificateError, DecodeError, Digest, EventBytes, Logged, Mac, Message, Micros, Opener,
+    Parent, Piece, RootReport, Sig, SigCache, Signed, Tick, ValidatorIndex, View, Vote, VoteKind, event_id, pair_key,
 };
 pub use validator::{
     Anchor, Commit, Config, Evidence, Output, ProposalError, Validator, epoch_digest, genesis_digest, seed_of,

@@ -164,6 +164,21 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
+    /// A batch of nothing, closed (a block that opens its tick empty).
+    pub fn empty() -> Batch {
+        Batch {
+            skip: HashSet::default(),
+            events: Vec::new(),
+            ids: Vec::new(),
+            pooled: Vec::new(),
+            sources: Vec::new(),
+            bytes: 0,
+            max_events: 0,
+            max_bytes: 0,
+            closed: true,
+        }
+    }
+
     /// An event just pooled joins the batch, unless excluded or over a cap.
     pub fn offer(&mut self, id: &Digest, e: &EventBytes, pooled: Micros, source: Option<Source>) {
         if !self.closed && self.skip.insert(key(id)) {

@@ -154,6 +154,17 @@ pub struct Logged {
     pub events: Vec<EventBytes>,
     /// The block's notarization, as its commit carried it ([`crate::Commit::certificate`]).
     pub notarization: Certificate,
+    /// The empty block that opened the tick, when this block fills it ([`crate::Commit::opener`]).
+    pub opener: Option<Opener>,
+}
+
+/// The empty block that opened a tick its committed block fills (R1 fills): its BFT time and
+/// its notarization (the one the filling block embeds). With the block before it, enough to
+/// rebuild it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Opener {
+    pub time_ms: u64,
+    pub notarization: Certificate,
 }
 
 /// Lists of byte strings (client events) encoded with `serialize_bytes`: postcard writes the same

@@ -77,6 +77,7 @@ fn write_seed_corpora() {
             seed: [1; 32],
             events: vec![metatopia_sim::codec::encode(&login)],
             certificate: vec![2; 16],
+            opener: None,
         };
         log.append(&rec).unwrap();
     }

@@ -105,12 +105,26 @@ impl Validator {
                     .map(|(_, c)| (Parent { view: c.view, digest: c.digest }, Some(c)))
             };
             let n = rec.notarization;
-            if let Some((parent, parent_certificate)) = parent
+            if let Some((mut parent, mut parent_certificate)) = parent
                 && (keep_from..=out).contains(&rec.tick)
                 && n.kind == VoteKind::Notarize
-                && !self.blocks.contains_key(&n.digest)
             {
-                let mut block = Block {
+                if let Some(o) = rec.opener {
+                    // The empty block that opened the tick this one fills (R1 fills).
+                    let opener = Block {
+                        view: o.notarization.view,
+                        leader: self.leader(o.notarization.view),
+                        parent,
+                        tick: rec.tick,
+                        time_ms: o.time_ms,
+                        events: Vec::new(),
+                        parent_certificate,
+                    };
+                    kept += usize::from(self.rebuild(opener, &o.notarization));
+                    parent = Parent { view: o.notarization.view, digest: o.notarization.digest };
+                    parent_certificate = Some(o.notarization);
+                }
+                let block = Block {
                     view: n.view,
                     leader: self.leader(n.view),
                     parent,
@@ -119,29 +133,36 @@ impl Validator {
                     events: rec.events,
                     parent_certificate,
                 };
-                let ids = event_ids(&block.events);
-                // The log does not name the leader: the one this validator would choose now,
-                // else each validator in turn (it may lack the chain its choice then came from).
-                let expected = block.leader;
-                let others = (0..self.keys.len() as u16).map(ValidatorIndex).filter(|i| *i != expected);
-                let leader = std::iter::once(expected).chain(others).find(|l| {
-                    block.leader = *l;
-                    block.digest_with_ids(&ids) == n.digest
-                });
-                if let Some(l) = leader {
-                    block.leader = l;
-                    // What the chain tells of who led and who voted, as when it was committed.
-                    if Some(n.digest) != self.anchor_digest {
-                        self.leaders.committed_block(&block);
-                    }
-                    self.blocks.insert(n.digest, Stored::with_ids(block, ids));
-                    kept += 1;
-                }
+                kept += usize::from(self.rebuild(block, &n));
             }
             prev = Some((rec.tick, n));
         }
         self.prune();
         kept
+    }
+
+    /// Keep a block rebuilt from the log if it is the one `n` notarizes (the log does not
+    /// name the leader: the one this validator would choose now, else each validator in turn,
+    /// as it may lack the chain its choice then came from). Whether it was kept.
+    fn rebuild(&mut self, mut block: Block, n: &Certificate) -> bool {
+        if self.blocks.contains_key(&n.digest) {
+            return false;
+        }
+        let ids = event_ids(&block.events);
+        let expected = block.leader;
+        let others = (0..self.keys.len() as u16).map(ValidatorIndex).filter(|i| *i != expected);
+        let leader = std::iter::once(expected).chain(others).find(|l| {
+            block.leader = *l;
+            block.digest_with_ids(&ids) == n.digest
+        });
+        let Some(l) = leader else { return false };
+        block.leader = l;
+        // What the chain tells of who led and who voted, as when it was committed.
+        if Some(n.digest) != self.anchor_digest {
+            self.leaders.committed_block(&block);
+        }
+        self.blocks.insert(n.digest, Stored::with_ids(block, ids));
+        true
     }
 
     /// The state that must be durable before this step's outputs are sent.

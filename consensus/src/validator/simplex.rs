@@ -129,7 +129,68 @@ impl Validator {
         }
         let after_parent = time_ms * 1_000;
         let due = self.due(tick).unwrap_or(after_parent + self.cfg.period_us);
-        Ok(due.max(after_parent + self.cfg.period_us / 2).max(self.view_started))
+        if self.fills(&parent) {
+            // R1 fills: the parent's tick's events, a lead before the next tick is due.
+            return Ok(due.saturating_sub(self.fill_lead()).max(after_parent + 1_000).max(self.view_started));
+        }
+        let opened = self.opened_ms(&parent, time_ms) * 1_000;
+        Ok(due.max(opened + self.cfg.period_us / 2).max(self.view_started))
+    }
+
+    /// How long before a tick is due a fill proposes the tick before's events (R1 fills): the
+    /// configured lead, or a round and a half if the recent notarizations took longer (the
+    /// fill must be notarized by then for the next tick's block to extend it), at most half a
+    /// period; 0: fills are off.
+    fn fill_lead(&self) -> Micros {
+        if self.cfg.fill_lead_us == 0 {
+            return 0;
+        }
+        self.cfg.fill_lead_us.max(self.round_us * 3 / 2).min(self.cfg.period_us / 2)
+    }
+
+    /// Whether a block may fill `parent`'s tick (R1 fills): the parent is an empty block of a
+    /// view (not the root an epoch starts from) and its tick is not the epoch's last. A fill
+    /// carries events, so it is never filled in turn: at most two blocks a tick.
+    pub(super) fn fillable(&self, parent: &Parent) -> bool {
+        parent.view > View(0)
+            && self
+                .blocks
+                .get(&parent.digest)
+                .is_some_and(|s| s.block.events.is_empty() && self.cfg.last_tick != Some(s.block.tick))
+    }
+
+    /// Whether this leader fills `parent`'s tick in the current view: fills are on, the parent
+    /// may be filled, and the leader has not found its pool empty in this view.
+    fn fills(&self, parent: &Parent) -> bool {
+        self.fill_lead() > 0 && self.no_fill != Some(self.view) && self.fillable(parent)
+    }
+
+    /// Whether this leader's block of `tick` opens the tick empty, for a fill to carry its
+    /// events: fills are on, the tick is not the epoch's last (which nothing fills), and the
+    /// recent notarizations came soon enough after their blocks for the block and its fill to
+    /// be notarized within a period. (Across a longer round trip every block carries events,
+    /// as without fills.)
+    fn opens(&self, tick: Tick) -> bool {
+        self.fill_lead() > 0 && self.cfg.last_tick != Some(tick) && self.round_us * 2 < self.cfg.period_us
+    }
+
+    /// The BFT time of the block that opened `parent`'s tick: the parent's own (`parent_ms`),
+    /// or its parent's if the parent fills that one's tick. Half a period after it, at least,
+    /// a leader proposes the next tick.
+    fn opened_ms(&self, parent: &Parent, parent_ms: u64) -> u64 {
+        self.blocks
+            .get(&parent.digest)
+            .and_then(|s| self.blocks.get(&s.block.parent.digest).filter(|g| g.block.tick == s.block.tick))
+            .map_or(parent_ms, |g| g.block.time_ms)
+    }
+
+    /// A notarization of a known block came in at `now`: how long after the block's BFT time,
+    /// smoothed over the recent ones (`round_us`, for `opens`).
+    pub(super) fn note_round(&mut self, now: Micros, digest: &Digest) {
+        if let Some(s) = self.blocks.get(digest) {
+            let sample = now.saturating_sub(s.block.time_ms * 1_000).min(10 * self.cfg.period_us.max(1));
+            self.round_us = self.round_us - self.round_us / 4 + sample / 4;
+        }
     }
 
     /// The blocks from `parent` back whose ticks reach `executed` (the next tick the application
@@ -144,11 +205,16 @@ impl Validator {
         let handed_out = |tick: Tick| self.held || self.output_tick.is_some_and(|t| tick <= t);
         let (mut n, mut walked) = (0, 0);
         let mut d = parent.digest;
+        let mut counted = None;
         // The walk passes the blocks not handed out (a few) on its way; bounded all the same.
+        // A tick of two blocks (R1 fills) counts once.
         while n <= limit && walked <= limit + MAX_WALK_PAST {
             match self.blocks.get(&d) {
                 Some(s) if s.block.tick >= executed => {
-                    n += u64::from(handed_out(s.block.tick));
+                    if counted != Some(s.block.tick) && handed_out(s.block.tick) {
+                        n += 1;
+                        counted = Some(s.block.tick);
+                    }
                     walked += 1;
                     d = s.block.parent.digest;
                 }
@@ -266,8 +332,10 @@ impl Validator {
         let parent = self.parent_for(view).expect("propose_at checked");
         let (parent_time, first) = self.parent_time_tick(&parent).expect("propose_at checked");
         let mut time_ms = (now / 1_000).max(parent_time + 1);
-        let tick = self.span_end(now, first, parent_time, time_ms);
-        if self.cfg.last_tick.is_some_and(|last| tick.next() >= last) {
+        // R1 fills: the parent's tick's events, unless the next tick is due already.
+        let fill = self.fills(&parent) && self.due(first).is_some_and(|due| now < due);
+        let tick = if fill { Tick(first.0 - 1) } else { self.span_end(now, first, parent_time, time_ms) };
+        if !fill && self.cfg.last_tick.is_some_and(|last| tick.next() >= last) {
             // Cut short by the epoch's end (its last tick comes alone): stamped when its own
             // ticks were due, not now, so the BFT time it could not cover is covered by the
             // blocks after it (their spans reach back to their parent's time).
@@ -275,11 +343,16 @@ impl Validator {
             time_ms = time_ms.min(parent_time + span_ms).max(parent_time + 1);
         }
         let (ancestors, exclude) = self.uncommitted(&parent);
-        let mut batch = match self.prepared.take() {
-            Some(p) if p.fits(&parent, &ancestors) => p.batch,
-            _ => {
-                let exclude: Vec<&[Digest]> = exclude.iter().map(|ids| ids.as_slice()).collect();
-                self.pool.batch(self.cfg.max_batch_events, self.cfg.max_batch_bytes, &exclude)
+        let mut batch = if !fill && self.opens(tick) {
+            // Opened empty: a fill carries the tick's events (the prepared batch waits for it).
+            Batch::empty()
+        } else {
+            match self.prepared.take() {
+                Some(p) if p.fits(&parent, &ancestors) => p.batch,
+                _ => {
+                    let exclude: Vec<&[Digest]> = exclude.iter().map(|ids| ids.as_slice()).collect();
+                    self.pool.batch(self.cfg.max_batch_events, self.cfg.max_batch_bytes, &exclude)
+                }
             }
         };
         // The events pooled in the last moments wait for the next block: their gossip may not
@@ -287,6 +360,11 @@ impl Validator {
         // rebuild this compact proposal and vote (at 1,000 events a tick arriving just before
         // each proposal, every proposal did, ~0.2 ms on the commit's path).
         batch.pooled_by(now.saturating_sub(self.fresh_us()));
+        if fill && batch.ids.is_empty() {
+            // Nothing to fill with: the next tick's block, when due.
+            self.no_fill = Some(view);
+            return;
+        }
         let Batch { events, ids, sources, .. } = batch;
         let Some(me) = self.me else { return };
         let mut block = Block {
@@ -465,7 +543,13 @@ impl Validator {
         if b.time_ms <= parent_time || b.time_ms > now_ms + self.cfg.max_drift_ms {
             return Err(ProposalError::BadTime { got: b.time_ms, parent: parent_time, now: now_ms });
         }
-        if !self.span_ok(tick, b.tick, parent_time, b.time_ms) {
+        let fill = b.tick.next() == tick;
+        let ok = if fill {
+            self.fillable(&p) && !b.events.is_empty()
+        } else {
+            self.span_ok(tick, b.tick, parent_time, b.time_ms)
+        };
+        if !ok {
             return Err(ProposalError::BadTick { expected: tick, got: b.tick });
         }
         let bytes: usize = b.events.iter().map(|e| e.len()).sum();
@@ -606,6 +690,7 @@ impl Validator {
                 if !self.blocks.contains_key(&c.digest) {
                     self.fetch_soon(now, c.digest);
                 }
+                self.note_round(now, &c.digest);
                 // R3: seeing the notarization, finalize unless this view timed out, and move on.
                 let s = self.views.entry(view).or_default();
                 // (Safe for any view: finalize and nullify quorums would meet in an honest

@@ -184,23 +184,35 @@ impl Validator {
             d = s.block.parent.digest;
         }
         chain.reverse();
+        let mut opener = None;
         for pair in chain.windows(2) {
             let ((digest, stored), (_, child)) = (&pair[0], &pair[1]);
             let Some(certificate) = child.block.parent_certificate.clone() else { return };
-            let seed = seed_of(digest, &certificate);
             let block = &stored.block;
             // The pool forgets these events with the held bulk work: at the next input, or
             // once the view in flight is finalized (see `schedule_bulk`).
             self.settle_later.push((block.tick, *digest, stored.ids.clone()));
+            if child.block.tick == block.tick {
+                // An empty block its child fills (R1 fills): the tick goes out once, as the
+                // fill's, with the fill's seed (the fill's digest covers this block's).
+                if Some(*digest) != self.anchor_digest {
+                    self.leaders.committed_block(block);
+                }
+                opener = Some((Opener { time_ms: block.time_ms, notarization: certificate }, block.clone()));
+                continue;
+            }
+            let seed = seed_of(digest, &certificate);
             // The empty ticks of the block's span first (R1 spans), each with a BFT time one
             // period after the one before, ending at the block's.
+            // (A filled tick's span is its opener's: the empty ticks carry the opener's header.)
+            let head = opener.as_ref().map_or(block, |(_, b)| b);
             let first = self.output_tick.map_or(0, |t| t.0 + 1);
             for tick in (first..block.tick.0).map(Tick) {
                 let before_us = block.tick.since(tick).saturating_mul(self.cfg.period_us);
                 let filler = Block {
-                    view: block.view,
-                    leader: block.leader,
-                    parent: block.parent,
+                    view: head.view,
+                    leader: head.leader,
+                    parent: head.parent,
                     tick,
                     time_ms: block.time_ms.saturating_sub(before_us / 1_000),
                     events: Vec::new(),
@@ -213,6 +225,7 @@ impl Validator {
                     certificate: certificate.clone(),
                     seed: span_seed(&seed, tick),
                     finalization: fin.clone(),
+                    opener: None,
                 })));
             }
             self.output_tick = Some(block.tick);
@@ -226,6 +239,7 @@ impl Validator {
                 certificate,
                 seed,
                 finalization: fin.clone(),
+                opener: opener.take().map(|(o, _)| o),
             })));
         }
         if chain.is_empty() {

@@ -470,6 +470,7 @@ fn a_restored_validator_recalls_the_blocks_it_handed_out_from_its_commit_log() {
             time_ms: w[0].time_ms,
             events: w[0].events.clone(),
             notarization: w[1].parent_certificate.clone().expect("a notarized parent"),
+            opener: None,
         })
         .collect();
     let key = SigningKey::from_bytes(&[1; 32]);
@@ -666,4 +667,85 @@ fn a_compact_proposal_waiting_for_a_lost_batch_keeps_its_view_past_the_leader_ti
     let out = sent(&mut vs[f]);
     assert!(votes(&out, VoteKind::Notarize), "voted once the batch came");
     assert!(vs[f].incomplete.is_empty());
+}
+
+/// R1 fills: with `fill_lead_us` on, ticks are opened by empty blocks and filled by blocks of
+/// the same tick with the events; each event is in one block; a fill must extend an empty block
+/// and carry events (voters refuse others); a restored validator rebuilds both blocks of a
+/// filled tick from its commit log.
+#[test]
+fn a_tick_opened_empty_is_filled_once_and_recalled_whole() {
+    let mut vs = four();
+    for v in vs.iter_mut() {
+        v.cfg.fill_lead_us = 5_000;
+    }
+    for ms in 0..2_000u64 {
+        if ms % 10 == 0 {
+            vs[((ms / 10) % 4) as usize].submit_events(ms * 1_000, vec![format!("event {ms}").into_bytes()]);
+        }
+        run(&mut vs, ms * 1_000);
+    }
+    let v = &vs[0];
+    let out = v.output_tick.expect("ticks were output").0;
+    assert!(out >= 30, "output up to tick {out}");
+    let of_tick = |t: u64| -> Vec<Block> {
+        let mut bs: Vec<Block> = v
+            .blocks
+            .by_tick
+            .iter()
+            .filter(|(tick, _)| tick.0 == t)
+            .map(|(_, d)| (*v.blocks[d].block).clone())
+            .collect();
+        bs.sort_by_key(|b| b.view);
+        bs
+    };
+    let ticks: Vec<Vec<Block>> = (0..=out + 1).map(of_tick).collect();
+    let filled: Vec<usize> = (0..=out as usize).filter(|&t| ticks[t].len() == 2).collect();
+    assert!(filled.len() * 2 >= out as usize, "{} of {out} ticks filled", filled.len());
+    for &t in &filled {
+        let (opener, fill) = (&ticks[t][0], &ticks[t][1]);
+        assert!(opener.events.is_empty() && !fill.events.is_empty(), "tick {t}");
+        assert_eq!(fill.parent.digest, opener.digest(), "tick {t}: the fill extends its opener");
+    }
+    assert!(ticks.iter().all(|bs| bs.len() <= 2), "at most two blocks a tick");
+    let events: Vec<&EventBytes> = ticks.iter().flatten().flat_map(|b| &b.events).collect();
+    assert!(events.iter().enumerate().all(|(i, e)| !events[..i].contains(e)), "an event in two blocks");
+
+    // Voters refuse a fill without events, and a block of its parent's tick after a fill.
+    let t = filled[filled.len() / 2];
+    let mut empty_fill = ticks[t][1].clone();
+    empty_fill.events.clear();
+    let far = 1_000_000_000;
+    assert!(v.check_block(far, &ticks[t][1]).is_ok());
+    assert!(matches!(v.check_block(far, &empty_fill), Err(ProposalError::BadTick { .. })));
+    let mut fill_of_fill = ticks[t + 1][0].clone();
+    assert_eq!(fill_of_fill.parent.digest, ticks[t][1].digest());
+    fill_of_fill.tick = ticks[t][1].tick;
+    fill_of_fill.events = vec![EventBytes::from(&b"one more"[..])];
+    assert!(matches!(v.check_block(far, &fill_of_fill), Err(ProposalError::BadTick { .. })));
+
+    // The commit log: a record a tick, naming the empty block that opened a filled one.
+    let log: Vec<Logged> = (0..=out as usize)
+        .map(|t| {
+            let last = ticks[t].last().expect("a block a tick");
+            Logged {
+                tick: last.tick,
+                time_ms: last.time_ms,
+                events: last.events.clone(),
+                notarization: ticks[t + 1][0].parent_certificate.clone().expect("a notarized parent"),
+                opener: (ticks[t].len() == 2).then(|| Opener {
+                    time_ms: ticks[t][0].time_ms,
+                    notarization: last.parent_certificate.clone().expect("a notarized opener"),
+                }),
+            }
+        })
+        .collect();
+    let key = SigningKey::from_bytes(&[1; 32]);
+    let mut r = Validator::restore(v.cfg.clone(), key, v.keys.clone(), 0, &v.persist()).unwrap();
+    let below: Vec<&Block> = ticks[..out as usize].iter().flatten().collect();
+    assert!(below.iter().all(|b| !r.blocks.contains_key(&b.digest())));
+    assert_eq!(r.recall(log), below.len(), "both blocks of every filled tick below the output tick");
+    for b in ticks.iter().flatten() {
+        assert_eq!(r.blocks.get(&b.digest()).map(|s| &*s.block), Some(b), "tick {}", b.tick);
+    }
 }

@@ -92,6 +92,7 @@ pub(crate) fn consensus_config(period_us: u64, genesis_time_ms: u64) -> Config {
         sig_cache: Arc::new(SigCache::default()),
         max_exec_lag: Some(4),
         max_span_us: metatopia_node::config::MAX_SPAN_US,
+        fill_lead_us: metatopia_node::config::FILL_LEAD_US,
         max_event_bytes: metatopia_node::core::MAX_BLOCK_EVENT_BYTES as usize,
         ..Config::default()
     }

@@ -65,7 +65,7 @@ pub fn render_stats(s: &Status) -> String {
     let text = format!(
         "sim {} · node {} of {} · tick {} · root {root}…{desync}\n\
          tick rate          {} Hz\n\
-         agreement          epoch {}, view {}, committed to tick {}\n\
+         agreement          epoch {}, view {}, committed to tick {}{}\n\
          time dilation      {:.2}\n\
          commit latency     p50 {:.1} ms, p99 {:.1} ms (block time to commit); proposal to commit p50 {} µs, p99 {} µs\n\
          input latency      p50 {} µs, p99 {} µs (an event taken in here to its execution here)\n\
@@ -85,6 +85,7 @@ pub fn render_stats(s: &Status) -> String {
         s.epoch,
         s.view,
         s.agreed_tick.map_or_else(|| "none yet".to_string(), |t| t.to_string()),
+        if s.filled_ticks > 0 { format!(" ({} ticks filled)", s.filled_ticks) } else { String::new() },
         s.dilation,
         s.commit_latency_p50_ms,
         s.commit_latency_p99_ms,

@@ -64,6 +64,14 @@ pub const LEADER_TIMEOUT_US: u64 = 400_000;
 /// dilation) rather than make it run a burst of ticks longer than this.
 pub const MAX_SPAN_US: u64 = 2_000_000;
 
+/// How long before a tick is due its events are proposed (consensus' `fill_lead_us`): each
+/// tick is opened by an empty block and its events follow in a second one this long before
+/// the next tick's block, so a client's event waits about half a period for its block and this
+/// lead and a round more for its execution, where one block a tick made it wait a period more.
+/// Time for the fill's notarization on a LAN; across longer round trips every block carries
+/// events, as without fills.
+pub const FILL_LEAD_US: u64 = 2_000;
+
 /// The node's configuration file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

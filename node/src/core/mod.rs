@@ -675,6 +675,7 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
         let next = self.logged_to.max(self.sim.world().tick());
         if resyncing || (self.desynced.is_none() && c.block.tick >= next) {
             self.logged_to = c.block.tick.next();
+            self.stats.filled += u64::from(c.opener.is_some());
             self.stall.committed(self.now);
             self.out.push_back(CoreOutput::Committed(Box::new(crate::store::LogRecord {
                 tick: c.block.tick,
@@ -682,6 +683,10 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
                 seed: c.seed.0,
                 events: c.block.events.iter().map(|e| e.to_vec()).collect(),
                 certificate: postcard::to_allocvec(&c.certificate).unwrap_or_default(),
+                opener: c
+                    .opener
+                    .as_ref()
+                    .map(|o| (o.time_ms, postcard::to_allocvec(&o.notarization).unwrap_or_default())),
             })));
         }
         self
@@ -738,7 +743,14 @@ impl<A: Agreement, H: ScriptHost, P: PhysicsStage> NodeCore<A, H, P> {
             .filter_map(|r| {
                 let notarization = postcard::from_bytes(&r.certificate).ok()?;
                 let events = r.events.iter().map(|e| metatopia_consensus::EventBytes::from(e.as_slice())).collect();
-                Some(metatopia_consensus::Logged { tick: r.tick, time_ms: r.time_ms, events, notarization })
+                let opener = match &r.opener {
+                    Some((time_ms, c)) => Some(metatopia_consensus::Opener {
+                        time_ms: *time_ms,
+                        notarization: postcard::from_bytes(c).ok()?,
+                    }),
+                    None => None,
+                };
+                Some(metatopia_consensus::Logged { tick: r.tick, time_ms: r.time_ms, events, notarization, opener })
             })
             .collect();
         self.agreement.recall(logged)

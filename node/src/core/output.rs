@@ -142,6 +142,8 @@ pub struct CoreStats {
     pub arrivals: u64,
     /// Times this node found itself stranded far behind its peers and took a snapshot.
     pub stranded: u64,
+    /// Ticks handed out in two blocks (opened empty, then filled: the agreement's fills).
+    pub filled: u64,
     /// Evidence of equivocation this node saw: a validator's two different votes of one kind in
     /// one view (an honest validator never makes it, also across its restarts).
     pub equivocations: u64,

@@ -58,6 +58,7 @@ fn commit(tick: u64, start_ms: u64) -> Output {
         certificate,
         seed,
         finalization,
+        opener: None,
     }))
 }
 

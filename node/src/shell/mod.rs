@@ -229,6 +229,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         // Execution may trail agreement by at most this many blocks; then ticks slow down.
         max_exec_lag: Some(4),
         max_span_us: crate::config::MAX_SPAN_US,
+        fill_lead_us: crate::config::FILL_LEAD_US,
         max_event_bytes: crate::core::MAX_BLOCK_EVENT_BYTES as usize,
         keep_bytes: cfg.block_history_bytes(),
         ..Config::default()
@@ -680,6 +681,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         let dilation =
                             dilation.sample(core.sim().world().time_ms(), tick.next(), meter.status.tick_rate_hz);
                         per_second(&mut meter, &times, dilation);
+                        meter.status.filled_ticks = s.filled;
                         if let Some((p50, p99)) = core.commit_latency_us() {
                             meter.status.proposal_to_commit_p50_us = p50;
                             meter.status.proposal_to_commit_p99_us = p99;

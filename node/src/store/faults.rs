@@ -19,6 +19,7 @@ fn rec(tick: u64, size: u64) -> LogRecord {
         seed: [tick as u8; 32],
         events: vec![vec![tick as u8; 40]; (size % 5) as usize],
         certificate: vec![7; 64],
+        opener: (size % 2 == 1).then(|| ((tick * 50).saturating_sub(10), vec![6; 64])),
     }
 }
 

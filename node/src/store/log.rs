@@ -55,6 +55,9 @@ pub struct LogRecord {
     pub events: Vec<Vec<u8>>,
     /// The block's notarization (postcard-encoded `Certificate`): proof for joiners.
     pub certificate: Vec<u8>,
+    /// The empty block that opened the tick, when the logged block fills it (agreement's R1
+    /// fills): its BFT time and its notarization (postcard-encoded `Certificate`).
+    pub opener: Option<(u64, Vec<u8>)>,
 }
 
 /// What opening the log found.
@@ -361,6 +364,7 @@ mod tests {
             seed: [tick as u8; 32],
             events: vec![vec![1, 2, 3]; (tick % 3) as usize],
             certificate: vec![9; 40],
+            opener: (tick % 2 == 1).then(|| ((tick * 16).saturating_sub(8), vec![8; 40])),
         }
     }
 

@@ -50,8 +50,9 @@ pub struct DataDir {
 /// The data format this node writes (consensus state, log, snapshots); a directory written by
 /// another format is refused with a clear error instead of being misread. 2: votes signed under
 /// their epoch's chain digest, node messages with epochs; 3: the `aoi_radius_m` setting and
-/// returned objects in accounts; 4: block digests over the header and the events' ids.
-pub const DATA_FORMAT: u32 = 5;
+/// returned objects in accounts; 4: block digests over the header and the events' ids; 5:
+/// creators' budgets and quotas; 6: a log record names the empty block that opened its tick.
+pub const DATA_FORMAT: u32 = 6;
 
 impl DataDir {
     /// Open (creating what is missing) the data directory at `root`. A directory holding
