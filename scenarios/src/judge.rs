@@ -66,6 +66,11 @@ pub trait Observed {
     fn chat_seen(&self, _text: &str) -> Result<Vec<bool>, String> {
         Err(self.cannot("chat"))
     }
+    /// Each judged node's median input latency in microseconds (an event taken in to its
+    /// execution there); `None` where it measured none.
+    fn input_latency_p50_us(&self) -> Result<Vec<Option<u64>>, String> {
+        Err(self.cannot("input latency"))
+    }
     /// The step's outcome on each judged node; `None` if it was never submitted.
     fn outcomes(&self, _step: &str) -> Result<Option<Vec<Option<StepOutcome>>>, String> {
         Err(self.cannot("step outcomes"))
@@ -179,6 +184,14 @@ pub fn judge(spec: &Scenario, text: &str, seen: &dyn Observed) -> Vec<Verdict> {
             Expect::ObjectText { object, text } => verdict(
                 format!("{object} shows {text:?}"),
                 seen.object_text(object).map(|got| (got.as_deref() == Some(text.as_str()), format!("{got:?}"))),
+            ),
+            Expect::InputLatency { p50_ms } => verdict(
+                format!("input latency p50 ≤ {p50_ms} ms on every honest node that took events in"),
+                seen.input_latency_p50_us().map(|got| {
+                    let measured: Vec<u64> = got.iter().flatten().copied().collect();
+                    let ok = !measured.is_empty() && measured.iter().all(|us| *us <= p50_ms * 1_000);
+                    (ok, format!("p50 µs: {got:?}"))
+                }),
             ),
             Expect::ChatSeen { text } => verdict(
                 format!("chat {text:?} seen"),

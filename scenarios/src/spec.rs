@@ -332,6 +332,10 @@ pub enum Expect {
     /// Every honest node's world passes its structural check at the end: each collection
     /// within its bound (the one a snapshot must pass).
     StateValid,
+    /// On every honest node that took clients' events in (at least one), the median time from an
+    /// event taken in to its execution there (the node's own figure, over its recent events) is
+    /// at most `p50_ms` milliseconds.
+    InputLatency { p50_ms: u64 },
 }
 
 /// A role an `role` expectation names.
@@ -373,6 +377,7 @@ impl Expect {
             Expect::TickCost { .. } => "tick_cost",
             Expect::Suspended { .. } => "suspended",
             Expect::StateValid => "state_valid",
+            Expect::InputLatency { .. } => "input_latency",
         }
     }
 
@@ -657,7 +662,17 @@ impl Scenario {
         }
         for e in &self.expect {
             let v = e.get_ref();
-            let single_only = ["validator", "observer", "joined", "resynced", "desync", "role", "outcome", "chat_seen"];
+            let single_only = [
+                "validator",
+                "observer",
+                "joined",
+                "resynced",
+                "desync",
+                "role",
+                "outcome",
+                "chat_seen",
+                "input_latency",
+            ];
             if several && single_only.contains(&v.kind()) {
                 return Err(at(e.span(), format!("{} expectations need a single sim, for now", v.kind())));
             }

@@ -1,9 +1,9 @@
-//! The validator's tuning.
+//! The validator's tuning, and where an epoch starts.
 
 use ed25519_dalek::VerifyingKey;
+use serde::{Deserialize, Serialize};
 
-use super::Anchor;
-use crate::types::{Micros, Tick};
+use crate::types::{Block, Certificate, Digest, Micros, Tick};
 
 /// Tuning. Times are in microseconds of the caller's clock.
 #[derive(Clone, Debug)]
@@ -116,4 +116,17 @@ impl Default for Config {
             planted_bug_weak_quorum: false,
         }
     }
+}
+
+/// Where an epoch starts: the previous epoch's last block, finalized there, with a notarization
+/// of it by the previous validator set (the new epoch's first block carries it, and its hash
+/// seeds that last block's canonical order).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Anchor {
+    pub epoch: u64,
+    pub block: Block,
+    pub notarization: Certificate,
+    pub prev_keys: Vec<[u8; 32]>,
+    /// The previous epoch's chain digest (its votes are signed under it).
+    pub prev_chain: Digest,
 }

@@ -29,7 +29,7 @@ use compact::{Incomplete, Prepared, Spare};
 use leaders::Leaders;
 use store::{Blocks, Stored};
 
-pub use config::Config;
+pub use config::{Anchor, Config};
 
 /// A committed tick, ready to execute: a committed block, or one of the empty ticks of its span
 /// before its own (`filler`: the block's header with no events, the tick and a BFT time of its
@@ -117,19 +117,6 @@ struct Persisted {
     notarized: Vec<Certificate>,
     nullified: Vec<Certificate>,
     finalized: Vec<Certificate>,
-}
-
-/// Where an epoch starts: the previous epoch's last block, finalized there, with a notarization
-/// of it by the previous validator set (the new epoch's first block carries it, and its hash
-/// seeds that last block's canonical order).
-#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-pub struct Anchor {
-    pub epoch: u64,
-    pub block: Block,
-    pub notarization: Certificate,
-    pub prev_keys: Vec<[u8; 32]>,
-    /// The previous epoch's chain digest (its votes are signed under it).
-    pub prev_chain: Digest,
 }
 
 /// Why a proposal was not voted for.

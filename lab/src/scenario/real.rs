@@ -512,6 +512,15 @@ impl Observed for Seen<'_> {
         }
     }
 
+    fn input_latency_p50_us(&self) -> Result<Vec<Option<u64>>, String> {
+        let mut got = Vec::new();
+        for i in self.up {
+            let s: Option<Status> = self.clients[*i].get("/v1/status").map_err(http_err)?;
+            got.push(s.map(|s| s.input_to_execution_p50_us).filter(|us| *us > 0));
+        }
+        Ok(got)
+    }
+
     fn chat_seen(&self, text: &str) -> Result<Vec<bool>, String> {
         let mut seen = Vec::new();
         for i in self.up {

@@ -197,11 +197,23 @@ pub fn run(
     let mut at_door: BTreeMap<String, String> = BTreeMap::new();
     let mut submitted = 0;
     let mut bots = (spec.bots.events_per_tick > 0).then(|| EventGen::new(&g.demo, seed ^ 0xb075));
+    // When in each period the bots submit: drawn, as clients are not in step with the schedule
+    // (submitted at the periods' edges, every batch just missed, or just caught, a block).
+    let mut bot_phase = metatopia_sim::rng::DetRng::from_u64(seed ^ 0xb075_f00d);
     // Roles seen at their tick: (account, tick) -> (role, detail).
     let mut roles: Roles = BTreeMap::new();
     let end = (spec.duration_secs * 1e6) as Time;
     let mut t = 0;
     while t < end {
+        if let Some(b) = bots.as_mut() {
+            c.run_until(t + bot_phase.below(period_us), |_| {});
+            let via = NodeId::from(spec.bots.node);
+            c.with_node(via, |p, now, out| {
+                let w = p.core.sim().world();
+                let batch = b.batch(w, w.tick(), spec.bots.events_per_tick as usize);
+                p.submit(now, batch.events.iter().map(metatopia_sim::codec::encode).collect(), out);
+            });
+        }
         t = (t + period_us).min(end);
         c.run_until(t, |_| {});
         progress(t, end);
@@ -247,14 +259,6 @@ pub fn run(
                 }
             });
             submitted += 1;
-        }
-        if let Some(b) = bots.as_mut() {
-            let via = NodeId::from(spec.bots.node);
-            c.with_node(via, |p, now, out| {
-                let w = p.core.sim().world();
-                let batch = b.batch(w, w.tick(), spec.bots.events_per_tick as usize);
-                p.submit(now, batch.events.iter().map(metatopia_sim::codec::encode).collect(), out);
-            });
         }
         // Roles at their tick, on the first honest node that is there.
         for e in &spec.expect {
@@ -365,6 +369,10 @@ impl Observed for Seen<'_> {
     fn object_text(&self, name: &str) -> Result<Option<String>, String> {
         let world = self.up[0].core.sim().world();
         Ok(self.g.objects.get(name).and_then(|id| world.object(*id)).map(|o| o.text.clone()))
+    }
+
+    fn input_latency_p50_us(&self) -> Result<Vec<Option<u64>>, String> {
+        Ok(self.up.iter().map(|p| p.core.input_latency_us().map(|(p50, _)| p50)).collect())
     }
 
     fn chat_seen(&self, text: &str) -> Result<Vec<bool>, String> {
