@@ -67,11 +67,12 @@ pub struct Config {
     /// rate whatever the latency; the ticks before the block's own are handed out empty. Below
     /// one period (the default, 0): one tick per block.
     pub max_span_us: Micros,
-    /// R1 fills: a leader whose notarizations come in well within a period opens each tick
-    /// with an empty block and proposes the tick's events in a second block, a *fill*, this
-    /// long before the next tick is due (at most a quarter period), so the tick is handed out
-    /// as soon as the next tick's block commits: an event waits about half a period for its
-    /// block and this lead for the next, not a whole period more. 0 (the default): off.
+    /// R1 fills: a leader whose notarizations come within half a period opens each tick with
+    /// an empty block, and the tick's events follow in a second block, a *fill*, this long
+    /// before the next tick is due (or a round and a half when rounds are slower; at most half
+    /// a period), so the tick is handed out soon after: an event waits about half a period for
+    /// its block and this lead and a round for the next, not a whole period more. 0 (the
+    /// default): off.
     pub fill_lead_us: Micros,
     /// Leaders are chosen among the validators the committed chain shows alive and not
     /// failing (`leaders`: a crashed validator stops leading); `false`: plain round robin.
