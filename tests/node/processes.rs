@@ -668,7 +668,16 @@ fn restart_twice_in_step(nodes: &mut [Node], dirs: &[PathBuf], roots: &Roots, i:
             restarted.elapsed()
         );
         let said = nodes[i].said();
-        for bad in ["cut ", "damaged", "replays no further", "out of order", "resynced", "snapshot its peers certify"] {
+        let repairs = [
+            "cut ",
+            "damaged",
+            "replays no further",
+            "out of order",
+            "resynced",
+            "joined:",
+            "snapshot its peers certify",
+        ];
+        for bad in repairs {
             assert!(!said.contains(bad), "after {how}, node {i} said {bad:?}: {said}");
         }
     }
@@ -840,9 +849,9 @@ fn a_validator_that_took_a_certified_snapshot_restarts_in_step_after_ctrl_c_and_
     for d in &dirs {
         let path = DataDir::open(d).unwrap().config_path();
         let mut cfg = NodeConfig::load(&path).unwrap();
-        // Peers keep only about a megabyte of blocks, a few seconds of them at this load: a node
-        // down for a while cannot fetch them.
-        cfg.block_history_mib = Some(1);
+        // Peers keep only 4 MiB of blocks, about five seconds of them at this load: a node down
+        // for a while cannot fetch them, one restarted at once can.
+        cfg.block_history_mib = Some(4);
         cfg.bots.events_per_tick *= 8;
         write_atomic(&path, cfg.commented().as_bytes()).unwrap();
     }

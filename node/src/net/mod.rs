@@ -69,7 +69,6 @@ use crate::net::wire::NodeMsg;
 /// digests over event ids, compact proposals), so nodes of different versions do not talk.
 pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/metatopia/sim/5");
 /// What identify announces.
-const AGENT: &str = concat!("metatopia/", env!("CARGO_PKG_VERSION"));
 /// How often each connection is pinged, and how long a ping may take before the connection
 /// is taken for dead and closed.
 const PING_EVERY: Duration = Duration::from_secs(2);
@@ -329,6 +328,9 @@ impl Mesh {
             move |p| lock(&member.book).members.contains(p),
             move |p| lock(&numbered.book).by_peer.contains_key(p),
         );
+        // This run's incarnation (see `reach::agent_version`).
+        let since_1970 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let incarnation = u64::try_from(since_1970.as_nanos()).unwrap_or(u64::MAX);
         let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
             .with_tokio()
             .with_tcp(tcp::Config::new().nodelay(true), noise::Config::new, yamux::Config::default)
@@ -341,7 +343,8 @@ impl Mesh {
             .map_err(setup_error)?
             .with_behaviour(|k, relay_client| Behaviour {
                 identify: identify::Behaviour::new(
-                    identify::Config::new("/metatopia/1".into(), k.public()).with_agent_version(AGENT.into()),
+                    identify::Config::new("/metatopia/1".into(), k.public())
+                        .with_agent_version(reach::agent_version(incarnation)),
                 ),
                 // A connection that misses its pings for PING_TIMEOUT is closed (and dialed
                 // again): a dead peer or relay is noticed in seconds, not at an idle timeout.
@@ -734,15 +737,7 @@ async fn drive(
                     }
                 }
                 SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, cause, .. } => {
-                    {
-                        let mut reach = lock(&shared.reach);
-                        if let Some(cs) = reach.conns.get_mut(&peer_id) {
-                            cs.remove(&connection_id);
-                            if cs.is_empty() {
-                                reach.conns.remove(&peer_id);
-                            }
-                        }
-                    }
+                    lock(&shared.reach).closed(&peer_id, connection_id);
                     if num_established == 0 {
                         tracing::debug!(%peer_id, "disconnected: {cause:?}");
                         let freed = lock(&shared.book).release(&peer_id);
@@ -779,8 +774,14 @@ async fn drive(
                     tracing::debug!(%peer, "a connection missed its ping ({e}): closing it");
                     swarm.close_connection(connection);
                 }
-                SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
+                SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, connection_id, info })) => {
                     tracing::debug!(%peer_id, agent = info.agent_version, addrs = ?info.listen_addrs, observed = %info.observed_addr, "identified");
+                    let incarnation = reach::incarnation_of(&info.agent_version);
+                    let stale = incarnation.map(|i| lock(&shared.reach).identified(peer_id, connection_id, i));
+                    for c in stale.unwrap_or_default() {
+                        tracing::info!(%peer_id, "the peer restarted: closing a connection to its run before");
+                        swarm.close_connection(c);
+                    }
                 }
                 SwarmEvent::Behaviour(BehaviourEvent::Autonat(autonat::Event::StatusChanged { old, new })) => {
                     let r = reach::Reachability::of(&new);

@@ -201,6 +201,9 @@ pub(crate) struct Reach {
     pub conns: BTreeMap<PeerId, BTreeMap<ConnectionId, (Path, Option<Multiaddr>)>>,
     /// Direct dials of a listed peer that failed in a row.
     pub failures: BTreeMap<PeerId, u32>,
+    /// Each connected peer's newest incarnation (see [`incarnation_of`]) and the connections
+    /// identified as it.
+    pub incarnations: BTreeMap<PeerId, (u64, BTreeSet<ConnectionId>)>,
     pub hole_punched: u64,
     pub hole_punch_failed: u64,
     pub serving_reservations: BTreeSet<PeerId>,
@@ -242,6 +245,45 @@ impl Reach {
             .collect()
     }
 
+    /// `conn` to `peer` identified itself as `incarnation`: the connections to close because
+    /// they belong to an earlier run of that peer (a node killed and restarted leaves its
+    /// peers' connections to it open, dead, until their pings time out, and their messages go
+    /// there meanwhile), or `conn` itself when it is the earlier one.
+    pub fn identified(&mut self, peer: PeerId, conn: ConnectionId, incarnation: u64) -> Vec<ConnectionId> {
+        let live = self.conns.get(&peer).is_some_and(|cs| cs.contains_key(&conn));
+        if !live {
+            return Vec::new();
+        }
+        let (known, conns) = self.incarnations.entry(peer).or_insert_with(|| (incarnation, BTreeSet::new()));
+        if incarnation < *known {
+            return vec![conn];
+        }
+        if incarnation > *known {
+            *known = incarnation;
+            let stale = std::mem::take(conns);
+            conns.insert(conn);
+            return stale.into_iter().filter(|c| *c != conn).collect();
+        }
+        conns.insert(conn);
+        Vec::new()
+    }
+
+    /// `conn` to `peer` closed.
+    pub fn closed(&mut self, peer: &PeerId, conn: ConnectionId) {
+        if let Some(cs) = self.conns.get_mut(peer) {
+            cs.remove(&conn);
+            if cs.is_empty() {
+                self.conns.remove(peer);
+            }
+        }
+        if let Some((_, cs)) = self.incarnations.get_mut(peer) {
+            cs.remove(&conn);
+            if cs.is_empty() {
+                self.incarnations.remove(peer);
+            }
+        }
+    }
+
     /// The relayed connections to `peer` (closed once a direct one exists).
     pub fn relayed(&self, peer: &PeerId) -> Vec<ConnectionId> {
         self.conns
@@ -250,6 +292,21 @@ impl Reach {
             .unwrap_or_default()
     }
 }
+
+/// The agent version a node announces: its build and its incarnation, the time it started in
+/// nanoseconds since 1970 (a restarted node's is higher, which tells its peers that their
+/// connections to the run before are dead).
+pub fn agent_version(incarnation: u64) -> String {
+    format!("{AGENT} incarnation {incarnation}")
+}
+
+/// The incarnation in a peer's agent version, if it announces one.
+pub fn incarnation_of(agent_version: &str) -> Option<u64> {
+    agent_version.strip_prefix("metatopia/")?.split_once(" incarnation ")?.1.parse().ok()
+}
+
+/// This build's agent name.
+pub const AGENT: &str = concat!("metatopia/", env!("CARGO_PKG_VERSION"));
 
 /// `relay_addr/p2p/RELAY/p2p-circuit[/p2p/PEER]`.
 pub fn circuit(relay_addr: &Multiaddr, relay: PeerId, peer: PeerId) -> Multiaddr {
@@ -271,6 +328,33 @@ pub fn reservation_addr(relay_addr: &Multiaddr, relay: PeerId) -> Multiaddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restarted_peers_new_incarnation_closes_the_connections_to_its_run_before() {
+        assert_eq!(incarnation_of(&agent_version(42)), Some(42));
+        assert_eq!(incarnation_of("metatopia/0.0.9"), None);
+        assert_eq!(incarnation_of("other/1 incarnation 5"), None);
+        let mut r = Reach::default();
+        let p = PeerId::random();
+        let c = ConnectionId::new_unchecked;
+        for i in 1..=4 {
+            r.conns.entry(p).or_default().insert(c(i), (Path::Quic, None));
+        }
+        // Two connections of the first run (a simultaneous dial): both kept.
+        assert!(r.identified(p, c(1), 100).is_empty());
+        assert!(r.identified(p, c(2), 100).is_empty());
+        // The peer was killed and started again: its new connection closes both.
+        assert_eq!(r.identified(p, c(3), 200), vec![c(1), c(2)]);
+        // A late identification of the run before closes only itself.
+        assert_eq!(r.identified(p, c(4), 100), vec![c(4)]);
+        for i in 1..=4 {
+            r.closed(&p, c(i));
+        }
+        assert!(r.conns.is_empty() && r.incarnations.is_empty());
+        // Unknown connections (closed meanwhile) are not recorded.
+        assert!(r.identified(p, c(5), 300).is_empty());
+        assert!(r.incarnations.is_empty());
+    }
 
     #[test]
     fn paths_prefer_direct_and_circuit_addresses_name_the_relay_and_the_peer() {
