@@ -28,6 +28,8 @@ pub trait Disk: Send + Sync + std::fmt::Debug {
     fn read_prefix(&self, path: &Path, n: u64) -> io::Result<Vec<u8>>;
     /// Append `bytes` (creating the file): one write.
     fn append(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Write `bytes` at `offset` of the existing file `path`, in place.
+    fn write_at(&self, path: &Path, offset: u64, bytes: &[u8]) -> io::Result<()>;
     /// Create `path` empty (or empty it).
     fn create(&self, path: &Path) -> io::Result<()>;
     fn truncate(&self, path: &Path, len: u64) -> io::Result<()>;
@@ -58,10 +60,13 @@ fn parent(path: &Path) -> &Path {
 /// Files kept open for appending, at most this many (the log's segment and the journal).
 const OPEN_FILES: usize = 16;
 
-/// The machine's file system. Files appended to stay open (so an append is one `write`).
+/// The machine's file system. Files appended to or written in place stay open (so a write is
+/// one `write` or `pwrite`).
 #[derive(Debug, Default)]
 pub struct OsDisk {
     open: Mutex<BTreeMap<PathBuf, File>>,
+    /// Files written in place (opened without `O_APPEND`, which would append every write).
+    placed: Mutex<BTreeMap<PathBuf, File>>,
 }
 
 impl OsDisk {
@@ -79,6 +84,7 @@ impl OsDisk {
 
     fn forget(&self, path: &Path) {
         self.open.lock().unwrap_or_else(|e| e.into_inner()).remove(path);
+        self.placed.lock().unwrap_or_else(|e| e.into_inner()).remove(path);
     }
 }
 
@@ -105,6 +111,17 @@ impl Disk for OsDisk {
     }
     fn append(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         self.with_file(path, |f| f.write_all(bytes))
+    }
+    fn write_at(&self, path: &Path, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut placed = self.placed.lock().unwrap_or_else(|e| e.into_inner());
+        if !placed.contains_key(path) {
+            if placed.len() >= OPEN_FILES {
+                placed.clear();
+            }
+            placed.insert(path.to_owned(), OpenOptions::new().write(true).open(path)?);
+        }
+        placed.get(path).expect("opened above").write_all_at(bytes, offset)
     }
     fn create(&self, path: &Path) -> io::Result<()> {
         self.forget(path);
@@ -143,6 +160,9 @@ struct Inode {
     data: Vec<u8>,
     durable_len: usize,
     rewritten: Option<Vec<u8>>,
+    /// Written in place since the last sync: a power cut may keep the new bytes up to any point
+    /// and the old ones after it (a torn overwrite).
+    overwritten: bool,
 }
 
 #[derive(Debug, Default)]
@@ -197,6 +217,18 @@ impl SimDisk {
         s.inodes.retain(|id, _| live.contains(id));
         for inode in s.inodes.values_mut() {
             match inode.rewritten.take() {
+                Some(old) if std::mem::take(&mut inode.overwritten) => {
+                    inode.data = match mix(&mut seed) % 3 {
+                        0 => old,
+                        1 => std::mem::take(&mut inode.data),
+                        _ => {
+                            let k = (mix(&mut seed) % (inode.data.len() as u64 + 1)) as usize;
+                            let mut torn = inode.data[..k].to_vec();
+                            torn.extend_from_slice(old.get(k..).unwrap_or_default());
+                            torn
+                        }
+                    };
+                }
                 Some(old) => inode.data = old,
                 None => {
                     // Appended since the last sync: some of it may have reached the platter.
@@ -209,6 +241,7 @@ impl SimDisk {
                     inode.data.truncate(inode.durable_len + keep as usize);
                 }
             }
+            inode.overwritten = false;
             inode.durable_len = inode.data.len();
         }
     }
@@ -325,6 +358,28 @@ impl Disk for SimDisk {
         }
         Ok(())
     }
+    fn write_at(&self, path: &Path, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let mut s = self.lock();
+        s.writable()?;
+        let id = *s.names.get(path).ok_or_else(|| not_found(path))?;
+        let used: u64 = s.inodes.values().map(|i| i.data.len() as u64).sum();
+        let inode = s.inodes.get(&id).expect("named inodes exist");
+        let end = offset as usize + bytes.len();
+        let grows = end.saturating_sub(inode.data.len()) as u64;
+        if s.capacity.is_some_and(|c| used + grows > c) {
+            return Err(io::Error::new(io::ErrorKind::StorageFull, "no space left on device"));
+        }
+        let inode = s.inodes.get_mut(&id).expect("named inodes exist");
+        if (offset as usize) < inode.durable_len && inode.rewritten.is_none() {
+            inode.rewritten = Some(inode.data[..inode.durable_len].to_vec());
+        }
+        inode.overwritten = true;
+        if inode.data.len() < end {
+            inode.data.resize(end, 0);
+        }
+        inode.data[offset as usize..end].copy_from_slice(bytes);
+        Ok(())
+    }
     fn create(&self, path: &Path) -> io::Result<()> {
         let mut s = self.lock();
         s.writable()?;
@@ -347,6 +402,7 @@ impl Disk for SimDisk {
         let id = *s.names.get(path).ok_or_else(|| not_found(path))?;
         let inode = s.inodes.get_mut(&id).expect("named inodes exist");
         inode.rewritten = None;
+        inode.overwritten = false;
         inode.durable_len = inode.data.len();
         s.syncs += 1;
         Ok(())

@@ -1,7 +1,7 @@
 //! The data directory: the node key, the commit log, snapshots and the agreement's journal.
 //!
 //! ```text
-//! <data-dir>/format              the data format this node writes ("4"), written first
+//! <data-dir>/format              the data format this node writes ("7"), written first
 //! <data-dir>/node.key            ed25519 secret key (hex, mode 0600)
 //! <data-dir>/config.toml         the node's config (see `crate::config`)
 //! <data-dir>/genesis.bin         the sim's genesis (see `crate::world::genesis`)
@@ -15,10 +15,11 @@
 //!   state that names it (so after a power cut the journal never runs ahead of the log by more
 //!   than the commits a peer can give back).
 //! - A vote is on stable storage (`fdatasync` of the journal) before it is sent: one sync per
-//!   turn of the node's loop, for all the votes of that turn.
+//!   turn of the node's loop, for all the votes of that turn; the journal is written in place,
+//!   in the slot not holding the newest synced state ([`journal`]).
 //! - A snapshot is written before the log is pruned below it; installing a certified snapshot
 //!   starts a new log segment at its tick ([`log`]).
-//! - Snapshots, keys, the format marker and compacted journals are written to a temporary name,
+//! - Snapshots, keys, the format marker and a journal given larger slots are written to a temporary name,
 //!   synced, renamed, and their directory synced ([`write_atomic`]): a reader sees the old file
 //!   or the new one, whole, also after a power cut.
 
@@ -34,10 +35,12 @@ pub mod durable;
 mod error;
 #[cfg(test)]
 mod faults;
+pub mod journal;
 pub mod log;
 pub use disk::{Disk, OsDisk, SimDisk};
 pub use durable::write_atomic;
-use log::HEADER;
+use journal::JOURNAL;
+pub use journal::StateJournal;
 pub use log::{CommitLog, LogRecord, MAX_RECORD, Recovery, SEGMENT_RECORDS, SYNC_EVERY};
 
 /// A node's data directory, on the machine's disk or a simulated one.
@@ -51,8 +54,10 @@ pub struct DataDir {
 /// another format is refused with a clear error instead of being misread. 2: votes signed under
 /// their epoch's chain digest, node messages with epochs; 3: the `aoi_radius_m` setting and
 /// returned objects in accounts; 4: block digests over the header and the events' ids; 5:
-/// creators' budgets and quotas; 6: a log record names the empty block that opened its tick.
-pub const DATA_FORMAT: u32 = 6;
+/// creators' budgets and quotas; 6: a log record names the empty block that opened its tick; 7:
+/// the agreement's journal in two slots written in place ([`journal`]; a directory of format 6 is
+/// carried over when it is opened).
+pub const DATA_FORMAT: u32 = 7;
 
 impl DataDir {
     /// Open (creating what is missing) the data directory at `root`. A directory holding
@@ -71,6 +76,12 @@ impl DataDir {
         let text = d.read(&marker).map(|b| String::from_utf8_lossy(&b).into_owned());
         match text {
             Ok(text) if text.trim() == DATA_FORMAT.to_string() => {}
+            // Format 6 differs only in the journal's layout: carried over, then marked.
+            Ok(text) if text.trim() == "6" => {
+                journal::upgrade_format_6(&disk, &root.join(JOURNAL))?;
+                d.write_atomic(&marker, format!("{DATA_FORMAT}\n").as_bytes())
+                    .doing(|| format!("writing {}", marker.display()))?;
+            }
             // An empty marker (written before markers were synced, and cut short by a crash) in a
             // directory with nothing else of ours yet: written again below.
             Ok(text) if text.trim().is_empty() && !used => {
@@ -183,9 +194,9 @@ impl DataDir {
     /// The agreement's state as last written: the journal's newest whole record, or (a data
     /// directory from before the journal) the whole of `consensus.state`.
     pub fn read_consensus_state(&self) -> Result<Option<Vec<u8>>> {
-        let (_, newest) = StateJournal::scan(&*self.disk, &self.root.join(JOURNAL))?;
-        if newest.is_some() {
-            return Ok(newest);
+        let found = StateJournal::scan(&*self.disk, &self.root.join(JOURNAL))?;
+        if let Some((_, _, newest)) = found.and_then(|s| s.newest) {
+            return Ok(Some(newest));
         }
         match self.disk.read(&self.root.join("consensus.state")) {
             Ok(b) => Ok(Some(b)),
@@ -195,119 +206,12 @@ impl DataDir {
     }
 }
 
-/// The agreement's journal in the data directory.
-const JOURNAL: &str = "consensus.journal";
-/// The journal is rewritten with its newest record alone once it is this long.
-pub const JOURNAL_MAX: u64 = 4 << 20;
-
-/// The agreement's state, written before every vote leaves (many times a second): appended to
-/// `consensus.journal` as records (length, blake3 checksum, bytes) instead of a file created and
-/// renamed per write; the newest whole record is the state, and a torn tail (a crash mid-write)
-/// is cut off when the journal is opened. Past [`JOURNAL_MAX`] the journal is replaced
-/// (atomically) by one holding the newest record.
-#[derive(Debug)]
-pub struct StateJournal {
-    disk: Arc<dyn Disk>,
-    path: PathBuf,
-    len: u64,
-}
-
-impl StateJournal {
-    /// Open the journal (creating it), cutting off a torn tail.
-    pub fn open(dir: &DataDir) -> Result<StateJournal> {
-        let (disk, path) = (dir.disk.clone(), dir.root.join(JOURNAL));
-        let (good, newest) = StateJournal::scan(&*disk, &path)?;
-        // A data directory from before the journal: its state becomes the first record.
-        let legacy = dir.root.join("consensus.state");
-        if newest.is_none() && disk.exists(&legacy) {
-            let bytes = disk.read(&legacy).doing(|| format!("reading {}", legacy.display()))?;
-            let mut first = Vec::new();
-            let len = u32::try_from(bytes.len())
-                .map_err(|_| StoreError::TooBig { what: "consensus.state", len: bytes.len() })?;
-            push_record(&mut first, &bytes, len);
-            disk.write_atomic(&path, &first).doing(|| format!("writing {}", path.display()))?;
-            disk.remove(&legacy).doing(|| format!("removing {}", legacy.display()))?;
-            return StateJournal::open(dir);
-        }
-        if disk.exists(&path) {
-            if disk.len(&path).doing(|| format!("reading the size of {}", path.display()))? > good {
-                disk.truncate(&path, good)
-                    .and_then(|()| disk.sync(&path))
-                    .doing(|| format!("cutting the torn tail of {}", path.display()))?;
-            }
-        } else {
-            // Created and its name made durable, so a sync of it later keeps what it holds.
-            disk.create(&path)
-                .and_then(|()| disk.sync_dir(&dir.root))
-                .doing(|| format!("creating {}", path.display()))?;
-        }
-        Ok(StateJournal { disk, path, len: good })
-    }
-
-    /// The length of the whole records at the start of the file at `path`, and the newest one.
-    fn scan(disk: &dyn Disk, path: &Path) -> Result<(u64, Option<Vec<u8>>)> {
-        let bytes = match disk.read(path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, None)),
-            Err(e) => return Err(e).doing(|| format!("reading {}", path.display())),
-        };
-        Ok(StateJournal::scan_bytes(&bytes))
-    }
-
-    /// The length of the whole records at the start of `bytes`, and the newest one.
-    pub fn scan_bytes(bytes: &[u8]) -> (u64, Option<Vec<u8>>) {
-        let (mut at, mut newest) = (0usize, None);
-        while let Some(head) = bytes.get(at..at + HEADER) {
-            let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
-            let Some(body) = bytes.get(at + HEADER..at + HEADER + len) else { break };
-            if blake3::hash(body).as_bytes()[..8] != head[4..] {
-                break;
-            }
-            newest = Some(body.to_vec());
-            at += HEADER + len;
-        }
-        (at as u64, newest)
-    }
-
-    /// Append `bytes` as the newest state (compacting first when the journal is long).
-    pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        let len = u32::try_from(bytes.len())
-            .ok()
-            .filter(|l| *l <= MAX_RECORD)
-            .ok_or(StoreError::TooBig { what: "the agreement's state", len: bytes.len() })?;
-        if self.len + (HEADER + bytes.len()) as u64 > JOURNAL_MAX && self.len > 0 {
-            let mut fresh = Vec::with_capacity(HEADER + bytes.len());
-            push_record(&mut fresh, bytes, len);
-            self.disk.write_atomic(&self.path, &fresh).doing(|| format!("writing {}", self.path.display()))?;
-            self.len = fresh.len() as u64;
-        } else {
-            let mut rec = Vec::with_capacity(HEADER + bytes.len());
-            push_record(&mut rec, bytes, len);
-            self.disk.append(&self.path, &rec).doing(|| format!("writing {}", self.path.display()))?;
-            self.len += rec.len() as u64;
-        }
-        Ok(())
-    }
-
-    /// Make the written state durable (`fdatasync`): before the votes it holds are sent.
-    pub fn sync(&mut self) -> Result<()> {
-        self.disk.sync(&self.path).doing(|| format!("syncing {}", self.path.display()))
-    }
-}
-
-fn push_record(out: &mut Vec<u8>, bytes: &[u8], len: u32) {
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&blake3::hash(bytes).as_bytes()[..8]);
-    out.extend_from_slice(bytes);
-}
-
 pub use metatopia_client::keys::{generate as fresh_key, parse as parse_key, read as read_key, write as write_key};
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs::{self, OpenOptions};
-    use std::io::Write;
+    use std::fs;
 
     /// A test's directory, removed when it ends.
     fn tmp(name: &str) -> tempfile::TempDir {
@@ -315,49 +219,7 @@ mod tests {
     }
 
     #[test]
-    fn the_agreement_journal_keeps_the_newest_whole_state_through_torn_tails_and_compaction() {
-        let scratch = tmp("journal");
-        let d = scratch.path();
-        let dir = DataDir::open(d).unwrap();
-        assert_eq!(dir.read_consensus_state().unwrap(), None);
-        let mut j = StateJournal::open(&dir).unwrap();
-        let state = |i: u32| -> Vec<u8> { (0..1_000 + i).map(|b| (b ^ i) as u8).collect() };
-        for i in 0..50 {
-            j.write(&state(i)).unwrap();
-        }
-        assert_eq!(dir.read_consensus_state().unwrap(), Some(state(49)));
-        // A crash in the middle of the next write: the tail is cut off, the state before it stays.
-        drop(j);
-        let path = d.join(JOURNAL);
-        let whole = fs::metadata(&path).unwrap().len();
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        let mut torn = Vec::new();
-        push_record(&mut torn, &state(50), 1_050);
-        f.write_all(&torn[..torn.len() / 2]).unwrap();
-        drop(f);
-        assert_eq!(dir.read_consensus_state().unwrap(), Some(state(49)));
-        let mut j = StateJournal::open(&dir).unwrap();
-        assert_eq!(fs::metadata(&path).unwrap().len(), whole, "the torn tail is cut off");
-        j.write(&state(51)).unwrap();
-        assert_eq!(dir.read_consensus_state().unwrap(), Some(state(51)));
-        // A flipped byte in the newest record: the one before it is the state.
-        let mut bytes = fs::read(&path).unwrap();
-        let n = bytes.len();
-        bytes[n - 3] ^= 0xff;
-        fs::write(&path, &bytes).unwrap();
-        assert_eq!(dir.read_consensus_state().unwrap(), Some(state(49)));
-        // Long journals are replaced by their newest record.
-        let mut j = StateJournal::open(&dir).unwrap();
-        let big = vec![7u8; 300_000];
-        for _ in 0..40 {
-            j.write(&big).unwrap();
-        }
-        assert!(fs::metadata(&path).unwrap().len() <= JOURNAL_MAX, "compacted");
-        assert_eq!(dir.read_consensus_state().unwrap(), Some(big));
-    }
-
-    #[test]
-    fn a_consensus_state_from_before_the_journal_becomes_its_first_record() {
+    fn a_consensus_state_from_before_the_journal_becomes_its_first_state() {
         let scratch = tmp("legacy");
         let d = scratch.path();
         let dir = DataDir::open(d).unwrap();
@@ -412,6 +274,29 @@ mod tests {
         std::fs::remove_file(root.join("consensus.state")).unwrap();
         DataDir::open(root).unwrap();
         assert_eq!(std::fs::read_to_string(root.join("format")).unwrap().trim(), DATA_FORMAT.to_string());
+    }
+
+    #[test]
+    fn a_directory_of_format_6_is_carried_over_with_its_votes() {
+        let scratch = tmp("format6");
+        let root = scratch.path();
+        DataDir::open(root).unwrap();
+        std::fs::write(root.join("format"), "6\n").unwrap();
+        // A format-6 journal: records appended (length, blake3 check, bytes).
+        let mut old = Vec::new();
+        for body in [&b"older votes"[..], b"newest votes"] {
+            old.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            old.extend_from_slice(&blake3::hash(body).as_bytes()[..8]);
+            old.extend_from_slice(body);
+        }
+        std::fs::write(root.join(JOURNAL), &old).unwrap();
+        let dir = DataDir::open(root).unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("format")).unwrap().trim(), DATA_FORMAT.to_string());
+        assert_eq!(dir.read_consensus_state().unwrap().as_deref(), Some(&b"newest votes"[..]));
+        let mut j = StateJournal::open(&dir).unwrap();
+        j.write(b"later votes").unwrap();
+        j.sync().unwrap();
+        assert_eq!(DataDir::open(root).unwrap().read_consensus_state().unwrap().as_deref(), Some(&b"later votes"[..]));
     }
 
     #[test]
