@@ -20,8 +20,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::disk::Disk;
 use super::error::{Doing, Result, StoreError};
-use super::{DataDir, Disk, MAX_RECORD};
+use super::log::MAX_RECORD;
 
 /// The journal's name in the data directory.
 pub(super) const JOURNAL: &str = "consensus.journal";
@@ -52,10 +53,10 @@ pub struct Slots {
 }
 
 impl StateJournal {
-    /// Open the journal of `dir` (creating it). A data directory from before the journal: its
-    /// `consensus.state` becomes the first state.
-    pub fn open(dir: &DataDir) -> Result<StateJournal> {
-        let (disk, path) = (dir.disk.clone(), dir.root.join(JOURNAL));
+    /// Open the journal of the data directory at `root` on `disk` (creating it). A data
+    /// directory from before the journal: its `consensus.state` becomes the first state.
+    pub(super) fn open_at(disk: Arc<dyn Disk>, root: &Path) -> Result<StateJournal> {
+        let path = root.join(JOURNAL);
         let found = StateJournal::scan(&*disk, &path)?;
         let mut j = StateJournal { disk, path, slot: MIN_SLOT, seq: 0, durable: 1, pending: None };
         match found {
@@ -67,7 +68,7 @@ impl StateJournal {
             }
             None => j.replace(&[], 0, MIN_SLOT)?,
         }
-        let legacy = dir.root.join("consensus.state");
+        let legacy = root.join("consensus.state");
         if j.seq == 0 && j.disk.exists(&legacy) {
             let bytes = j.disk.read(&legacy).doing(|| format!("reading {}", legacy.display()))?;
             j.write(&bytes)?;
@@ -217,7 +218,7 @@ pub(super) fn upgrade_format_6(disk: &Arc<dyn Disk>, path: &Path) -> Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::SimDisk;
+    use crate::store::{DataDir, SimDisk};
 
     fn state(i: u32) -> Vec<u8> {
         (0..1_000 + i).map(|b| (b ^ i) as u8).collect()

@@ -206,6 +206,13 @@ impl DataDir {
     }
 }
 
+impl StateJournal {
+    /// Open the journal of `dir` (creating it; see [`journal`]).
+    pub fn open(dir: &DataDir) -> Result<StateJournal> {
+        StateJournal::open_at(dir.disk.clone(), &dir.root)
+    }
+}
+
 pub use metatopia_client::keys::{generate as fresh_key, parse as parse_key, read as read_key, write as write_key};
 
 #[cfg(test)]
