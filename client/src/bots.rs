@@ -66,7 +66,15 @@ pub struct BotReport {
     pub failovers: AtomicU64,
     /// Times a bot's avatar crossed into another sim (and the bot followed it there).
     pub crossings: AtomicU64,
+    /// Bots that ran to the end and received a delta in their last [`FRESH_AT_END`].
+    pub fresh_at_end: AtomicU64,
+    /// Bots that ran to the end without a delta in their last [`FRESH_AT_END`] (starved).
+    pub stale_at_end: AtomicU64,
 }
+
+/// How recent a bot's last delta must be, when its run ends, for it to count as still
+/// receiving deltas.
+pub const FRESH_AT_END: Duration = Duration::from_secs(5);
 
 impl BotReport {
     pub fn get(a: &AtomicU64) -> u64 {
@@ -187,6 +195,7 @@ async fn bot(
     let mut next_walk = Instant::now();
     let mut next_chat = Instant::now() + jitter(&mut rng, plan.chat_every);
     let (mut last_tick, mut bytes_before) = (None::<metatopia_sim::Tick>, 0u64);
+    let mut last_delta_at = None::<Instant>;
     let mut failovers = 0;
     while Instant::now() < stop_at {
         let now = Instant::now();
@@ -254,6 +263,7 @@ async fn bot(
         match m {
             ServerMsg::Tick { tick, .. } => {
                 report.ticks.fetch_add(1, Ordering::Relaxed);
+                last_delta_at = Some(Instant::now());
                 if let Some(t) = last_tick {
                     // Deltas come every `stride` ticks (the client asks for at most
                     // CLIENT_MAX_HZ); a longer gap is ticks this bot missed.
@@ -278,6 +288,8 @@ async fn bot(
             _ => {}
         }
     }
+    let fresh = last_delta_at.is_some_and(|at| at.elapsed() <= FRESH_AT_END);
+    (if fresh { &report.fresh_at_end } else { &report.stale_at_end }).fetch_add(1, Ordering::Relaxed);
     // Leave the sim tidy: stop walking, log out.
     let _ = c.submit(Payload::Move { object: avatar, velocity: Vec2::ZERO }).await;
     let _ = c.submit(Payload::Logout).await;

@@ -35,7 +35,9 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::api::http::{Query, Service, parse_hash};
-pub use crate::api::hub::{AoiIndex, Feed, Hub, MAX_MOVED, SUBMITS_PER_SECOND, key_of};
+pub use crate::api::hub::{
+    AoiIndex, Feed, Hub, MAX_AREA_OBJECTS, MAX_MOVED, REPLAY_LINES, REPLAY_TICKS, SUBMITS_PER_SECOND, key_of,
+};
 use crate::core::MAX_EVENT_BYTES;
 
 /// A session's transport: it yields client messages (or the reason a frame was not one) and
@@ -107,15 +109,20 @@ pub enum GatewayError {
     Listen(#[from] std::io::Error),
 }
 
-/// Serve QUIC clients on `addr` (UDP) until the returned endpoint is closed.
+/// Serve QUIC clients on `addr` (UDP) until the returned endpoint is closed, on the runtime `rt`
+/// (the endpoint's driver and every session: the node's client runtime).
 pub fn serve_quic(
+    rt: &tokio::runtime::Handle,
     addr: SocketAddr,
     key: &metatopia_sim::SigningKey,
     service: Service,
 ) -> Result<(quinn::Endpoint, tokio::task::JoinHandle<()>), GatewayError> {
-    let endpoint = metatopia_client::quic::endpoint(addr, Some(metatopia_client::quic::server_config(key)?))?;
+    let endpoint = {
+        let _in = rt.enter();
+        metatopia_client::quic::endpoint(addr, Some(metatopia_client::quic::server_config(key)?))?
+    };
     let ep = endpoint.clone();
-    let task = tokio::spawn(async move {
+    let task = rt.spawn(async move {
         while let Some(incoming) = ep.accept().await {
             let s = service.clone();
             tokio::spawn(async move {
@@ -229,7 +236,7 @@ impl View {
             Some(account) => match index.avatar_at(account) {
                 Some(at) => {
                     let r = self.radius_m.unwrap_or(index.radius_m).clamp(1, 4096);
-                    index.within(at, r, &mut self.in_area);
+                    index.nearest(at, r, MAX_AREA_OBJECTS, &mut self.in_area);
                 }
                 None => self.in_area.clear(),
             },
@@ -356,13 +363,14 @@ async fn full_state<T: Transport>(t: &mut T, s: &Service, hub: &Hub, view: &mut 
     if !t.send(&m).await {
         return false;
     }
-    let lines = ask(s, |tx| Query::Chat(tick.saturating_sub(600), tx)).await.unwrap_or_default();
-    let lines: Vec<ChatView> = {
+    // The recent lines its avatar hears, from the hub (the loop is not asked: a crowd's logins
+    // would each have it copy every line it keeps).
+    let lines = {
         let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
-        lines.into_iter().filter(|l| view.hears(l, &index)).collect()
+        hub.replay(tick.saturating_sub(REPLAY_TICKS), REPLAY_LINES, |l| view.hears(l, &index))
     };
     for line in lines {
-        if !t.send(&ServerMsg::Chat(line)).await {
+        if !t.send(&ServerMsg::Chat((*line).clone())).await {
             return false;
         }
     }
@@ -491,7 +499,7 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                         if !heard {
                             continue;
                         }
-                        ServerMsg::Chat(c)
+                        ServerMsg::Chat((*c).clone())
                     }
                     Ok(Feed::Status(st)) => ServerMsg::Status(st),
                     Ok(Feed::Moved { account, sim }) => {
@@ -576,6 +584,30 @@ mod tests {
             body: "static".into(),
             surface: String::new(),
         }
+    }
+
+    /// In a crowd the area is the nearest objects, in key order, ties to the smaller key.
+    #[test]
+    fn an_area_in_a_crowd_is_its_nearest_objects() {
+        let mut index = AoiIndex::default();
+        let views = (0..40).map(|i| {
+            // Forty objects on a line from x = 100 (every other one at the same distance on the
+            // other side of the centre, x = 120).
+            let x = if i % 2 == 0 { 120 + i / 2 } else { 120 - (i + 1) / 2 };
+            obj(&format!("{i}v0"), "cc", false, x, 50)
+        });
+        index.update(Tick(1), views);
+        let mut out = Vec::new();
+        index.nearest([120, 50], 100, 5, &mut out);
+        let key = |i: u64| i << 32;
+        // Distance 0: object 0; 1: objects 1 and 2; 2: objects 3 and 4.
+        assert_eq!(out, [0, 1, 2, 3, 4].map(key));
+        index.nearest([120, 50], 100, 4, &mut out);
+        assert_eq!(out, [0, 1, 2, 3].map(key), "a tie goes to the smaller key");
+        index.nearest([120, 50], 100, 100, &mut out);
+        assert_eq!(out.len(), 40, "fewer than the most: all within the radius");
+        index.nearest([120, 50], 3, 100, &mut out);
+        assert_eq!(out, [0, 1, 2, 3, 4, 5, 6].map(key), "and never one beyond it");
     }
 
     /// The index keeps its objects by slot: a slot's next object (a new generation) takes the
@@ -820,11 +852,11 @@ mod tests {
         let me = "aa".repeat(32);
         let hub = std::sync::Arc::new(Hub::new(1, Vec::new()));
         let (_status_tx, status) =
-            tokio::sync::watch::channel(proto::Status { tick: Tick(40), ..proto::Status::default() });
+            tokio::sync::watch::channel(proto::Status { tick: Tick(700), ..proto::Status::default() });
         let (queries, mut asked) = mpsc::channel(8);
         let s = Service { status, queries, metrics: None, started: Instant::now(), hub: Some(hub.clone()) };
         let line = ChatView {
-            tick: Tick(39),
+            tick: Tick(699),
             name: "bob".into(),
             channel: 0,
             text: "still here".into(),
@@ -832,15 +864,21 @@ mod tests {
             range_m: 20,
             to: None,
         };
-        // The node's loop: it answers what was said, and refills the index at its next tick.
-        let (said, looped) = (line.clone(), hub.clone());
-        tokio::spawn(async move {
-            while let Some(q) = asked.recv().await {
-                if let Query::Chat(_, tx) = q {
-                    let _ = tx.send(vec![said.clone()]);
-                }
-            }
-        });
+        // The node's loop: the line was said while nobody listened (and so was one too long
+        // ago, and one meant for another account alone); it refills the index at its next tick.
+        let looped = hub.clone();
+        hub.said(std::sync::Arc::new(ChatView {
+            tick: Tick(700 - REPLAY_TICKS - 1),
+            text: "too long ago".into(),
+            ..line.clone()
+        }));
+        hub.said(std::sync::Arc::new(line.clone()));
+        hub.said(std::sync::Arc::new(ChatView {
+            text: "for bb only".into(),
+            to: Some("bb".repeat(32)),
+            ..line.clone()
+        }));
+        tokio::spawn(async move { while asked.recv().await.is_some() {} });
         let (to_session, from_test) = mpsc::channel(8);
         let (to_test, mut answers) = mpsc::channel(64);
         tokio::spawn(session(Pipe(from_test, to_test), s, View::nothing()));
@@ -856,14 +894,17 @@ mod tests {
         {
             let mut index = looped.index.write().unwrap();
             index.radius_m = 30;
-            index.update(Tick(41), vec![obj("0v0", &me, true, 100, 100), obj("1v0", "bb", true, 101, 100)].into_iter());
+            index
+                .update(Tick(701), vec![obj("0v0", &me, true, 100, 100), obj("1v0", "bb", true, 101, 100)].into_iter());
         }
-        looped.publish_tick(Tick(41));
+        looped.publish_tick(Tick(701));
         let mut heard = Vec::new();
-        while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(5), answers.recv()).await {
+        // Five seconds for the first line, then half a second for any other.
+        let mut wait = Duration::from_secs(5);
+        while let Ok(Some(m)) = tokio::time::timeout(wait, answers.recv()).await {
             if let ServerMsg::Chat(c) = m {
                 heard.push(c.text);
-                break;
+                wait = Duration::from_millis(500);
             }
         }
         assert_eq!(heard, ["still here"], "the line said while the client failed over");

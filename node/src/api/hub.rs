@@ -25,7 +25,8 @@ const CELL_M: i64 = 16;
 /// [`Hub::ticks`]).
 #[derive(Clone, Debug)]
 pub enum Feed {
-    Chat(ChatView),
+    /// A line, shared: a session copies it only when its client hears it.
+    Chat(std::sync::Arc<ChatView>),
     Status(Box<proto::Status>),
     /// The sim's admin kicked or banned this account: its sessions are closed.
     Removed {
@@ -40,8 +41,24 @@ pub enum Feed {
     },
 }
 
+/// The most objects a client's area of interest holds: the nearest ones within its radius. In
+/// a crowd (a thousand avatars on one square) every client would otherwise be sent, and kept up
+/// to date on, the whole crowd: a login's first area alone a few hundred kilobytes.
+pub const MAX_AREA_OBJECTS: usize = 256;
+
 /// Lines and notices a session may be behind by before it misses some.
 pub const FEED: usize = 1024;
+
+/// Recent lines the hub keeps for sessions that start (a login, a failover): about ten
+/// seconds of a crowd's chat.
+pub const RECENT_CHAT: usize = 1024;
+
+/// Lines a starting session replays at most (the newest it hears, of the last
+/// [`REPLAY_TICKS`]): a viewer's scrollback, not a crowd's whole minute.
+pub const REPLAY_LINES: usize = 64;
+
+/// How far back, in ticks, a starting session's replay reaches.
+pub const REPLAY_TICKS: u64 = 600;
 
 /// Crossed avatars remembered for `Route`.
 pub const MAX_MOVED: usize = 65_536;
@@ -65,6 +82,9 @@ pub struct Hub {
     /// crossing; beyond [`MAX_MOVED`] accounts one is forgotten to make room): where `Route`
     /// sends their clients.
     pub moved: RwLock<BTreeMap<String, u32>>,
+    /// The newest lines said in the sim (at most [`RECENT_CHAT`], kept whether anyone listens
+    /// or not): what a starting session replays, read without asking the loop.
+    recent: std::sync::Mutex<std::collections::VecDeque<std::sync::Arc<ChatView>>>,
     /// Sessions waiting for the outcome of an event they submitted (resolved by the loop after
     /// every executed tick: pushed, not polled).
     waiters: std::sync::Mutex<BTreeMap<metatopia_sim::EventId, Vec<oneshot::Sender<proto::Outcome>>>>,
@@ -81,6 +101,7 @@ impl Hub {
             clients: AtomicU32::new(0),
             sims: RwLock::new(BTreeMap::new()),
             moved: RwLock::new(BTreeMap::new()),
+            recent: std::sync::Mutex::new(std::collections::VecDeque::new()),
             waiters: std::sync::Mutex::new(BTreeMap::new()),
         }
     }
@@ -139,6 +160,31 @@ impl Hub {
 
     pub fn publish(&self, f: Feed) {
         let _ = self.feed.send(f);
+    }
+
+    /// A line was said (the loop calls it for every line, listened to or not); the oldest kept
+    /// is forgotten beyond [`RECENT_CHAT`].
+    pub fn said(&self, line: std::sync::Arc<ChatView>) {
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if recent.len() >= RECENT_CHAT {
+            recent.pop_front();
+        }
+        recent.push_back(line);
+    }
+
+    /// The newest public lines since `since` that `hears` accepts, at most `max`, oldest first.
+    pub fn replay(&self, since: Tick, max: usize, hears: impl Fn(&ChatView) -> bool) -> Vec<std::sync::Arc<ChatView>> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lines: Vec<_> = recent
+            .iter()
+            .rev()
+            .take_while(|l| l.tick >= since)
+            .filter(|l| l.to.is_none() && hears(l))
+            .take(max)
+            .cloned()
+            .collect();
+        lines.reverse();
+        lines
     }
 
     /// The index is at `tick` now: sessions make their deltas.
@@ -610,6 +656,30 @@ impl AoiIndex {
         out.sort_unstable();
     }
 
+    /// The `max` objects nearest `center` within `radius` metres, into `out` (cleared first) in
+    /// key order; at equal distances the smaller key is nearer. A crowd's dense middle costs
+    /// each of its clients `max` objects, not the crowd.
+    pub fn nearest(&self, center: [i64; 2], radius: u32, max: usize, out: &mut Vec<u64>) {
+        self.within(center, radius, out);
+        if out.len() <= max {
+            return;
+        }
+        let distance = |k: u64| {
+            self.objects.get(k).map_or(i128::MAX, |e| {
+                let (dx, dy) = (i128::from(e.at[0] - center[0]), i128::from(e.at[1] - center[1]));
+                dx * dx + dy * dy
+            })
+        };
+        let mut by_distance: Vec<(i128, u64)> = out.iter().map(|k| (distance(*k), *k)).collect();
+        if max > 0 {
+            by_distance.select_nth_unstable(max - 1);
+        }
+        by_distance.truncate(max);
+        out.clear();
+        out.extend(by_distance.into_iter().map(|(_, k)| k));
+        out.sort_unstable();
+    }
+
     /// Every object, into `out` (cleared first) in key order.
     pub fn all(&self, out: &mut Vec<u64>) {
         out.clear();
@@ -625,6 +695,35 @@ mod tests {
     use metatopia_sim::kinematic::KinematicPhysics;
     use metatopia_sim::rules::RuleHost;
     use metatopia_sim::{Hash32, Sim, VerifiedBatch};
+
+    /// A starting session replays the newest lines it hears, at most `max`, oldest first,
+    /// from the hub's ring, which keeps [`RECENT_CHAT`] lines at most.
+    #[test]
+    fn the_replay_is_the_newest_lines_heard_oldest_first_and_the_ring_is_bounded() {
+        let hub = Hub::new(1, Vec::new());
+        let line = |tick: u64, text: String| {
+            std::sync::Arc::new(ChatView {
+                tick: Tick(tick),
+                name: "bob".into(),
+                channel: 0,
+                text,
+                position: [0, 0],
+                range_m: 20,
+                to: None,
+            })
+        };
+        for t in 0..(RECENT_CHAT as u64 + 500) {
+            hub.said(line(t, format!("{t}")));
+        }
+        assert_eq!(hub.recent.lock().unwrap().len(), RECENT_CHAT);
+        let texts = |v: Vec<std::sync::Arc<ChatView>>| v.iter().map(|l| l.text.clone()).collect::<Vec<_>>();
+        let even = |l: &ChatView| l.text.parse::<u64>().unwrap() % 2 == 0;
+        let newest = RECENT_CHAT as u64 + 499;
+        assert_eq!(texts(hub.replay(Tick(0), 3, even)), [newest - 5, newest - 3, newest - 1].map(|t| t.to_string()));
+        assert_eq!(texts(hub.replay(Tick(newest - 1), 64, |_| true)), [newest - 1, newest].map(|t| t.to_string()));
+        // Beyond the ring's bound the oldest lines are gone.
+        assert_eq!(hub.replay(Tick(0), usize::MAX, |_| true).len(), RECENT_CHAT);
+    }
 
     /// Walking the world and comparing plain values gives the index (and the changes) that
     /// building every object's view gives, tick after tick, with objects moving, recoloured,

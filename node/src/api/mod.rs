@@ -23,14 +23,21 @@ pub fn router(service: Service) -> Router {
         .with_state(service)
 }
 
-/// Serve until `stop` resolves.
-pub async fn serve(
+/// Serve until `stop` resolves, on the runtime `rt` (the node's client runtime: its connections
+/// never share threads with the agreement's mesh).
+pub fn serve(
+    rt: &tokio::runtime::Handle,
     addr: SocketAddr,
     service: Service,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
+    let listener = {
+        let _in = rt.enter();
+        tokio::net::TcpListener::from_std(listener)?
+    };
     let app = router(service);
     // Small messages (a viewer's pong, a tick's delta) go out at once, not held for the
     // client's acknowledgement of the previous one (Nagle's algorithm): on a long path that
@@ -40,7 +47,7 @@ pub async fn serve(
             tracing::debug!("TCP_NODELAY on a client's connection: {e}");
         }
     });
-    let task = tokio::spawn(async move {
+    let task = rt.spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
             tracing::error!(error = %e, "the HTTP service stopped");
         }

@@ -135,9 +135,12 @@ pub fn bot(args: BotArgs) -> anyhow::Result<()> {
         task.await?;
         let secs = started.elapsed().as_secs_f64().max(1e-3);
         println!(
-            "done: {} bots logged in of {}; {} ticks received, {} missed; {:.2} KB/s per bot on average; {} events executed, {} refused",
+            "done: {} bots logged in of {}; {} received deltas to the end, {} had none in their last {} s; {} ticks received, {} missed; {:.2} KB/s per bot on average; {} events executed, {} refused",
             g(&report.logged_in),
             args.count,
+            g(&report.fresh_at_end),
+            g(&report.stale_at_end),
+            metatopia_client::bots::FRESH_AT_END.as_secs(),
             g(&report.ticks),
             g(&report.missed_ticks),
             g(&report.bytes) as f64 / 1024.0 / secs / g(&report.logged_in).max(1) as f64,

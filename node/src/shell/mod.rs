@@ -5,6 +5,7 @@
 mod locate;
 pub mod persist;
 pub mod setup;
+pub mod threads;
 pub mod timing;
 pub mod watch;
 
@@ -65,20 +66,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         if i > 0 {
             (a.listen, a.quic, a.http, a.join, a.bots) = (None, None, None, None, None);
         }
-        let ctx = Shared { prometheus: prometheus.clone(), stop: stop_rx.clone(), several };
+        let (prometheus, stop) = (prometheus.clone(), stop_rx.clone());
         let done = done_tx.clone();
         let thread = std::thread::Builder::new()
             .name(format!("node-{i}"))
             .spawn(move || {
                 // A panic is this node's error too: the others are told to stop.
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    tokio::runtime::Builder::new_multi_thread()
+                    let clients = threads::client_runtime(i)?;
+                    let ctx = Shared { prometheus, stop, several, clients: clients.handle().clone() };
+                    let result = tokio::runtime::Builder::new_multi_thread()
                         .worker_threads(2)
                         .thread_name(format!("node-{i}-worker"))
                         .enable_all()
                         .build()
                         .map_err(anyhow::Error::from)
-                        .and_then(|rt| rt.block_on(node(a, ctx)))
+                        .and_then(|rt| rt.block_on(node(a, ctx)));
+                    // Sessions still open are cut (their clients move to another node).
+                    clients.shutdown_timeout(Duration::from_secs(1));
+                    result
                 }))
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("its thread panicked (the message is above)")));
                 let _ = done.send((i, result));
@@ -134,6 +140,8 @@ struct Shared {
     stop: tokio::sync::watch::Receiver<Option<&'static str>>,
     /// Whether the process runs several nodes (each line then says whose it is).
     several: bool,
+    /// The runtime the node's client service runs on ([`threads::client_runtime`]).
+    clients: tokio::runtime::Handle,
 }
 
 pub(crate) type Core = NodeCore<Epochs, TimedHost<RhaiHost>, TimedPhysics<AnyPhysics>>;
@@ -169,7 +177,7 @@ impl Meter {
 }
 
 async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
-    let Shared { prometheus, mut stop, several } = shared;
+    let Shared { prometheus, mut stop, several, clients } = shared;
     let dir = DataDir::open(&args.dir.data_dir)?;
     let existing = if dir.config_path().exists() { Some(NodeConfig::load(&dir.config_path())?) } else { None };
     // A node with no sim yet (no config, or `init`'s alone) joins one through --join.
@@ -432,13 +440,12 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
         hub: Some(hub.clone()),
     };
     let http_addr = args.http.unwrap_or_else(|| cfg.http_addr());
-    let (http_bound, http_task) = crate::api::serve(http_addr, service.clone(), async move {
+    let (http_bound, http_task) = crate::api::serve(&clients, http_addr, service.clone(), async move {
         let _ = http_stopped.await;
     })
-    .await
     .with_context(|| format!("serving HTTP on {http_addr} (set `http` in the config or --http)"))?;
     println!("{tag}http on http://{http_bound} (/healthz /readyz /metrics /v1/status)");
-    let (quic, quic_task) = crate::api::gateway::serve_quic(cfg.listen, &key, service.clone())
+    let (quic, quic_task) = crate::api::gateway::serve_quic(&clients, cfg.listen, &key, service.clone())
         .with_context(|| format!("serving clients over QUIC on udp {}", cfg.listen))?;
     println!(
         "{tag}clients: QUIC on udp {} (join address {}@{}/{})",
@@ -652,12 +659,14 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             range_m: l.range.metres().floor_int() as u32,
                             to: l.to.map(|a| a.to_string()),
                         };
+                        let shared = std::sync::Arc::new(line.clone());
                         if hub.listened() {
-                            said.push_back(line.clone());
+                            said.push_back(shared.clone());
                             if said.len() > 1024 {
                                 said.pop_front();
                             }
                         }
+                        hub.said(shared);
                         chat.push_back(line);
                         if chat.len() > 1024 {
                             chat.pop_front();
