@@ -73,7 +73,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             .spawn(move || {
                 // A panic is this node's error too: the others are told to stop.
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let clients = threads::client_runtime(i)?;
+                    let clients = threads::client_runtime(i, a.client_nice)?;
                     let ctx = Shared { prometheus, stop, several, clients: clients.handle().clone() };
                     let result = tokio::runtime::Builder::new_multi_thread()
                         .worker_threads(2)

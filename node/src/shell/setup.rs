@@ -68,6 +68,12 @@ pub struct RunArgs {
     /// Bots' signed events per tick, instead of the config's `bots.events_per_tick`.
     #[arg(long, env = "METATOPIA_BOTS")]
     pub bots: Option<u32>,
+    /// Run the client service's threads (HTTP, the WebSocket and QUIC sessions) N nice steps
+    /// below the node's own: on a machine short of cores a vote or a block then waits less behind
+    /// a crowd's deltas, and clients get what the agreement leaves. 0: the same priority.
+    #[arg(long, env = "METATOPIA_CLIENT_NICE", value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub client_nice: i32,
     /// Threads for a tick's parallel stages, instead of the config's `sim_workers` (default:
     /// one per core, at most 8); for every directory of the process.
     #[arg(long, env = "METATOPIA_SIM_WORKERS", value_parser = clap::value_parser!(u32).range(1..=64))]

@@ -1,19 +1,15 @@
-//! The threads of a node besides its loop: the client service's runtime, at a lower priority.
+//! The threads of a node besides its loop: the client service's runtime, at a chosen priority.
 
 use anyhow::Context;
 
-/// How much lower than the node's own threads (its loop: agreement and execution; its mesh) the
-/// threads serving clients run, in `nice` steps: on a machine short of cores a vote or a block
-/// waits less behind a crowd's deltas (at 5, the scheduler gives the loop about three quarters
-/// of a core the two contend for). With 1,000 clients on four nodes sharing two cores, nice 5
-/// halved the agreement's commit latency and kept the logins; at 10 the sessions starved and a
-/// tenth of the logins timed out (`docs/benchmarks.md`).
-pub const CLIENT_THREADS_NICE: i32 = 5;
-
 /// The runtime of node `i`'s client service (the HTTP API, the WebSocket and QUIC gateways,
-/// every session's deltas): its own threads, at [`CLIENT_THREADS_NICE`], so that the client
-/// fan-out never shares a run queue with the mesh's tasks nor a core on equal terms with the loop.
-pub(crate) fn client_runtime(i: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+/// every session's deltas): its own threads, so that the client fan-out never shares a tokio run
+/// queue with the mesh's tasks, at `nice` steps below the node's thread (`run --client-nice`).
+/// With 1,000 clients on four nodes sharing two cores, 5 steps cut the agreement's commit
+/// latency by a third with the bots inside the devnet's process, and starved a fifth of the
+/// sessions with the bots in a process of their own (`docs/benchmarks.md`): a choice for the
+/// operator, 0 by default.
+pub(crate) fn client_runtime(i: usize, nice: i32) -> anyhow::Result<tokio::runtime::Runtime> {
     // The caller's priority (the node's thread) is the base: a thread the runtime starts from
     // one of its own (a blocking task's) inherits the lowered one and is set to the same.
     let node = rustix::process::getpriority_process(None).unwrap_or(0);
@@ -22,7 +18,9 @@ pub(crate) fn client_runtime(i: usize) -> anyhow::Result<tokio::runtime::Runtime
         .thread_name(format!("node-{i}-clients"))
         .on_thread_start(move || {
             // Linux keeps a nice value per thread; raising it needs no privilege.
-            if let Err(e) = rustix::process::setpriority_process(None, node + CLIENT_THREADS_NICE) {
+            if nice > 0
+                && let Err(e) = rustix::process::setpriority_process(None, node + nice)
+            {
                 tracing::debug!("lowering a client thread's priority: {e}");
             }
         })
@@ -38,14 +36,14 @@ mod tests {
     #[test]
     fn the_client_services_threads_run_at_a_lower_priority_than_the_node() {
         let own = rustix::process::getpriority_process(None).unwrap();
-        let rt = client_runtime(0).unwrap();
+        let rt = client_runtime(0, 5).unwrap();
         let nice = || rustix::process::getpriority_process(None).unwrap();
         let (worker, blocking) = rt.block_on(async move {
             let worker = tokio::spawn(async move { nice() }).await.unwrap();
             (worker, tokio::task::spawn_blocking(nice).await.unwrap())
         });
         // Nice values stop at 19.
-        let lowered = (own + CLIENT_THREADS_NICE).min(19);
+        let lowered = (own + 5).min(19);
         assert_eq!(worker, lowered, "the node's thread is at {own}");
         assert_eq!(blocking, lowered, "a blocking task's thread, started by a worker");
         assert_eq!(rustix::process::getpriority_process(None).unwrap(), own, "the caller's own priority is untouched");
