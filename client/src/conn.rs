@@ -487,23 +487,31 @@ impl Client {
         m: ClientMsg,
         is_answer: impl Fn(&ServerMsg) -> bool,
     ) -> Result<ServerMsg, ClientError> {
-        self.send(m).await?;
+        self.send(m.clone()).await?;
         let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+        // A busy node is asked again after a pause that doubles, until the answer's deadline.
+        let mut pause = Duration::from_millis(100);
         loop {
             let link = self.link.as_mut().ok_or(ClientError::NotConnected)?;
             let node = || link.0.node.to_string();
-            let m = tokio::time::timeout_at(deadline, link.0.rx.recv())
+            let got = tokio::time::timeout_at(deadline, link.0.rx.recv())
                 .await
                 .map_err(|_| ClientError::NoAnswer { node: node(), wait: ANSWER_WAIT })?
                 .ok_or_else(|| ClientError::Closed { node: node() })?;
-            if is_answer(&m) {
-                return Ok(m);
+            if is_answer(&got) {
+                return Ok(got);
             }
-            if let ServerMsg::Error { r#ref: None, message } = &m {
+            if let ServerMsg::Error { r#ref: None, message } = &got {
+                if message == crate::proto::BUSY && tokio::time::Instant::now() + pause < deadline {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                    self.send(m.clone()).await?;
+                    continue;
+                }
                 return Err(ClientError::Node { node: link.0.node.to_string(), message: message.clone() });
             }
-            self.view.apply(&m);
-            self.pending.push_back(m);
+            self.view.apply(&got);
+            self.pending.push_back(got);
         }
     }
 

@@ -19,6 +19,9 @@ use serde::{Deserialize, Serialize};
 
 /// The QUIC application protocol name (ALPN).
 pub const ALPN: &[u8] = b"metatopia/2";
+/// What a node answers a question (an account, an object, the governance, a submission) its
+/// loop could not answer in time: busy for now, not "there is none". Clients ask again.
+pub const BUSY: &str = "the node is busy: ask again";
 /// The largest frame a node accepts from a client (a signed event is at most 96 KiB; hex doubles it).
 pub const MAX_CLIENT_FRAME: usize = 256 * 1024;
 /// The largest frame a client accepts from a node (a whole area of interest at once).

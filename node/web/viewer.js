@@ -254,8 +254,18 @@ function useRoute(m) {
   if (!near.timer) near.timer = setInterval(measureNodes, 20000);
 }
 
+// Questions in flight, oldest first: a node answers a session's questions in order, so the
+// node's "busy" is the oldest's, asked again after a pause.
+const asked = [];
+const BUSY = "the node is busy: ask again";
 function request(kind, id) {
-  return new Promise((resolve) => { replies[kind].push(resolve); ws.send(JSON.stringify({ [kind]: { id } })); });
+  return new Promise((resolve) => {
+    replies[kind].push(resolve); asked.push({ kind, id }); ws.send(JSON.stringify({ [kind]: { id } }));
+  });
+}
+function askAgain() {
+  const q = asked[0];
+  if (q) setTimeout(() => ws.send(JSON.stringify({ [q.kind]: { id: q.id } })), 250);
 }
 
 // Whole millimetres of a decimal (what dead reckoning counts in).
@@ -311,13 +321,14 @@ function handle(msg) {
     case "submitted": pending.get(m.ref)?.resolve(m.id); pending.delete(m.ref); break;
     case "error":
       if (m.ref != null && pending.has(m.ref)) { pending.get(m.ref).reject(new Error(m.message)); pending.delete(m.ref); }
+      else if (m.message === BUSY && m.ref == null && asked.length) askAgain();
       else notice(m.message);
       break;
     case "outcome":
       if (waiting.has(m.id)) { waiting.get(m.id)(m.outcome); waiting.delete(m.id); } else early.set(m.id, m.outcome);
       break;
-    case "object": replies.object.shift()?.(m.object); break;
-    case "account": replies.account.shift()?.(m.account); break;
+    case "object": asked.shift(); replies.object.shift()?.(m.object); break;
+    case "account": asked.shift(); replies.account.shift()?.(m.account); break;
     case "route": routeWaiters.shift()?.(m); break;
     case "pong": break;
     case "governance": state.governance = m; showPlace(); break;

@@ -210,3 +210,61 @@ async fn clients_walk_chat_touch_read_scripts_and_fail_over_on_real_nodes() {
     assert!(ada.run_until(Duration::from_secs(10), |v, _| heard(v, "still here") > 0).await);
     assert!(ada.view().avatar_of(&b).is_some() && ada.view().avatar_of(&a).is_some());
 }
+
+/// A node whose loop is too busy to answer a question in time says so ("busy: ask again"),
+/// and the client asks again: the avatar asked for while the node was busy comes back, never
+/// "no avatar" (a crowd's logins read a busy node that way and gave up). The node's client
+/// service runs here on its own, its loop a task that lets every second question about an
+/// account go unanswered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_asks_a_busy_node_again_and_gets_its_answer() {
+    use metatopia_node::api::http::{AccountView, Query, Service};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let node_key = key(9);
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let me = NodeAddr {
+        key: metatopia_sim::ids::hex(node_key.verifying_key().as_bytes()),
+        addr: format!("127.0.0.1:{port}"),
+        http: None,
+    };
+    let hub = std::sync::Arc::new(metatopia_node::api::hub::Hub::new(1, vec![me.clone()]));
+    let (_status_tx, status) = tokio::sync::watch::channel(metatopia_client::proto::Status::default());
+    let (queries, mut asked) = tokio::sync::mpsc::channel(64);
+    let accounts = std::sync::Arc::new(AtomicU32::new(0));
+    let counted = accounts.clone();
+    tokio::spawn(async move {
+        while let Some(q) = asked.recv().await {
+            match q {
+                // Every second question about an account: the loop never gets to it.
+                Query::Account(_, tx) if counted.fetch_add(1, Ordering::Relaxed) % 2 == 1 => drop(tx),
+                Query::Account(id, tx) => {
+                    let _ = tx.send(Some(AccountView {
+                        id: id.to_string(),
+                        name: "ann".into(),
+                        joined_at_ms: 0,
+                        last_login_ms: 0,
+                        last_nonce: 0,
+                        role: "member".into(),
+                        banned: false,
+                        kicked_until_ms: None,
+                        avatar: Some("5v0".into()),
+                        returned: Vec::new(),
+                    }));
+                }
+                Query::Locate(_, tx) => {
+                    let _ = tx.send(None);
+                }
+                _ => {}
+            }
+        }
+    });
+    let service = Service { status, queries, metrics: None, started: Instant::now(), hub: Some(hub) };
+    let rt = tokio::runtime::Handle::current();
+    let (_endpoint, _task) =
+        metatopia_node::api::gateway::serve_quic(&rt, me.addr.parse().unwrap(), &node_key, service).unwrap();
+    let mut c = Client::connect(&me, key(10)).await.expect("connects");
+    let before = accounts.load(Ordering::Relaxed);
+    let avatar = c.avatar().await.expect("an answer, after asking again");
+    assert_eq!(avatar.map(|a| a.to_string()), Some("5v0".to_string()));
+    assert_eq!(accounts.load(Ordering::Relaxed) - before, 2, "asked once, told busy, asked again");
+}

@@ -141,10 +141,24 @@ pub fn serve_quic(
     Ok((endpoint, task))
 }
 
+/// How long a session waits for the loop: for room in its queue, then for the answer.
+const ASK_WAIT: Duration = Duration::from_secs(5);
+
+/// Ask the loop; `None` when it is too busy to answer within [`ASK_WAIT`] (or stopping). A
+/// session waits for room in the loop's queue rather than giving up at once: a crowd logging in
+/// fills the queue for moments, and each session has one question in flight at most, so the
+/// waiting is bounded by the sessions.
 async fn ask<T>(s: &Service, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> Option<T> {
+    let deadline = tokio::time::Instant::now() + ASK_WAIT;
     let (tx, rx) = oneshot::channel();
-    s.queries.try_send(make(tx)).ok()?;
-    tokio::time::timeout(Duration::from_secs(5), rx).await.ok()?.ok()
+    s.queries.send_timeout(make(tx), ASK_WAIT).await.ok()?;
+    tokio::time::timeout_at(deadline, rx).await.ok()?.ok()
+}
+
+/// The answer to a question the loop could not answer in time: an error saying so, which the
+/// client asks again on ([`proto::BUSY`]), never an answer that reads as "there is none".
+fn busy() -> ServerMsg {
+    ServerMsg::Error { r#ref: None, message: proto::BUSY.into() }
 }
 
 /// The answer to `route` / `enter`: this sim if the avatar is here; else the sim it crossed into
@@ -414,7 +428,9 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                     ClientMsg::Route { account } => Some(route(&s, &hub, account, None).await),
                     ClientMsg::Enter { account, at } => Some(route(&s, &hub, account, Some(at)).await),
                     ClientMsg::Ping { r#ref } => Some(ServerMsg::Pong { r#ref }),
-                    ClientMsg::Governance {} => ask(&s, Query::Governance).await.map(|g| ServerMsg::Governance(Box::new(g))),
+                    ClientMsg::Governance {} => {
+                        Some(ask(&s, Query::Governance).await.map_or_else(busy, |g| ServerMsg::Governance(Box::new(g))))
+                    }
                     ClientMsg::Interest { follow, radius_m, max_hz } => {
                         if let Some(f) = follow.as_deref().filter(|f| parse_hash(f).is_none()) {
                             Some(ServerMsg::Error { r#ref: None, message: format!("{f:?} is not an account id") })
@@ -431,15 +447,18 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                     }
                     ClientMsg::Object { id } => {
                         Some(match metatopia_client::conn::parse_object(&id) {
-                            Some(oid) => ServerMsg::Object { object: ask(&s, |tx| Query::Object(oid, tx)).await.flatten().map(Box::new) },
+                            Some(oid) => match ask(&s, |tx| Query::Object(oid, tx)).await {
+                                Some(object) => ServerMsg::Object { object: object.map(Box::new) },
+                                None => busy(),
+                            },
                             None => ServerMsg::Error { r#ref: None, message: format!("{id:?} is not an object id") },
                         })
                     }
                     ClientMsg::Account { id } => Some(match parse_hash(&id) {
-                        Some(a) => {
-                            let account = ask(&s, |tx| Query::Account(metatopia_sim::AccountId(a), tx)).await.flatten();
-                            ServerMsg::Account { id, account }
-                        }
+                        Some(a) => match ask(&s, |tx| Query::Account(metatopia_sim::AccountId(a), tx)).await {
+                            Some(account) => ServerMsg::Account { id, account },
+                            None => busy(),
+                        },
                         None => ServerMsg::Error { r#ref: None, message: format!("{id:?} is not an account id") },
                     }),
                     ClientMsg::Submit { r#ref, event } => {
@@ -544,7 +563,7 @@ async fn submit(s: &Service, r#ref: u64, event: &str, outcomes: &mpsc::Sender<Se
         _ => return ServerMsg::Error { r#ref: Some(r#ref), message: "event: hex of at most 96 KiB expected".into() },
     };
     match ask(s, |tx| Query::Submit(bytes, tx)).await {
-        None => ServerMsg::Error { r#ref: Some(r#ref), message: "the node is busy or stopping".into() },
+        None => ServerMsg::Error { r#ref: Some(r#ref), message: proto::BUSY.into() },
         Some(Err(reason)) => ServerMsg::Error { r#ref: Some(r#ref), message: reason },
         Some(Ok(id)) => {
             let tx = outcomes.clone();
@@ -908,5 +927,45 @@ mod tests {
             }
         }
         assert_eq!(heard, ["still here"], "the line said while the client failed over");
+    }
+
+    /// A loop too busy to take a question within the wait: the session answers "busy: ask
+    /// again", never "there is no such account" (a crowd's logins read that as an avatar-less
+    /// login and gave up); once the loop takes questions again the same question is answered.
+    #[tokio::test]
+    async fn a_loop_too_busy_to_answer_is_said_busy_not_no_account() {
+        let hub = std::sync::Arc::new(Hub::new(1, Vec::new()));
+        let (_status_tx, status) =
+            tokio::sync::watch::channel(proto::Status { tick: Tick(1), ..proto::Status::default() });
+        let (queries, mut asked) = mpsc::channel(1);
+        // The loop's queue is full, and the loop takes nothing yet.
+        queries.try_send(Query::Governance(oneshot::channel().0)).unwrap();
+        let s = Service { status, queries, metrics: None, started: Instant::now(), hub: Some(hub) };
+        let (to_session, from_test) = mpsc::channel(8);
+        let (to_test, mut answers) = mpsc::channel(64);
+        tokio::spawn(session(Pipe(from_test, to_test), s, View::nothing()));
+        let account = || ClientMsg::Account { id: "aa".repeat(32) };
+        let answer = async |answers: &mut mpsc::Receiver<ServerMsg>| loop {
+            match tokio::time::timeout(Duration::from_secs(30), answers.recv()).await {
+                Ok(Some(m @ (ServerMsg::Account { .. } | ServerMsg::Error { .. }))) => break m,
+                Ok(Some(_)) => {}
+                other => panic!("no answer: {other:?}"),
+            }
+        };
+        to_session.send(account()).await.unwrap();
+        match answer(&mut answers).await {
+            ServerMsg::Error { r#ref: None, message } => assert_eq!(message, proto::BUSY),
+            other => panic!("a busy loop answered {other:?}"),
+        }
+        // The loop is back: it answers that there is no such account, now that it looked.
+        tokio::spawn(async move {
+            while let Some(q) = asked.recv().await {
+                if let Query::Account(_, tx) = q {
+                    let _ = tx.send(None);
+                }
+            }
+        });
+        to_session.send(account()).await.unwrap();
+        assert!(matches!(answer(&mut answers).await, ServerMsg::Account { account: None, .. }));
     }
 }

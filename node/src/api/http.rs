@@ -85,8 +85,6 @@ pub enum Query {
     /// Every object (the first 10,000), without script sources.
     Objects(oneshot::Sender<Vec<ObjectView>>),
     Root(Tick, oneshot::Sender<Option<RootView>>),
-    /// Chat heard since a tick (kept by the loop: the last 1,024 lines).
-    Chat(Tick, oneshot::Sender<Vec<ChatView>>),
     /// Which other sim this account's avatar is in (asked of a node of every sim known through Raynet;
     /// `None` when none says within a second). Answered by the node's loop, which has the mesh.
     Locate(AccountId, oneshot::Sender<Option<u32>>),
@@ -95,13 +93,8 @@ pub enum Query {
     Nearest([i64; 2], oneshot::Sender<Option<(u32, metatopia_client::proto::NodeAddr)>>),
 }
 
-/// Answer a query on the loop that owns the core (`chat`: the lines the loop kept).
-pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(
-    core: &mut NodeCore<A, H, P>,
-    now: Micros,
-    chat: &std::collections::VecDeque<ChatView>,
-    q: Query,
-) {
+/// Answer a query on the loop that owns the core.
+pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(core: &mut NodeCore<A, H, P>, now: Micros, q: Query) {
     // A dropped receiver only means the HTTP client went away.
     match q {
         // Only a loop with a mesh can ask the neighbours.
@@ -136,11 +129,6 @@ pub fn answer<A: Agreement, H: ScriptHost, P: PhysicsStage>(
         }
         Query::Root(tick, tx) => {
             let _ = tx.send(core.root_of(tick).map(|r| RootView { tick, root: r.to_string() }));
-        }
-        // Public lines only: a line for one account (its scripts' errors) is for that account's
-        // authenticated session (the gateway), not for anyone who asks.
-        Query::Chat(since, tx) => {
-            let _ = tx.send(chat.iter().filter(|c| c.tick >= since && c.to.is_none()).cloned().collect());
         }
     }
 }
@@ -383,11 +371,14 @@ async fn root(State(s): State<Service>, Path(tick): Path<u64>) -> Response {
     }
 }
 
+/// Public lines only, read from the hub's ring without asking the loop: a line for one account
+/// (its scripts' errors) is for that account's authenticated session (the gateway), not for
+/// anyone who asks.
 async fn chat(State(s): State<Service>, Path(since): Path<u64>) -> Response {
-    match s.ask(|tx| Query::Chat(Tick(since), tx)).await {
-        Ok(lines) => axum::Json(lines).into_response(),
-        Err(e) => e,
-    }
+    let Some(hub) = s.hub.as_ref() else { return err(StatusCode::SERVICE_UNAVAILABLE, "this node serves no chat") };
+    let lines: Vec<ChatView> =
+        hub.replay(Tick(since), crate::api::hub::RECENT_CHAT, |_| true).iter().map(|l| ChatView::clone(l)).collect();
+    axum::Json(lines).into_response()
 }
 
 async fn governance(State(s): State<Service>) -> Response {
@@ -497,5 +488,43 @@ impl Client {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::hub::Hub;
+
+    /// `GET /v1/chat/{since}` reads the hub's ring (the loop keeps no copy): the public lines
+    /// since the tick, oldest first; a line meant for one account is never in it.
+    #[tokio::test]
+    async fn chat_since_a_tick_is_the_hubs_public_lines() {
+        let hub = std::sync::Arc::new(Hub::new(1, Vec::new()));
+        let line = |tick: u64, text: &str, to: Option<String>| {
+            std::sync::Arc::new(ChatView {
+                tick: Tick(tick),
+                name: "bob".into(),
+                channel: 0,
+                text: text.into(),
+                position: [0, 0],
+                range_m: 20,
+                to,
+            })
+        };
+        hub.said(line(5, "old", None));
+        hub.said(line(10, "hello", None));
+        hub.said(line(11, "your script failed", Some("bb".repeat(32))));
+        hub.said(line(12, "world", None));
+        let (_status_tx, status) = tokio::sync::watch::channel(Status::default());
+        // Nobody answers queries: the chat must not need the loop.
+        let (queries, _asked) = tokio::sync::mpsc::channel(1);
+        let s = Service { status, queries, metrics: None, started: std::time::Instant::now(), hub: Some(hub) };
+        let response = chat(State(s), Path(10)).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.expect("body");
+        let lines: Vec<ChatView> = serde_json::from_slice(&body).expect("json");
+        let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
+        assert_eq!(texts, ["hello", "world"]);
     }
 }

@@ -462,7 +462,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
     let mut last_bot_tick = 0;
     let mut bot_timer = tokio::time::interval(Duration::from_micros(1_000_000 / u64::from(cfg.tick_rate_hz)));
     let report_every = args.report_every.unwrap_or(u64::from(cfg.tick_rate_hz)).max(1);
-    let mut chat = std::collections::VecDeque::new();
     let mut last_root = core.root();
     // Sampled at the status lines.
     let mut dilation = crate::core::dilation::Dilation::new(core.sim().world().time_ms(), core.sim().world().tick());
@@ -503,7 +502,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                         let _ = tx.send(None);
                     }
                 }
-                Some(q) => crate::api::http::answer(&mut core, now_us(), &chat, q),
+                Some(q) => crate::api::http::answer(&mut core, now_us(), q),
                 None => {}
             },
             m = inbox.recv() => {
@@ -659,7 +658,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             range_m: l.range.metres().floor_int() as u32,
                             to: l.to.map(|a| a.to_string()),
                         };
-                        let shared = std::sync::Arc::new(line.clone());
+                        let shared = std::sync::Arc::new(line);
                         if hub.listened() {
                             said.push_back(shared.clone());
                             if said.len() > 1024 {
@@ -667,10 +666,6 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                             }
                         }
                         hub.said(shared);
-                        chat.push_back(line);
-                        if chat.len() > 1024 {
-                            chat.pop_front();
-                        }
                     }
                     last_root = root;
                     if !exec_charged {
