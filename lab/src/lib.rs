@@ -6,7 +6,7 @@
 //! - [`scenario`]: scenario files run on whole node cores in that cluster ([`scenario::single`],
 //!   [`scenario::world`]) or on real node processes ([`scenario::real`]); recordings, `replay
 //!   verify` and `synctest` ([`scenario::replay`]);
-//! - [`bench`]: whole-system benchmarks: agreement on the node's mesh (and on a bench-only
+//! - [`bench`](mod@bench): whole-system benchmarks: agreement on the node's mesh (and on a bench-only
 //!   reactor, named so), and real node processes at a tick rate;
 //! - [`raynet_sim`]: the Raynet overlay simulated with N peers against exact Delaunay;
 //! - [`cli`]: the `metatopia-lab` command (every `metatopia` command, and the lab's own).

@@ -1,4 +1,4 @@
-//! `metatopia`: the node's command line (the commands are in [`crate::cli`]).
+//! `metatopia`: the node's command line (the commands are in [`metatopia_node::cli`]).
 
 use clap::Parser;
 

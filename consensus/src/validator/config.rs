@@ -29,7 +29,7 @@ pub struct Config {
     /// ... and of those no more than `keep_bytes` of blocks (their events, ids and headers),
     /// dropping the oldest first; the newest `keep_blocks_min` are kept whatever their size.
     /// A laggard further behind takes a snapshot (the node's catch-up), not every block. A
-    /// restarted validator gets the blocks it handed out back ([`Validator::recall`]).
+    /// restarted validator gets the blocks it handed out back ([`Validator::recall`](crate::Validator::recall)).
     pub keep_bytes: u64,
     /// The newest finalized blocks kept whatever `keep_bytes` says: a laggard a few ticks
     /// behind (a lost message, a short stall) catches up by fetching them.
@@ -42,7 +42,7 @@ pub struct Config {
     pub sig_cache: std::sync::Arc<crate::types::SigCache>,
     /// Backpressure from execution: a leader proposes only while at most `max_exec_lag` of the
     /// blocks it extends were handed out for execution and wait for their roots
-    /// ([`Validator::report_root`]); blocks not handed out yet (waiting for a child to commit)
+    /// ([`Validator::report_root`](crate::Validator::report_root)); blocks not handed out yet (waiting for a child to commit)
     /// do not count, or agreement and execution could wait for each other. When execution is
     /// slow, ticks come later (time dilation) instead of execution falling ever further behind
     /// agreement. `None`: no backpressure (an application that never reports).
@@ -53,11 +53,11 @@ pub struct Config {
     /// Start after a previous epoch's last block instead of at genesis.
     pub anchor: Option<Anchor>,
     /// A leader sends its proposal compact, its events named as runs of the gossip batches
-    /// they came in ([`Message::ProposeRefs`]), rather than the events themselves (`false`: full
+    /// they came in ([`Message::ProposeRefs`](crate::Message::ProposeRefs)), rather than the events themselves (`false`: full
     /// blocks, as before; kept for comparison).
     pub compact_proposals: bool,
     /// Votes and proposals go out with an authenticator (a MAC per validator, from pairwise
-    /// keys; [`Message::Authenticated`]): a receiver counts them on the MAC and checks their
+    /// keys; [`Message::Authenticated`](crate::Message::Authenticated)): a receiver counts them on the MAC and checks their
     /// signatures `period_us / 16` later, off the commit's path (`false`: every vote's signature
     /// is checked before it counts, as before; kept for comparison).
     pub vote_macs: bool,
@@ -78,7 +78,7 @@ pub struct Config {
     /// failing (`leaders`: a crashed validator stops leading); `false`: plain round robin.
     pub leader_reputation: bool,
     /// Validators that start this instance demoted (they lead once the chain shows them
-    /// alive): the previous epoch's, from [`Validator::demoted`].
+    /// alive): the previous epoch's, from [`Validator::demoted`](crate::Validator::demoted).
     pub demoted: Vec<VerifyingKey>,
     /// Test-only planted bug: accept 2f votes as a quorum. The Byzantine suite must catch it.
     #[cfg(feature = "mocks")]

@@ -81,7 +81,7 @@ impl Validator {
     /// a thousand, looking each up in the tables of committed ids) and of forgetting the
     /// committed ones waits: done in the middle of a view, it held back this validator's next
     /// vote, or, on a shared core, another validator's (`bench agreement`: ~0.3 ms a tick
-    /// each). It waits at most [`Validator::max_hold`].
+    /// each). It waits at most `Validator::max_hold`.
     pub fn busy(&self) -> bool {
         self.me.is_some()
             && self.views.range(self.tip.0.next()..).any(|(_, s)| s.my_notarize.is_some() && s.my_nullify.is_none())

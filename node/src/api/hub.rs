@@ -405,7 +405,7 @@ impl Objects {
     }
 }
 
-/// Every object's view, on a grid of [`CELL_M`]-metre cells, and each account's avatar.
+/// Every object's view, on a grid of `CELL_M`-metre cells, and each account's avatar.
 #[derive(Debug, Default)]
 pub struct AoiIndex {
     pub tick: Tick,

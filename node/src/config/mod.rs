@@ -1,5 +1,5 @@
 //! `config.toml`: what a node runs. Unknown keys and bad values are errors that name the line.
-//! [`reference`] renders every key, from the doc comments below, as `docs/config.md`.
+//! [`reference`](mod@reference) renders every key, from the doc comments below, as `docs/config.md`.
 
 pub mod reference;
 

@@ -40,7 +40,7 @@ pub enum CoreOutput {
     /// This node diverged: it has stopped executing. Write the report; the core resyncs.
     Desync(Box<DesyncReport>),
     /// This validator's signed copy of its sim's mail of a tick for the neighbour sim `to`
-    /// (an encoded [`SignedEvent`]); send it to a validator of `to` as [`NodeMsg::Mail`].
+    /// (an encoded [`SignedEvent`](metatopia_sim::event::SignedEvent)); send it to a validator of `to` as [`NodeMsg::Mail`].
     Mail {
         to: metatopia_sim::SimId,
         tick: Tick,

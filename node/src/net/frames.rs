@@ -95,7 +95,7 @@ pub async fn write_outbox(w: impl AsyncWriteExt + Unpin, mut inbox: Inbox) {
 
 /// One length-prefixed frame (u32 LE length, at most [`MAX_FRAME`] bytes). The buffer grows
 /// as the bytes arrive: a peer that sends a large length and little else costs at most
-/// [`FIRST_READ`] bytes, not the length it claims.
+/// `FIRST_READ` bytes, not the length it claims.
 pub async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> Result<Vec<u8>, FrameError> {
     let len = r.read_u32_le().await?;
     if len > MAX_FRAME {

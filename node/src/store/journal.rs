@@ -53,12 +53,17 @@ pub struct Slots {
 }
 
 impl StateJournal {
+    /// A journal at `path` that holds nothing yet (its slots not written).
+    fn fresh(disk: Arc<dyn Disk>, path: PathBuf) -> StateJournal {
+        StateJournal { disk, path, slot: MIN_SLOT, seq: 0, durable: 1, pending: None }
+    }
+
     /// Open the journal of the data directory at `root` on `disk` (creating it). A data
     /// directory from before the journal: its `consensus.state` becomes the first state.
     pub(super) fn open_at(disk: Arc<dyn Disk>, root: &Path) -> Result<StateJournal> {
         let path = root.join(JOURNAL);
         let found = StateJournal::scan(&*disk, &path)?;
-        let mut j = StateJournal { disk, path, slot: MIN_SLOT, seq: 0, durable: 1, pending: None };
+        let mut j = StateJournal::fresh(disk, path);
         match found {
             Some(Slots { slot, newest }) => {
                 j.slot = slot;
@@ -208,8 +213,7 @@ pub(super) fn upgrade_format_6(disk: &Arc<dyn Disk>, path: &Path) -> Result<()> 
         return Ok(());
     }
     let newest = format_6_newest(&bytes);
-    let mut j =
-        StateJournal { disk: disk.clone(), path: path.to_owned(), slot: MIN_SLOT, seq: 0, durable: 1, pending: None };
+    let mut j = StateJournal::fresh(disk.clone(), path.to_owned());
     let state = newest.as_deref().unwrap_or_default();
     let slot = ((SLOT_HEADER + state.len()) as u64 * 2).next_multiple_of(4096).max(MIN_SLOT);
     j.replace(state, u64::from(newest.is_some()), slot)

@@ -1,7 +1,7 @@
 //! Demo sims, for devnets and tests only: a genesis built from a config marked
 //! `world.demo = true` (a seeded demo world, or a scenario file's world), whose keys, the
 //! admin's included, anyone can derive from the seed. `run` reaches this only for such a config;
-//! a real sim's genesis comes from `metatopia sim new` ([`crate::world::genesis`]).
+//! a real sim's genesis comes from `metatopia sim new` ([`crate::world::genesis`](mod@crate::world::genesis)).
 
 use std::path::Path;
 

@@ -171,7 +171,7 @@ pub fn place_of(w: &metatopia_scenarios::spec::WorldSpec, k: u32, validators: &[
     Place { sim: SimId(k + 1), region: square(k), neighbours, bounds: (Vec2::ZERO, hi) }
 }
 
-/// [`genesis`] for one sim of several (`place`), or the lone sim (`None`). A sim of several
+/// [`genesis`](fn@genesis) for one sim of several (`place`), or the lone sim (`None`). A sim of several
 /// starts with the scenario's objects whose `at` is in its region, and no demo accounts.
 pub fn genesis_in(
     spec: &Scenario,
