@@ -222,3 +222,16 @@ fn a_power_loss_of_every_node_changes_nothing_committed_over_a_hundred_seeds() {
     }
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }
+
+/// Seed 307 of `restart-after-snapshot` (found by the 1,000-seed sweep): the joiner executed
+/// the tick before its first epoch's last from blocks it fetched before its own agreement had
+/// finalized the epoch's last block, so its epoch switch found no final block; the switch was
+/// never tried again and the node stayed at tick 80 while its peers went on (until its 10-s
+/// stranded rescue, which the scenario's restarts kept resetting). It now switches once the
+/// block is final, and executes from there on like the others.
+#[test]
+fn a_joiner_that_executes_an_epochs_end_before_finalizing_it_switches_once_it_has() {
+    let f = root().join("catalogue").join("restart-after-snapshot.toml");
+    let (report, _) = run(&f, Some(307));
+    assert!(report.passed(), "{}", report.table());
+}

@@ -125,6 +125,34 @@ pub struct Epochs {
     /// Stranded in an epoch its peers have left ([`Agreement::rejoin`]): it takes only a later
     /// epoch from a peer's answer, never its own again (it may have voted there).
     rejoining: bool,
+    /// The next epoch as the world gave it, waiting for the current epoch's last block to be
+    /// final here (see [`NextEpoch`]).
+    switching: Option<NextEpoch>,
+}
+
+/// What the next epoch takes from the world after the tick before the current epoch's last:
+/// its validator set, length and rate. Taken then and kept while the epoch's last block is not
+/// final here yet (a node that joined mid-epoch may execute that tick from the blocks it
+/// fetched before its own agreement finalizes the last block), so the switch made once the
+/// block is final is the one every node made, whatever the world executed meanwhile.
+#[derive(Debug)]
+struct NextEpoch {
+    keys: Vec<VerifyingKey>,
+    epoch_ticks: u64,
+    tick_rate_hz: u32,
+}
+
+impl NextEpoch {
+    fn of(world: &World, current: &[VerifyingKey]) -> NextEpoch {
+        let mut keys: Vec<VerifyingKey> =
+            world.governance().validators.iter().filter_map(|a| VerifyingKey::from_bytes(&a.0).ok()).collect();
+        if keys.len() < 4 {
+            // A set too small for BFT would stop the sim: keep the old one (the same on every node).
+            tracing::warn!(validators = keys.len(), "the sim's validator set is below 4; keeping the old one");
+            keys = current.to_vec();
+        }
+        NextEpoch { keys, epoch_ticks: world.settings().epoch_ticks, tick_rate_hz: world.settings().tick_rate_hz }
+    }
 }
 
 impl std::fmt::Debug for Epochs {
@@ -171,6 +199,7 @@ impl Epochs {
             last_root: None,
             follow_rate: false,
             rejoining: false,
+            switching: None,
         }
     }
 
@@ -210,6 +239,7 @@ impl Epochs {
             last_root: None,
             follow_rate: false,
             rejoining: false,
+            switching: None,
         })
     }
 
@@ -246,19 +276,17 @@ impl Epochs {
         }
     }
 
-    /// The switch: after executing the tick before the epoch's last, start the next epoch.
-    fn next_epoch(&mut self, now: Micros, world: &World) {
+    /// The switch: after executing the tick before the epoch's last, start the next epoch as
+    /// `switching` says, once the epoch's last block is final here (at once, as a rule; a node
+    /// that joined mid-epoch may finalize it a little later: it switches then).
+    fn next_epoch(&mut self, now: Micros) {
+        if self.switching.is_none() {
+            return;
+        }
         let Some((block, notarization)) = self.current.validator.final_block() else {
-            tracing::error!(epoch = self.current.epoch, "the epoch's last block is not final here yet");
             return;
         };
-        let mut keys: Vec<VerifyingKey> =
-            world.governance().validators.iter().filter_map(|a| VerifyingKey::from_bytes(&a.0).ok()).collect();
-        if keys.len() < 4 {
-            // A set too small for BFT would stop the sim: keep the old one (the same on every node).
-            tracing::warn!(validators = keys.len(), "the sim's validator set is below 4; keeping the old one");
-            keys = self.current.keys.clone();
-        }
+        let Some(NextEpoch { keys, epoch_ticks, tick_rate_hz }) = self.switching.take() else { return };
         let anchor = Anchor {
             epoch: self.current.epoch + 1,
             block,
@@ -266,12 +294,9 @@ impl Epochs {
             prev_keys: self.current.keys.iter().map(|k| k.to_bytes()).collect(),
             prev_chain: self.current.validator.genesis(),
         };
-        let last_tick = next_end(anchor.block.tick, world.settings().epoch_ticks);
-        let period_us = if self.follow_rate {
-            1_000_000 / u64::from(world.settings().tick_rate_hz.clamp(1, 240))
-        } else {
-            self.cfg.period_us
-        };
+        let last_tick = next_end(anchor.block.tick, epoch_ticks);
+        let period_us =
+            if self.follow_rate { 1_000_000 / u64::from(tick_rate_hz.clamp(1, 240)) } else { self.cfg.period_us };
         // A validator that the old epoch's chain shows failed and silent starts demoted (it
         // leads again once the chain shows it alive), so a crash costs no timeouts per epoch.
         let demoted = self.current.validator.demoted();
@@ -332,6 +357,7 @@ impl Agreement for Epochs {
     }
     fn handle_epoch_message(&mut self, now: Micros, from: ValidatorIndex, epoch: u64, msg: Message) {
         self.route(now, from, epoch, msg);
+        self.next_epoch(now);
         self.drain();
     }
     fn handle_timeout(&mut self, now: Micros) {
@@ -339,6 +365,7 @@ impl Agreement for Epochs {
             p.validator.handle_timeout(now);
         }
         self.current.validator.handle_timeout(now);
+        self.next_epoch(now);
         self.drain();
     }
     fn submit_events(&mut self, now: Micros, events: Vec<Vec<u8>>) {
@@ -366,7 +393,15 @@ impl Agreement for Epochs {
     }
     fn on_executed(&mut self, now: Micros, tick: Tick, world: &World) {
         if tick + 1 == self.current.last_tick {
-            self.next_epoch(now, world);
+            self.switching = Some(NextEpoch::of(world, &self.current.keys));
+            self.next_epoch(now);
+            if let Some(next) = &self.switching {
+                tracing::warn!(
+                    epoch = self.current.epoch,
+                    validators = next.keys.len(),
+                    "the epoch's last block is not final here yet: switching once it is"
+                );
+            }
             self.drain();
         }
     }
@@ -406,6 +441,7 @@ impl Agreement for Epochs {
         tracing::info!(epoch, view = s.view, validators = keys.len(), "joining: following the sim's current epoch");
         self.current = Instance { epoch, keys, validator, last_tick, period_us };
         self.previous = None;
+        self.switching = None;
         let early = std::mem::take(&mut self.early);
         for (from, epoch, msg) in early {
             self.route(now, from, epoch, msg);
@@ -418,6 +454,7 @@ impl Agreement for Epochs {
     }
     fn commit_from(&mut self, now: Micros, tick: Tick) {
         self.current.validator.commit_from(now, tick);
+        self.next_epoch(now);
         self.drain();
     }
     fn recall(&mut self, logged: Vec<metatopia_consensus::Logged>) -> usize {
@@ -440,6 +477,7 @@ impl Agreement for Epochs {
     fn rejoin(&mut self, now: Micros) {
         self.rejoining = true;
         self.previous = None;
+        self.switching = None;
         self.hold(now);
     }
     fn peer_roots(&self, tick: Tick) -> Vec<(ValidatorIndex, Digest)> {
