@@ -6,7 +6,9 @@
 //! tick `E = kL`, then goes quiet. Block `E - 1` is committed once `E` is finalized; once this
 //! node has executed it, the set for the next epoch is the sim's validator set at that point —
 //! the same on every node — and the next instance starts, anchored on `E` (its first block, tick
-//! `E + 1`, carries a notarization of `E` by the old set, and so commits `E` with its seed). A key
+//! `E + 1`, carries a notarization of `E` by the old set, and so commits `E` with its seed). A node
+//! that executed `E - 1` before its own agreement finalized `E` (a joiner executing blocks it
+//! fetched) keeps the set as of `E - 1` and starts the next instance once `E` is final here. A key
 //! in the new set votes from then on; a key no longer in it follows as an observer. Events still
 //! in the old pool move to the new one. Messages carry their epoch: the previous instance still
 //! answers laggards, the next one's messages wait until this node gets there.
