@@ -59,7 +59,7 @@ fn world_seeds_by_hand() {
                         let (n, hz, delay, crash) = draw(seed);
                         let text = scenario_text(n, hz, delay, crash);
                         let spec = Scenario::parse(&text).unwrap();
-                        let opts = Options { seed, scripts_dir: scripts.clone() };
+                        let opts = Options { seed, scripts_dir: scripts.clone(), timeline: false };
                         let (report, _) = scenario::run(&spec, &text, &opts, &mut |_, _| {}).unwrap();
                         if !report.passed() {
                             failed.push(format!(

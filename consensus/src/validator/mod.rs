@@ -506,6 +506,9 @@ impl Validator {
             self.output_tick.map_or("-".to_owned(), |t| t.to_string()),
             self.pool.len()
         );
+        if let Some(due) = tip_tick.and_then(|t| self.due(t.next())) {
+            let _ = write!(s, ", next tick due at {} ms", due / 1_000);
+        }
         if self.patience > 0 {
             let _ = write!(s, ", view timeouts ×{}", 1 + self.patience);
         }

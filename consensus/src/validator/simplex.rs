@@ -452,7 +452,13 @@ impl Validator {
             }
             Err(_) => return,
         }
-        self.note_schedule(now, stored.block.tick, stored.block.time_ms);
+        // The schedule follows the chain: a block of a view the finalized tip has passed counts
+        // only if it is that view's finalized block. (A validator restarted after a long stop
+        // proposes in the view it stopped in, stamped now: followed, that stale block moved the
+        // schedule forward by the whole stop, and every leader waited that long.)
+        if view > self.tip.0 || self.finalized.get(&view).is_some_and(|c| c.digest == digest) {
+            self.note_schedule(now, stored.block.tick, stored.block.time_ms);
+        }
         self.note_events(stored.ids.len());
         self.blocks.insert(digest, stored);
         if view <= self.tip.0 {

@@ -28,6 +28,11 @@ pub struct RunArgs {
     /// command that replays each failure (a sweep: in simulation only).
     #[arg(long, conflicts_with_all = ["real", "record"])]
     seeds: Option<u64>,
+    /// Print every node's tick and where its agreement stands, once a second of the run (to
+    /// stderr; one sim in simulation, one seed): to see when and where a failing seed falls
+    /// behind.
+    #[arg(long, conflicts_with_all = ["real", "seeds"])]
+    timeline: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -54,10 +59,17 @@ fn scripts_dir(file: &Path, given: Option<PathBuf>) -> PathBuf {
     })
 }
 
-fn run_file(file: &Path, seed: Option<u64>, scripts: Option<PathBuf>) -> anyhow::Result<(scenario::Report, Recording)> {
+fn run_file(
+    file: &Path,
+    seed: Option<u64>,
+    scripts: Option<PathBuf>,
+    timeline: bool,
+) -> anyhow::Result<(scenario::Report, Recording)> {
     let (spec, text) = scenario::load(file)?;
-    let opts = Options { seed: seed.unwrap_or(spec.seed), scripts_dir: scripts_dir(file, scripts) };
-    let bar = indicatif::ProgressBar::new(1000);
+    anyhow::ensure!(!timeline || spec.world.sims <= 1, "--timeline shows the nodes of a one-sim scenario");
+    let opts = Options { seed: seed.unwrap_or(spec.seed), scripts_dir: scripts_dir(file, scripts), timeline };
+    // The timeline's lines go to stderr, where the bar would draw over them.
+    let bar = if timeline { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(1000) };
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {percent}% ({elapsed})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -75,7 +87,7 @@ fn sweep(args: &RunArgs, count: u64) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let mut failed = Vec::new();
     for (i, seed) in (first..first.saturating_add(count)).enumerate() {
-        let opts = Options { seed, scripts_dir: scripts_dir(&args.file, args.scripts.clone()) };
+        let opts = Options { seed, scripts_dir: scripts_dir(&args.file, args.scripts.clone()), timeline: false };
         let (report, _) = scenario::run(&spec, &text, &opts, &mut |_, _| {})?;
         if !report.passed() {
             eprint!("{}", report.table());
@@ -117,11 +129,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         let opts = Options {
             seed: args.seed.unwrap_or(spec.seed),
             scripts_dir: scripts_dir(&args.file, args.scripts.clone()),
+            timeline: false,
         };
         let dir = args.dir.clone().unwrap_or_else(|| crate::scenario::real::default_dir(&spec.name));
         (crate::scenario::real::run(&args.file, &spec, &text, &opts, &dir)?, None)
     } else {
-        let (r, rec) = run_file(&args.file, args.seed, args.scripts.clone())?;
+        let (r, rec) = run_file(&args.file, args.seed, args.scripts.clone(), args.timeline)?;
         (r, Some(rec))
     };
     print!("{}", report.table());
@@ -146,7 +159,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
 /// `metatopia-lab synctest`.
 pub fn synctest(args: SyncArgs) -> anyhow::Result<()> {
-    let (report, recording) = run_file(&args.file, args.seed, args.scripts)?;
+    let (report, recording) = run_file(&args.file, args.seed, args.scripts, false)?;
     let n = scenario::synctest(&recording)?;
     println!("synctest {}: {n} ticks each executed twice (the second from a snapshot), every root equal", report.name);
     Ok(())

@@ -214,9 +214,13 @@ pub fn run(
                 p.submit(now, batch.events.iter().map(metatopia_sim::codec::encode).collect(), out);
             });
         }
+        let second = t / 1_000_000;
         t = (t + period_us).min(end);
         c.run_until(t, |_| {});
         progress(t, end);
+        if opts.timeline && t / 1_000_000 > second {
+            timeline(&c, t, start_us, key_of_node.len());
+        }
         // Steps due at the `via` node's tick (it must be up).
         while let Some((line, s)) = pending.front().copied() {
             let via = NodeId::from(s.via);
@@ -461,5 +465,24 @@ impl Observed for Seen<'_> {
             }
             _ => None,
         }))
+    }
+}
+
+/// One line a node: its tick and where its agreement stands (`--timeline`).
+fn timeline(c: &Cluster<Node>, t: Time, start_us: Time, nodes: usize) {
+    use metatopia_node::core::Agreement as _;
+    for id in 0..nodes as NodeId {
+        match c.node(id) {
+            Some(p) => eprintln!(
+                "{:>6.1} s ({} ms)  node {id}: tick {}{}, {}{}",
+                t as f64 / 1e6,
+                (start_us + t) / 1_000,
+                p.core.sim().world().tick(),
+                if p.core.resyncing() { " (taking a certified snapshot)" } else { "" },
+                p.core.agreement().describe(),
+                p.failed.as_deref().map_or(String::new(), |f| format!(" · stopped: {f}"))
+            ),
+            None => eprintln!("{:>6.1} s  node {id}: down", t as f64 / 1e6),
+        }
     }
 }

@@ -56,8 +56,12 @@ const STRANDED_TICKS: u64 = 64;
 const STRANDED_US: Micros = 10_000_000;
 /// Ask again for snapshots this often while resyncing.
 const RESYNC_RETRY_US: Micros = 1_000_000;
-/// Serve a peer at most one snapshot this often.
-const SERVE_EVERY_US: Micros = 2_000_000;
+/// Serve a peer at most one snapshot this often: a little less than [`RESYNC_RETRY_US`], so a
+/// peer that asks once a second is answered each time. (At two seconds, the ask two seconds
+/// after a served one came a hair early and was refused: the asking node waited three seconds
+/// for a newer snapshot, while the one it had could not be certified, as the roots its peers
+/// reported for that tick came before it restarted.)
+const SERVE_EVERY_US: Micros = RESYNC_RETRY_US * 9 / 10;
 /// Commits kept while resyncing (older ones are dropped; a newer snapshot is then needed).
 const RESYNC_BUFFER: usize = 8_192;
 /// Largest snapshot taken from a peer.

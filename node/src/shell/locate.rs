@@ -13,6 +13,11 @@ use metatopia_sim::SimId;
 /// Raynet lookups for clients' routes waiting at most (more are answered "none" at once).
 pub(super) const MAX_FINDING: usize = 1_024;
 
+/// How long a client's route waits for a Raynet lookup before it is answered "none" (and the
+/// client enters at the bootstrap's own sim). A lookup crosses several nodes, possibly of other
+/// sims and over connections dialled on the way; one second was too short on a loaded machine.
+pub(super) const FIND_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The node's Raynet peer on the mesh: its card (a point of its sim's square), its neighbour
 /// sims (their squares and genesis validators, from the world's genesis) and its contacts (its
 /// own sim's nodes, `[raynet] bootstrap`, `[[sims]]` validators listed with an address).

@@ -26,7 +26,7 @@ use crate::shell::timing::{StageTimes, TimedHost, TimedPhysics};
 use crate::store::DataDir;
 use crate::world::AnyPhysics;
 use anyhow::Context;
-use locate::{Finding, MAX_FINDING, neighbour_squares, reach};
+use locate::{FIND_WAIT, Finding, MAX_FINDING, neighbour_squares, reach};
 use metatopia_consensus::Config;
 use metatopia_scripting::RhaiHost;
 use metatopia_sim::genesis::EventGen;
@@ -497,7 +497,7 @@ async fn node(args: RunArgs, shared: Shared) -> anyhow::Result<()> {
                 Some(crate::api::http::Query::Nearest(point, tx)) => {
                     if finding.len() < MAX_FINDING {
                         let query = reach.lookup(point);
-                        finding.push((query, tx, std::time::Instant::now() + Duration::from_secs(1)));
+                        finding.push((query, tx, std::time::Instant::now() + FIND_WAIT));
                     } else {
                         let _ = tx.send(None);
                     }

@@ -24,7 +24,7 @@ pub fn demo_of(cfg: &NodeConfig) -> Result<(DemoWorld, String)> {
             let (spec, _) = crate::world::load(path)?;
             let scripts_dir =
                 cfg.world.scripts.clone().unwrap_or_else(|| path.parent().unwrap_or(Path::new(".")).join("../scripts"));
-            let opts = crate::world::Options { seed: cfg.world.seed, scripts_dir };
+            let opts = crate::world::Options { seed: cfg.world.seed, scripts_dir, timeline: false };
             let place = if spec.world.sims > 1 { Some(place_in_world(cfg, &spec, &validators)?) } else { None };
             let g = crate::world::genesis_in(&spec, cfg.world.seed, &opts, &validators, place.as_ref())?;
             (DemoWorld { world: g.world, admin: g.demo.admin, players: g.demo.players }, spec.world.physics)

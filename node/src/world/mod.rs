@@ -92,6 +92,8 @@ pub struct Options {
     pub seed: u64,
     /// Where `script = "…"` files are (`scenarios/scripts/`).
     pub scripts_dir: PathBuf,
+    /// Print every node's tick and agreement, once a second of the run (to stderr).
+    pub timeline: bool,
 }
 
 fn derived_key(domain: &str, name: &str) -> SigningKey {
