@@ -166,6 +166,20 @@ impl Leaders {
         alive
     }
 
+    /// How `view`'s leader is chosen, for an operator: among which candidates, or by plain
+    /// round robin while this validator's history is incomplete (from which view it starts).
+    pub(super) fn describe(&self, view: View) -> String {
+        if !self.on {
+            return "round robin".into();
+        }
+        let c: Vec<u16> = self.candidates(view).iter().map(|i| i.0).collect();
+        match (self.complete(view), self.known_from) {
+            (true, _) => format!("by reputation among {c:?}"),
+            (false, Some(k)) => format!("by round robin among {c:?} (its history starts at view {})", k.0),
+            (false, None) => format!("by round robin among {c:?} (no history yet)"),
+        }
+    }
+
     /// The validators that would not lead now: what a next instance starts demoted with.
     pub(super) fn demoted_now(&self) -> Vec<ValidatorIndex> {
         let c = self.candidates(View(self.complete_below.0 + LAG));

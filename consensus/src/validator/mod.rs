@@ -498,9 +498,10 @@ impl Validator {
         use std::fmt::Write as _;
         let tip_tick = self.blocks.get(&self.tip.1).map(|s| s.block.tick);
         let mut s = format!(
-            "view {} (leader {}), finalized view {} (tick {}), committed tick {}, pool {}",
+            "view {} (leader {}, chosen {}), finalized view {} (tick {}), committed tick {}, pool {}",
             self.view.0,
             self.leader(self.view).0,
+            self.leaders.describe(self.view),
             self.tip.0.0,
             tip_tick.map_or("-".to_owned(), |t| t.to_string()),
             self.output_tick.map_or("-".to_owned(), |t| t.to_string()),

@@ -145,7 +145,15 @@ impl Validator {
     /// name the leader: the one this validator would choose now, else each validator in turn,
     /// as it may lack the chain its choice then came from). Whether it was kept.
     fn rebuild(&mut self, mut block: Block, n: &Certificate) -> bool {
-        if self.blocks.contains_key(&n.digest) {
+        if let Some(s) = self.blocks.get(&n.digest) {
+            // Held already: the journal keeps the last block handed out (the parent of the
+            // next). What the chain tells of it is recorded all the same: skipped, it left a
+            // hole in the leaders' history, which then started over after the restart, and
+            // this validator chose leaders by round robin while its peers chose by reputation.
+            let held = s.block.clone();
+            if Some(n.digest) != self.anchor_digest {
+                self.leaders.committed_block(&held);
+            }
             return false;
         }
         let ids = event_ids(&block.events);
