@@ -276,7 +276,7 @@ fn a_restored_validator_counts_its_own_votes_and_describes_where_it_stands() {
     while v.poll_output().is_some() {}
     let mine = format!("view {}: mine .X., certs ..., proposal no, votes n[] x1 f0", view.0);
     let said = v.describe();
-    assert!(said.starts_with(&format!("view {} (leader {})", view.0, v.leader(view).0)), "{said}");
+    assert!(said.starts_with(&format!("view {} (leader {}, chosen ", view.0, v.leader(view).0)), "{said}");
     assert!(said.contains(&mine), "{said}");
     let restored = Validator::restore(v.cfg.clone(), v.key.clone(), v.keys.clone(), 20_000_000, &v.persist())
         .expect("its own state");
