@@ -66,9 +66,9 @@ pub trait Observed {
     fn chat_seen(&self, _text: &str) -> Result<Vec<bool>, String> {
         Err(self.cannot("chat"))
     }
-    /// Each judged node's median input latency in microseconds (an event taken in to its
-    /// execution there); `None` where it measured none.
-    fn input_latency_p50_us(&self) -> Result<Vec<Option<u64>>, String> {
+    /// Each judged node's input latency in microseconds (an event taken in to its execution
+    /// there), median and 99th percentile; `None` where it measured none.
+    fn input_latency_us(&self) -> Result<Vec<Option<(u64, u64)>>, String> {
         Err(self.cannot("input latency"))
     }
     /// The step's outcome on each judged node; `None` if it was never submitted.
@@ -185,12 +185,28 @@ pub fn judge(spec: &Scenario, text: &str, seen: &dyn Observed) -> Vec<Verdict> {
                 format!("{object} shows {text:?}"),
                 seen.object_text(object).map(|got| (got.as_deref() == Some(text.as_str()), format!("{got:?}"))),
             ),
-            Expect::InputLatency { p50_ms } => verdict(
-                format!("input latency p50 ≤ {p50_ms} ms on every honest node that took events in"),
-                seen.input_latency_p50_us().map(|got| {
-                    let measured: Vec<u64> = got.iter().flatten().copied().collect();
-                    let ok = !measured.is_empty() && measured.iter().all(|us| *us <= p50_ms * 1_000);
-                    (ok, format!("p50 µs: {got:?}"))
+            Expect::InputLatency { p50_ms, p99_ms } => verdict(
+                match p99_ms {
+                    Some(p99) => format!(
+                        "input latency p50 ≤ {p50_ms} ms, p99 ≤ {p99} ms on every honest node that took events in"
+                    ),
+                    None => format!("input latency p50 ≤ {p50_ms} ms on every honest node that took events in"),
+                },
+                seen.input_latency_us().map(|got| {
+                    let measured: Vec<(u64, u64)> = got.iter().flatten().copied().collect();
+                    let within = |(p50, p99): &(u64, u64)| {
+                        *p50 <= p50_ms * 1_000 && p99_ms.is_none_or(|bound| *p99 <= bound * 1_000)
+                    };
+                    let ok = !measured.is_empty() && measured.iter().all(within);
+                    let shown: Vec<String> = got
+                        .iter()
+                        .map(|g| {
+                            g.map_or("-".into(), |(p50, p99)| {
+                                format!("{:.1}/{:.1}", p50 as f64 / 1e3, p99 as f64 / 1e3)
+                            })
+                        })
+                        .collect();
+                    (ok, format!("p50/p99 ms: [{}]", shown.join(", ")))
                 }),
             ),
             Expect::ChatSeen { text } => verdict(

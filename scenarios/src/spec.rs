@@ -334,8 +334,12 @@ pub enum Expect {
     StateValid,
     /// On every honest node that took clients' events in (at least one), the median time from an
     /// event taken in to its execution there (the node's own figure, over its recent events) is
-    /// at most `p50_ms` milliseconds.
-    InputLatency { p50_ms: u64 },
+    /// at most `p50_ms` milliseconds, and its 99th percentile at most `p99_ms` where given.
+    InputLatency {
+        p50_ms: u64,
+        #[serde(default)]
+        p99_ms: Option<u64>,
+    },
 }
 
 /// A role an `role` expectation names.

@@ -512,11 +512,14 @@ impl Observed for Seen<'_> {
         }
     }
 
-    fn input_latency_p50_us(&self) -> Result<Vec<Option<u64>>, String> {
+    fn input_latency_us(&self) -> Result<Vec<Option<(u64, u64)>>, String> {
         let mut got = Vec::new();
         for i in self.up {
             let s: Option<Status> = self.clients[*i].get("/v1/status").map_err(http_err)?;
-            got.push(s.map(|s| s.input_to_execution_p50_us).filter(|us| *us > 0));
+            got.push(
+                s.filter(|s| s.input_to_execution_p50_us > 0)
+                    .map(|s| (s.input_to_execution_p50_us, s.input_to_execution_p99_us)),
+            );
         }
         Ok(got)
     }

@@ -375,8 +375,8 @@ impl Observed for Seen<'_> {
         Ok(self.g.objects.get(name).and_then(|id| world.object(*id)).map(|o| o.text.clone()))
     }
 
-    fn input_latency_p50_us(&self) -> Result<Vec<Option<u64>>, String> {
-        Ok(self.up.iter().map(|p| p.core.input_latency_us().map(|(p50, _)| p50)).collect())
+    fn input_latency_us(&self) -> Result<Vec<Option<(u64, u64)>>, String> {
+        Ok(self.up.iter().map(|p| p.core.input_latency_us()).collect())
     }
 
     fn chat_seen(&self, text: &str) -> Result<Vec<bool>, String> {
