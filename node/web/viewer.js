@@ -340,7 +340,11 @@ function handle(msg) {
 // takes the next nonce, and a sim refuses a nonce below one it has executed, so a key's release
 // that overtook its press (their signatures resolve in any order) left the walk refused.
 let submitting = Promise.resolve();
-async function submitInTurn(payload) {
+// A walk's changes go out as far apart as they were made (`made`: when the key went down or
+// up). Acts go out one at a time, so a press held up on its way (its account asked for from a
+// loaded node) let the release follow at once: both executed in one tick, the walk cut short.
+let walkPace = null;
+async function submitInTurn(payload, made) {
   const acct = await request("account", state.account);
   state.nonce = Math.max(state.nonce + 1, (acct ? acct.last_nonce : 0) + 1);
   const body = encodeBody(payload);
@@ -349,6 +353,11 @@ async function submitInTurn(payload) {
   const sig = await sign(msg);
   const event = new Uint8Array(body.length + 64);
   event.set(body); event.set(sig, body.length);
+  if (made !== undefined) {
+    const wait = walkPace ? walkPace.sent + (made - walkPace.made) - performance.now() : 0;
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+    walkPace = { made, sent: performance.now() };
+  }
   const ref = ++refSeq;
   return new Promise((resolve, reject) => {
     pending.set(ref, { resolve, reject });
@@ -358,8 +367,8 @@ async function submitInTurn(payload) {
   });
 }
 
-async function act(payload) {
-  const submitted = submitting.then(() => submitInTurn(payload));
+async function act(payload, made) {
+  const submitted = submitting.then(() => submitInTurn(payload, made));
   submitting = submitted.catch(() => {});
   const id = await submitted;
   const o = early.get(id) || await new Promise((resolve) => {
@@ -795,7 +804,7 @@ function walk() {
   if (v[0] === walking[0] && v[1] === walking[1]) return;
   walking = v;
   predictWalk(v);
-  act({ kind: "Move", object: state.avatar, velocity: v }).catch((err) => notice(String(err.message || err)));
+  act({ kind: "Move", object: state.avatar, velocity: v }, performance.now()).catch((err) => notice(String(err.message || err)));
 }
 
 // Keys work wherever the focus is, except while typing in a field (Escape leaves it).
