@@ -320,3 +320,55 @@ pub fn compare_roots<R: PartialEq>(roots: &[BTreeMap<u64, R>]) -> (u64, Option<u
     }
     (compared, None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that saw only the nodes' input latencies.
+    struct Latencies(Vec<Option<(u64, u64)>>);
+
+    impl Observed for Latencies {
+        fn agreement(&self) -> Agreement {
+            Agreement { compared: 1, differ: None, scope: "across 1 honest node".into() }
+        }
+        fn ticks(&self) -> Vec<u64> {
+            vec![10]
+        }
+        fn desynced(&self) -> Vec<u64> {
+            Vec::new()
+        }
+        fn objects(&self) -> u64 {
+            0
+        }
+        fn object_text(&self, _name: &str) -> Result<Option<String>, String> {
+            Ok(None)
+        }
+        fn input_latency_us(&self) -> Result<Vec<Option<(u64, u64)>>, String> {
+            Ok(self.0.clone())
+        }
+    }
+
+    fn verdict(expect: &str, seen: Vec<Option<(u64, u64)>>) -> Verdict {
+        let text = format!("name = \"t\"\nduration_secs = 1\n\n[[expect]]\nkind = \"input_latency\"\n{expect}\n");
+        let spec = Scenario::parse(&text).unwrap();
+        judge(&spec, &text, &Latencies(seen)).pop().unwrap()
+    }
+
+    #[test]
+    fn input_latency_holds_its_median_and_its_99th_percentile_to_their_bounds() {
+        let both = "p50_ms = 100\np99_ms = 200";
+        let v = verdict(both, vec![Some((90_000, 180_000)), None, Some((100_000, 200_000))]);
+        assert!(v.ok, "{v:?}");
+        assert_eq!(v.detail, "p50/p99 ms: [90.0/180.0, -, 100.0/200.0]");
+        // One node's p99 over its bound fails the line, whatever the medians.
+        let v = verdict(both, vec![Some((90_000, 180_000)), Some((50_000, 200_001))]);
+        assert!(!v.ok, "{v:?}");
+        assert!(v.what.contains("p99 ≤ 200 ms"), "{}", v.what);
+        // Without a p99 bound only the median counts.
+        assert!(verdict("p50_ms = 100", vec![Some((100_000, 9_000_000))]).ok);
+        assert!(!verdict("p50_ms = 100", vec![Some((100_001, 100_001))]).ok);
+        // A run in which no node took an event in shows nothing: it fails.
+        assert!(!verdict(both, vec![None, None]).ok);
+    }
+}
