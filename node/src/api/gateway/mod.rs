@@ -15,8 +15,10 @@
 //! and a frame that is not a message is answered with an error and the connection is cut; the
 //! loop that runs the sim is never waited on by a session. A session makes each delta from the
 //! index as it is (see [`crate::api::hub`]): one too slow for every tick skips ticks and its
-//! next delta brings its client up to date; a session more than [`crate::api::hub::FEED`] chat
-//! lines behind loses the oldest.
+//! next delta brings its client up to date; a delta that took long to go out (a client that
+//! reads slowly, a congested link, a busy node) holds the next one back as long, and the
+//! client's questions are answered before any further delta; a session more than
+//! [`crate::api::hub::FEED`] chat lines behind loses the oldest.
 
 use metatopia_sim::Tick;
 use std::collections::BTreeSet;
@@ -74,24 +76,45 @@ impl Transport for Ws {
     }
 }
 
-/// The native client's transport: postcard frames on a QUIC stream.
+/// The native client's transport: postcard frames on a QUIC stream. Frames are read on a task
+/// of their own ([`frames`]): a frame read in pieces is never cut short by the session turning
+/// to something else between two of them.
 struct Quic {
     send: quinn::SendStream,
-    recv: quinn::RecvStream,
+    frames: mpsc::Receiver<Result<ClientMsg, String>>,
 }
 
 impl Transport for Quic {
     async fn recv(&mut self) -> Option<Result<ClientMsg, String>> {
-        match read_frame(&mut self.recv, MAX_CLIENT_FRAME).await {
-            Ok(m) => Some(Ok(m)),
-            Err(proto::FrameError::Closed | proto::FrameError::Io(_)) => None,
-            Err(e) => Some(Err(e.to_string())),
-        }
+        self.frames.recv().await
     }
 
     async fn send(&mut self, m: &ServerMsg) -> bool {
         write_frame(&mut self.send, m).await.is_ok()
     }
+}
+
+/// Client frames read whole from `r`, in order, on a task of their own (reading a frame takes
+/// several reads once it spans packets; a session waiting on several things at once would drop
+/// a read half done, and the stream would lose its framing). Ends after the first frame that is
+/// not a message, or when the stream ends; a few frames wait at most (the client waits for the
+/// session beyond that).
+fn frames<R: tokio::io::AsyncRead + Unpin + Send + 'static>(mut r: R) -> mpsc::Receiver<Result<ClientMsg, String>> {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        loop {
+            let frame = match read_frame(&mut r, MAX_CLIENT_FRAME).await {
+                Ok(m) => Ok(m),
+                Err(proto::FrameError::Closed | proto::FrameError::Io(_)) => return,
+                Err(e) => Err(e.to_string()),
+            };
+            let last = frame.is_err();
+            if tx.send(frame).await.is_err() || last {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// The WebSocket upgrade handler.
@@ -131,7 +154,7 @@ pub fn serve_quic(
                     return;
                 };
                 // A native client says what it wants to see (`interest`) before it sees anything.
-                session(Quic { send, recv }, s, View::nothing()).await;
+                session(Quic { send, frames: frames(recv) }, s, View::nothing()).await;
                 // Let the last frames (an error before a cut-off) reach the client.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 conn.close(0u32.into(), b"bye");
@@ -412,8 +435,13 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
     }
     let (outcomes_tx, mut outcomes) = mpsc::channel::<ServerMsg>(256);
     let (mut window, mut submits) = (Instant::now(), 0u32);
+    let mut deltas_after = tokio::time::Instant::now();
     loop {
+        // The client's questions first, then what is owed it (outcomes, chat), then the next
+        // delta: a question waits for the delta being sent at most, never for a run of them
+        // (a crowd's sessions, each slow to send, answered logins after 10 s and more).
         tokio::select! {
+            biased;
             m = t.recv() => {
                 let msg = match m {
                     None => return,
@@ -492,25 +520,6 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                     return;
                 }
             }
-            r = ticks.changed() => {
-                if r.is_err() {
-                    return;
-                }
-                let tick = *ticks.borrow_and_update();
-                if tick < view.last_tick + view.stride.max(1) {
-                    continue;
-                }
-                let m = {
-                    let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
-                    if index.tick <= view.last_tick {
-                        continue;
-                    }
-                    view.delta(&index)
-                };
-                if !t.send(&m).await {
-                    return;
-                }
-            }
             f = feed.recv() => {
                 let m = match f {
                     Ok(Feed::Chat(c)) => {
@@ -552,6 +561,30 @@ async fn session<T: Transport>(mut t: T, s: Service, mut view: View) {
                     return;
                 }
             }
+            r = ticks.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                let tick = *ticks.borrow_and_update();
+                if tick < view.last_tick + view.stride.max(1) || tokio::time::Instant::now() < deltas_after {
+                    continue;
+                }
+                let m = {
+                    let index = hub.index.read().unwrap_or_else(|e| e.into_inner());
+                    if index.tick <= view.last_tick {
+                        continue;
+                    }
+                    view.delta(&index)
+                };
+                let sending = tokio::time::Instant::now();
+                if !t.send(&m).await {
+                    return;
+                }
+                // The next delta waits as long as this one took to go out: a client (or a
+                // link, or a node) slower than the deltas gets fewer, larger ones, and the
+                // session spends at most half its time on them.
+                deltas_after = tokio::time::Instant::now() + sending.elapsed();
+            }
         }
     }
 }
@@ -583,389 +616,4 @@ async fn submit(s: &Service, r#ref: u64, event: &str, outcomes: &mpsc::Sender<Se
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use metatopia_client::proto::ObjectView;
-
-    fn obj(id: &str, owner: &str, avatar: bool, x: i64, y: i64) -> ObjectView {
-        ObjectView {
-            id: id.into(),
-            name: id.into(),
-            owner: owner.into(),
-            avatar,
-            position: [x.to_string(), y.to_string()],
-            velocity: ["0".into(), "0".into()],
-            shape: "circle 0.5".into(),
-            color: "ffffffff".into(),
-            text: String::new(),
-            script: None,
-            scripted: false,
-            body: "static".into(),
-            surface: String::new(),
-        }
-    }
-
-    /// In a crowd the area is the nearest objects, in key order, ties to the smaller key.
-    #[test]
-    fn an_area_in_a_crowd_is_its_nearest_objects() {
-        let mut index = AoiIndex::default();
-        let views = (0..40).map(|i| {
-            // Forty objects on a line from x = 100 (every other one at the same distance on the
-            // other side of the centre, x = 120).
-            let x = if i % 2 == 0 { 120 + i / 2 } else { 120 - (i + 1) / 2 };
-            obj(&format!("{i}v0"), "cc", false, x, 50)
-        });
-        index.update(Tick(1), views);
-        let mut out = Vec::new();
-        index.nearest([120, 50], 100, 5, &mut out);
-        let key = |i: u64| i << 32;
-        // Distance 0: object 0; 1: objects 1 and 2; 2: objects 3 and 4.
-        assert_eq!(out, [0, 1, 2, 3, 4].map(key));
-        index.nearest([120, 50], 100, 4, &mut out);
-        assert_eq!(out, [0, 1, 2, 3].map(key), "a tie goes to the smaller key");
-        index.nearest([120, 50], 100, 100, &mut out);
-        assert_eq!(out.len(), 40, "fewer than the most: all within the radius");
-        index.nearest([120, 50], 3, 100, &mut out);
-        assert_eq!(out, [0, 1, 2, 3, 4, 5, 6].map(key), "and never one beyond it");
-    }
-
-    /// The index keeps its objects by slot: a slot's next object (a new generation) takes the
-    /// old one's place whole, its cell and its avatar entry, and a client that knew the old one
-    /// is told it left and the new one entered.
-    #[test]
-    fn a_slot_reused_by_a_new_object_replaces_the_old_one_everywhere() {
-        let (a, b) = ("aa".repeat(32), "bb".repeat(32));
-        let mut index = AoiIndex { radius_m: 30, ..AoiIndex::default() };
-        index.update(Tick(1), [obj("0v0", &b, true, 10, 10), obj("3v0", &a, true, 12, 10)].into_iter());
-        let mut view = View { follow: Some(b.clone()), ..View::default() };
-        let ServerMsg::Tick { enter, .. } = view.delta(&index) else { panic!() };
-        assert_eq!(enter.len(), 2);
-        // Slot 3's avatar left and a prim took the slot, far away.
-        index
-            .update(Tick(1 + AREA_EVERY), [obj("0v0", &b, true, 10, 10), obj("3v1", "x", false, 500, 500)].into_iter());
-        assert_eq!((index.len(), index.get(3 << 32), index.avatar_at(&a)), (2, None, None));
-        assert_eq!(index.get((3 << 32) | 1).map(|v| v.id), Some("3v1".to_owned()));
-        let mut near = Vec::new();
-        index.within([12, 10], 5, &mut near);
-        assert_eq!(near, [0], "the old avatar's cell entry went with it");
-        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index) else { panic!() };
-        assert_eq!((enter.len(), leave), (0, vec!["3v0".to_string()]));
-        // The world shrank: the slots' room goes back, the keys stay in order.
-        index.update(Tick(2 + AREA_EVERY), [obj("0v0", &b, true, 10, 10)].into_iter());
-        let mut all = Vec::new();
-        index.all(&mut all);
-        assert_eq!((all, index.objects.slots.len()), (vec![0], 1));
-    }
-
-    #[test]
-    fn the_area_of_interest_follows_the_avatar_with_enter_update_leave() {
-        let me = "aa".repeat(32);
-        let mut index = AoiIndex { radius_m: 30, ..AoiIndex::default() };
-        let world = |me_x: i64, door_text: &str| {
-            let mut door = obj("1v0", "x", false, 100, 100);
-            door.text = door_text.into();
-            vec![
-                obj("0v0", &me, true, me_x, 100),
-                door,
-                obj("2v0", "x", false, 200, 100),
-                obj("3v0", "x", false, 125, 118),
-            ]
-        };
-        let changed = index.update(Tick(1), world(90, "closed").into_iter());
-        assert!(changed.is_empty(), "new objects are not changes");
-        let mut view = View { follow: Some(me.clone()), ..View::default() };
-        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index) else { panic!() };
-        let ids: Vec<&str> = enter.iter().map(|o| o.id.as_str()).collect();
-        // 3v0 is 35 x 18 m away (39 m): outside 30 m; 2v0 far away.
-        assert_eq!(ids, ["0v0", "1v0"]);
-        assert!(leave.is_empty());
-        // The door opens: an update; I walk east 20 m: 3v0 enters (15 m), nothing leaves.
-        // (Areas are recomputed every AREA_EVERY ticks.)
-        let changed = index.update(Tick(1 + AREA_EVERY), world(110, "open").into_iter());
-        assert_eq!(changed.iter().map(|(_, u)| u.id.as_str()).collect::<Vec<_>>(), ["0v0", "1v0"]);
-        assert_eq!(changed.iter().map(|(k, _)| *k).collect::<Vec<_>>(), [0, 1 << 32]);
-        let ServerMsg::Tick { tick, enter, update, leave } = view.delta(&index) else { panic!() };
-        assert_eq!(tick, Tick(1 + AREA_EVERY));
-        assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["3v0"]);
-        assert_eq!(update.len(), 2);
-        assert_eq!(
-            (update[0].id.as_str(), update[0].at_mm, update[0].text.clone()),
-            ("0v0", Some([110_000, 100_000]), None)
-        );
-        assert_eq!((update[1].id.as_str(), update[1].at_mm, update[1].text.as_deref()), ("1v0", None, Some("open")));
-        assert!(leave.is_empty());
-        // Far east: everything but 2v0 leaves and 2v0 enters; a removed object leaves too.
-        let mut w = world(190, "open");
-        w.remove(3);
-        index.update(Tick(1 + 2 * AREA_EVERY), w.into_iter());
-        let ServerMsg::Tick { enter, leave, .. } = view.delta(&index) else { panic!() };
-        assert_eq!(enter.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["2v0"]);
-        assert_eq!(leave, ["1v0", "3v0"]);
-        assert_eq!(index.len(), 3);
-        // Chat: heard within its range of the avatar, private lines only by their account.
-        let line = |x: i64, range_m: u32, to: Option<String>| ChatView {
-            tick: Tick(3),
-            name: "n".into(),
-            channel: 0,
-            text: "t".into(),
-            position: [x, 100],
-            range_m,
-            to,
-        };
-        assert!(view.hears(&line(175, 20, None), &index));
-        assert!(!view.hears(&line(165, 20, None), &index));
-        assert!(view.hears(&line(100, 100, None), &index));
-        // A line for `me` reaches this session only once it proved it holds `me`'s key (an
-        // event of `me`'s taken in); following `me` is not enough.
-        assert!(!view.hears(&line(0, 10, Some(me.clone())), &index));
-        view.authors.insert(me.clone());
-        assert!(view.hears(&line(0, 10, Some(me.clone())), &index));
-        assert!(!view.hears(&line(190, 10, Some("bb".repeat(32))), &index));
-        // Without an interest: the whole sim, every public line.
-        let mut all = View::default();
-        let ServerMsg::Tick { enter, .. } = all.delta(&index) else { panic!() };
-        assert_eq!(enter.len(), 3);
-        assert!(all.hears(&line(-1000, 10, None), &index));
-    }
-
-    /// Deltas come from the index alone: a session that skips ticks (a slow client, or one
-    /// asking for fewer deltas) still ends with every object as it is. A session that had the
-    /// object's fields before their last change gets that change; one further behind gets the
-    /// fields whole.
-    #[test]
-    fn a_session_that_skips_ticks_gets_what_changed_since_its_last_delta() {
-        let me = "aa".repeat(32);
-        let mut index = AoiIndex { radius_m: 1000, rate_hz: 20, ..AoiIndex::default() };
-        let world = |text: &str, color: &str| {
-            let mut door = obj("1v0", "x", false, 5, 5);
-            (door.text, door.color) = (text.into(), color.into());
-            vec![obj("0v0", &me, true, 0, 0), door].into_iter()
-        };
-        let new = || View { follow: Some(me.clone()), ..View::default() };
-        let (mut quick, mut slow) = (new(), new());
-        let (mut qc, mut sc) = (metatopia_client::View::default(), metatopia_client::View::default());
-        index.update(Tick(1), world("closed", "ffffffff"));
-        qc.apply(&quick.delta(&index));
-        sc.apply(&slow.delta(&index));
-        index.update(Tick(2), world("open", "ffffffff"));
-        qc.apply(&quick.delta(&index));
-        index.update(Tick(3), world("open", "00ff00ff"));
-        // The quick one had tick 2: the recolouring alone.
-        let m = quick.delta(&index);
-        let ServerMsg::Tick { update, .. } = &m else { panic!() };
-        assert_eq!(update.len(), 1, "{update:?}");
-        assert_eq!((update[0].color.as_deref(), update[0].text.as_deref()), (Some("00ff00ff"), None));
-        qc.apply(&m);
-        // The slow one last had tick 1: both changes, as the fields whole.
-        let m = slow.delta(&index);
-        let ServerMsg::Tick { update, enter, leave, .. } = &m else { panic!() };
-        assert!(enter.is_empty() && leave.is_empty(), "no start over: {m:?}");
-        assert_eq!((update[0].color.as_deref(), update[0].text.as_deref()), (Some("00ff00ff"), Some("open")));
-        sc.apply(&m);
-        for c in [&qc, &sc] {
-            assert_eq!(c.objects.get("1v0"), index.get(1 << 32).as_ref(), "the client's door is the index's");
-        }
-        // Nothing changed since: an empty delta for both.
-        index.update(Tick(4), world("open", "00ff00ff"));
-        for v in [&mut quick, &mut slow] {
-            let ServerMsg::Tick { update, enter, leave, .. } = v.delta(&index) else { panic!() };
-            assert!(update.is_empty() && enter.is_empty() && leave.is_empty());
-        }
-    }
-
-    /// One tick: the world is `me` and the ball; the node's delta goes to a real client view.
-    fn step(
-        index: &mut AoiIndex,
-        view: &mut View,
-        client: &mut metatopia_client::View,
-        tick: u64,
-        ball: ObjectView,
-    ) -> usize {
-        let me = "aa".repeat(32);
-        index.update(Tick(tick), vec![obj("0v0", &me, true, 0, 0), ball].into_iter());
-        let m = view.delta(index);
-        let ServerMsg::Tick { update, .. } = &m else { panic!() };
-        let n = update.iter().filter(|u| u.at_mm.is_some()).count();
-        client.apply(&m);
-        n
-    }
-
-    #[test]
-    fn motion_is_dead_reckoned_corrected_when_it_drifts_and_stopped_explicitly() {
-        let mut index = AoiIndex { radius_m: 1000, rate_hz: 20, ..AoiIndex::default() };
-        // A ball rolling east at 1 m/s (50 mm a tick at 20 Hz), from x = 10 m.
-        let ball = |x_mm: i64, v_mm: i64| {
-            let mut b = obj("1v0", "x", false, 0, 0);
-            b.position = [proto::decimal_of_mm(x_mm), "0".into()];
-            b.velocity = [proto::decimal_of_mm(v_mm), "0".into()];
-            b
-        };
-        let mut view = View { follow: Some("aa".repeat(32)), ..View::default() };
-        let mut client = metatopia_client::View::default();
-        let x = |c: &metatopia_client::View| c.position_mm("1v0").unwrap()[0];
-        let mut sent = step(&mut index, &mut view, &mut client, 1, ball(10_000, 1000));
-        for t in 2..=40 {
-            sent += step(&mut index, &mut view, &mut client, t, ball(10_000 + 50 * (t as i64 - 1), 1000));
-            assert_eq!(x(&client), 10_000 + 50 * (t as i64 - 1), "the client's extrapolation at tick {t}");
-        }
-        assert_eq!(sent, 0, "steady motion needs no position updates");
-        // A bump: 150 mm further than the extrapolation, same velocity: corrected once.
-        let x41 = 10_000 + 50 * 40 + 150;
-        assert_eq!(step(&mut index, &mut view, &mut client, 41, ball(x41, 1000)), 1);
-        assert_eq!(x(&client), x41);
-        // A small drift (60 mm) is left to the extrapolation; a velocity change is sent.
-        assert_eq!(step(&mut index, &mut view, &mut client, 42, ball(x41 + 50 + 60, 1000)), 0);
-        assert_eq!(x(&client), x41 + 50);
-        assert_eq!(step(&mut index, &mut view, &mut client, 43, ball(x41 + 200, 2000)), 1);
-        // Stopping is always sent, so clients stop extrapolating.
-        assert_eq!(step(&mut index, &mut view, &mut client, 44, ball(x41 + 250, 0)), 1);
-        assert_eq!(step(&mut index, &mut view, &mut client, 45, ball(x41 + 250, 0)), 0);
-        assert_eq!(x(&client), x41 + 250);
-    }
-
-    #[test]
-    fn the_grid_query_matches_a_scan_of_every_object() {
-        let mut index = AoiIndex::default();
-        let mut seed = 12345u64;
-        let mut next = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((seed >> 33) % 600) as i64 - 300
-        };
-        let objects: Vec<ObjectView> = (0..500).map(|i| obj(&format!("{i}v0"), "o", false, next(), next())).collect();
-        index.update(Tick(1), objects.clone().into_iter());
-        for _ in 0..50 {
-            let (c, r) = ([next(), next()], (next().unsigned_abs() % 120) as u32);
-            let scan: BTreeSet<String> = objects
-                .iter()
-                .filter(|o| {
-                    let p = o.metres();
-                    (p[0] - c[0]).pow(2) + (p[1] - c[1]).pow(2) <= i64::from(r).pow(2)
-                })
-                .map(|o| o.id.clone())
-                .collect();
-            let scan: Vec<u64> =
-                scan.iter().filter_map(|id| key_of(id)).collect::<BTreeSet<u64>>().into_iter().collect();
-            let mut within = Vec::new();
-            index.within(c, r, &mut within);
-            assert_eq!(within, scan, "center {c:?} radius {r}");
-        }
-    }
-
-    /// A transport of two channels: what the test sends the session, and what it answers.
-    struct Pipe(mpsc::Receiver<ClientMsg>, mpsc::Sender<ServerMsg>);
-
-    impl Transport for Pipe {
-        async fn recv(&mut self) -> Option<Result<ClientMsg, String>> {
-            self.0.recv().await.map(Ok)
-        }
-        async fn send(&mut self, m: &ServerMsg) -> bool {
-            self.1.send(m.clone()).await.is_ok()
-        }
-    }
-
-    /// After a failover to a node nobody listened on (so nobody kept its area index), the
-    /// session waits for the loop to refill the index before it sends the area and replays the
-    /// recent chat its avatar hears: the line said meanwhile is not lost.
-    #[tokio::test]
-    async fn a_session_on_a_node_nobody_listened_on_gets_the_chat_said_meanwhile() {
-        let me = "aa".repeat(32);
-        let hub = std::sync::Arc::new(Hub::new(1, Vec::new()));
-        let (_status_tx, status) =
-            tokio::sync::watch::channel(proto::Status { tick: Tick(700), ..proto::Status::default() });
-        let (queries, mut asked) = mpsc::channel(8);
-        let s = Service { status, queries, metrics: None, started: Instant::now(), hub: Some(hub.clone()) };
-        let line = ChatView {
-            tick: Tick(699),
-            name: "bob".into(),
-            channel: 0,
-            text: "still here".into(),
-            position: [101, 100],
-            range_m: 20,
-            to: None,
-        };
-        // The node's loop: the line was said while nobody listened (and so was one too long
-        // ago, and one meant for another account alone); it refills the index at its next tick.
-        let looped = hub.clone();
-        hub.said(std::sync::Arc::new(ChatView {
-            tick: Tick(700 - REPLAY_TICKS - 1),
-            text: "too long ago".into(),
-            ..line.clone()
-        }));
-        hub.said(std::sync::Arc::new(line.clone()));
-        hub.said(std::sync::Arc::new(ChatView {
-            text: "for bb only".into(),
-            to: Some("bb".repeat(32)),
-            ..line.clone()
-        }));
-        tokio::spawn(async move { while asked.recv().await.is_some() {} });
-        let (to_session, from_test) = mpsc::channel(8);
-        let (to_test, mut answers) = mpsc::channel(64);
-        tokio::spawn(session(Pipe(from_test, to_test), s, View::nothing()));
-        to_session.send(ClientMsg::Interest { follow: Some(me.clone()), radius_m: None, max_hz: None }).await.unwrap();
-        for _ in 0..500 {
-            if looped.listened() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(looped.listened(), "the session listens");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        {
-            let mut index = looped.index.write().unwrap();
-            index.radius_m = 30;
-            index
-                .update(Tick(701), vec![obj("0v0", &me, true, 100, 100), obj("1v0", "bb", true, 101, 100)].into_iter());
-        }
-        looped.publish_tick(Tick(701));
-        let mut heard = Vec::new();
-        // Five seconds for the first line, then half a second for any other.
-        let mut wait = Duration::from_secs(5);
-        while let Ok(Some(m)) = tokio::time::timeout(wait, answers.recv()).await {
-            if let ServerMsg::Chat(c) = m {
-                heard.push(c.text);
-                wait = Duration::from_millis(500);
-            }
-        }
-        assert_eq!(heard, ["still here"], "the line said while the client failed over");
-    }
-
-    /// A loop too busy to take a question within the wait: the session answers "busy: ask
-    /// again", never "there is no such account" (a crowd's logins read that as an avatar-less
-    /// login and gave up); once the loop takes questions again the same question is answered.
-    #[tokio::test]
-    async fn a_loop_too_busy_to_answer_is_said_busy_not_no_account() {
-        let hub = std::sync::Arc::new(Hub::new(1, Vec::new()));
-        let (_status_tx, status) =
-            tokio::sync::watch::channel(proto::Status { tick: Tick(1), ..proto::Status::default() });
-        let (queries, mut asked) = mpsc::channel(1);
-        // The loop's queue is full, and the loop takes nothing yet.
-        queries.try_send(Query::Governance(oneshot::channel().0)).unwrap();
-        let s = Service { status, queries, metrics: None, started: Instant::now(), hub: Some(hub) };
-        let (to_session, from_test) = mpsc::channel(8);
-        let (to_test, mut answers) = mpsc::channel(64);
-        tokio::spawn(session(Pipe(from_test, to_test), s, View::nothing()));
-        let account = || ClientMsg::Account { id: "aa".repeat(32) };
-        let answer = async |answers: &mut mpsc::Receiver<ServerMsg>| loop {
-            match tokio::time::timeout(Duration::from_secs(30), answers.recv()).await {
-                Ok(Some(m @ (ServerMsg::Account { .. } | ServerMsg::Error { .. }))) => break m,
-                Ok(Some(_)) => {}
-                other => panic!("no answer: {other:?}"),
-            }
-        };
-        to_session.send(account()).await.unwrap();
-        match answer(&mut answers).await {
-            ServerMsg::Error { r#ref: None, message } => assert_eq!(message, proto::BUSY),
-            other => panic!("a busy loop answered {other:?}"),
-        }
-        // The loop is back: it answers that there is no such account, now that it looked.
-        tokio::spawn(async move {
-            while let Some(q) = asked.recv().await {
-                if let Query::Account(_, tx) = q {
-                    let _ = tx.send(None);
-                }
-            }
-        });
-        to_session.send(account()).await.unwrap();
-        assert!(matches!(answer(&mut answers).await, ServerMsg::Account { account: None, .. }));
-    }
-}
+mod tests;
