@@ -771,8 +771,13 @@ impl Client {
         self.act(Payload::Logout).await
     }
 
-    /// The avatar's object id (asked from the sim).
+    /// The avatar's object id: as the area's deltas brought it (the avatar stands at the area's
+    /// centre), else asked from the sim. (Asked every time, a crowd's logins waited for the
+    /// answer behind the deltas already on their way, and a walk cost a round trip.)
     pub async fn avatar(&mut self) -> Result<Option<ObjectId>, ClientError> {
+        if let Some(id) = self.view.avatar_of(&self.account).and_then(|a| parse_object(&a.id)) {
+            return Ok(Some(id));
+        }
         Ok(self.account_view().await?.and_then(|a| a.avatar).and_then(|s| parse_object(&s)))
     }
 

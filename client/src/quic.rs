@@ -41,11 +41,14 @@ fn transport() -> Arc<quinn::TransportConfig> {
     t.keep_alive_interval(Some(Duration::from_secs(2)));
     // A client that does not keep up is told by flow control soon (the node's session then waits
     // and skips ticks; its next delta brings the client up to date), and a node with a thousand
-    // clients does not buffer megabytes for each: 128 KiB in flight per stream, 256 KiB per
-    // connection (a delta is a few KiB; a whole area on login, up to a few hundred, flows on).
-    t.stream_receive_window(quinn::VarInt::from_u32(128 * 1024));
-    t.receive_window(quinn::VarInt::from_u32(256 * 1024));
-    t.send_window(256 * 1024);
+    // clients does not buffer megabytes for each: 32 KiB in flight per stream, 64 KiB per
+    // connection (a delta is a few KiB; a whole area on login, up to a few hundred, flows on
+    // over a few round trips). What is in flight is also what an answer waits behind: with
+    // 128 KiB, ten seconds of a crowd's deltas at 12 KB/s, and a seventh of 1,000 bots gave up
+    // waiting for their avatar after logging in; with 32 KiB a twentieth (docs/benchmarks.md).
+    t.stream_receive_window(quinn::VarInt::from_u32(32 * 1024));
+    t.receive_window(quinn::VarInt::from_u32(64 * 1024));
+    t.send_window(32 * 1024);
     // One control stream per client; nobody needs more.
     t.max_concurrent_bidi_streams(quinn::VarInt::from_u32(2));
     t.max_concurrent_uni_streams(quinn::VarInt::from_u32(0));
