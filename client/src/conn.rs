@@ -239,12 +239,13 @@ impl Client {
         Client::connect_as(endpoint, bootstrap, key, at, true).await
     }
 
-    /// A QUIC endpoint (one UDP socket) for reaching `node`; many clients may share one.
+    /// A QUIC endpoint (one UDP socket, its buffers as large as the kernel grants up to
+    /// [`crate::quic::SOCKET_BUFFER`]: bots share one a hundred) for reaching `node`.
     pub fn endpoint_for(node: &NodeAddr) -> Result<quinn::Endpoint, ClientError> {
         let first: SocketAddr = resolve(&node.addr)?;
         let bind: SocketAddr =
             if first.ip().is_loopback() { (first.ip(), 0).into() } else { "0.0.0.0:0".parse().expect("an address") };
-        quinn::Endpoint::client(bind).map_err(ClientError::Socket)
+        crate::quic::endpoint(bind, None).map_err(ClientError::Socket)
     }
 
     /// [`Client::connect`] on a given endpoint, for bots (many share a few endpoints on one
