@@ -246,6 +246,9 @@ struct View {
     area: Option<Tick>,
     /// The area's objects as last computed, in key order (kept to reuse its room).
     in_area: Vec<u64>,
+    /// Objects of the area not sent yet (more than [`ENTER_PER_DELTA`] were new): the next
+    /// deltas send them, nearest first.
+    backlog: bool,
     /// Send a delta every this many ticks (from the client's `max_hz`).
     stride: u64,
     /// The index's tick at the last delta (0: none yet): the client has every object it knows
@@ -255,6 +258,13 @@ struct View {
 
 /// Ticks between recomputations of a session's area of interest.
 const AREA_EVERY: u64 = 4;
+
+/// The most objects a delta brings into a client's view around its avatar, nearest first; the
+/// rest of the area follows in the next deltas. A login in a crowd is sent its avatar and its
+/// neighbours in a few kilobytes, and a question asked meanwhile (its account, say) waits
+/// behind them, not behind the whole area of [`MAX_AREA_OBJECTS`] (tens of kilobytes, which a
+/// loaded link takes seconds to carry).
+const ENTER_PER_DELTA: usize = 64;
 
 /// How long a new session waits for the area index nobody kept (a tick, or a second while the
 /// sim is paused; an empty world has no index and waits this long once).
@@ -295,15 +305,36 @@ impl View {
         let mut entered = Vec::new();
         if fresh {
             self.compute_area(index);
+            self.area = Some(tick);
+        }
+        if fresh || self.backlog {
+            // What the client does not know yet; around an avatar at most ENTER_PER_DELTA of
+            // them, nearest first (a view of the whole sim takes it all at once, as asked).
+            let centre = self.follow.as_deref().and_then(|a| index.avatar_at(a)).map(|m| m.map(|v| v * 1000));
+            let mut new: Vec<(i128, u64)> = Vec::new();
             for k in &self.in_area {
                 if self.known.binary_search_by_key(k, |(k, _)| *k).is_err()
                     && let Some(e) = index.entry(*k)
                 {
-                    entered.push((*k, Sent { at: e.motion.0, vel: e.motion.1, tick }));
+                    let d = centre.map_or(0, |c| {
+                        let (dx, dy) = (i128::from(e.motion.0[0] - c[0]), i128::from(e.motion.0[1] - c[1]));
+                        dx * dx + dy * dy
+                    });
+                    new.push((d, *k));
+                }
+            }
+            self.backlog = centre.is_some() && new.len() > ENTER_PER_DELTA;
+            if self.backlog {
+                new.select_nth_unstable(ENTER_PER_DELTA - 1);
+                new.truncate(ENTER_PER_DELTA);
+                new.sort_unstable_by_key(|(_, k)| *k);
+            }
+            for (_, k) in new {
+                if let Some(e) = index.entry(k) {
+                    entered.push((k, Sent { at: e.motion.0, vel: e.motion.1, tick }));
                     enter.push(e.view_now());
                 }
             }
-            self.area = Some(tick);
         }
         // One pass over what the client knows, beside the area (both in key order), one index
         // lookup each (a slot): what left (the area, when it was recomputed, or the world) and

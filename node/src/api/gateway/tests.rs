@@ -467,3 +467,37 @@ async fn a_frame_in_pieces_survives_the_session_turning_away_between_them() {
     drop(client);
     assert!(tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().is_none(), "the stream ended");
 }
+
+/// Around an avatar a delta brings at most ENTER_PER_DELTA new objects, the nearest first (its
+/// own avatar among them); the next deltas bring the rest of the area, and then nothing more.
+#[test]
+fn a_crowded_area_arrives_nearest_first_a_bounded_number_a_delta() {
+    let me = "aa".repeat(32);
+    let mut index = AoiIndex { radius_m: 200, ..AoiIndex::default() };
+    // 150 prims on a line east of the avatar, one metre apart (object i at i + 1 m away).
+    let views = std::iter::once(obj("0v0", &me, true, 500, 500))
+        .chain((1..=150).map(|i| obj(&format!("{i}v0"), "cc", false, 500 + i, 500)));
+    index.update(Tick(1), views);
+    let mut view = View { follow: Some(me.clone()), ..View::default() };
+    let ids = |enter: &[ObjectView]| enter.iter().map(|o| o.id.clone()).collect::<Vec<_>>();
+    let ServerMsg::Tick { enter, .. } = view.delta(&index) else { panic!() };
+    assert_eq!(
+        ids(&enter),
+        (0..ENTER_PER_DELTA).map(|i| format!("{i}v0")).collect::<Vec<_>>(),
+        "its avatar and the nearest"
+    );
+    assert!(view.backlog);
+    let ServerMsg::Tick { enter, leave, .. } = view.delta(&index) else { panic!() };
+    assert_eq!(ids(&enter), (ENTER_PER_DELTA..2 * ENTER_PER_DELTA).map(|i| format!("{i}v0")).collect::<Vec<_>>());
+    assert!(leave.is_empty());
+    let ServerMsg::Tick { enter, .. } = view.delta(&index) else { panic!() };
+    assert_eq!(ids(&enter), (2 * ENTER_PER_DELTA..=150).map(|i| format!("{i}v0")).collect::<Vec<_>>(), "the rest");
+    assert!(!view.backlog);
+    let ServerMsg::Tick { enter, update, leave, .. } = view.delta(&index) else { panic!() };
+    assert!(enter.is_empty() && update.is_empty() && leave.is_empty(), "nothing more: {enter:?} {update:?} {leave:?}");
+    assert_eq!(view.known.len(), 151);
+    // A view of the whole sim (no avatar followed) takes the whole area at once.
+    let mut all = View::default();
+    let ServerMsg::Tick { enter, .. } = all.delta(&index) else { panic!() };
+    assert_eq!((enter.len(), all.backlog), (151, false));
+}
