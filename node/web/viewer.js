@@ -344,25 +344,9 @@ let submitting = Promise.resolve();
 // up). Acts go out one at a time, so a press held up on its way (its account asked for from a
 // loaded node) let the release follow at once: both executed in one tick, the walk cut short.
 let walkPace = null;
-// The nonce is counted here once known: the account's last is asked of the sim before the first
-// act, and again after a move to another sim (whose nonces are its own) or a refusal over the
-// nonce (the key used elsewhere meanwhile), not before every act (each cost a round trip to
-// the node's loop before it could be signed).
-let nonceKnown = null; // the sim whose next nonce `state.nonce + 1` is; null: ask first
-let nonceOf = null; // the sim `state.nonce` was counted for
-window.metatopiaNonceAsks = 0; // how many times it was asked (read by the browser test)
 async function submitInTurn(payload, made) {
-  // (A returning visitor logs in as the socket opens, before the node's status has come; the
-  // answer comes after it.)
-  if (!state.status || nonceKnown !== state.status.sim) {
-    const acct = await request("account", state.account);
-    window.metatopiaNonceAsks += 1;
-    const last = acct ? acct.last_nonce : 0;
-    const sim = state.status ? state.status.sim : null;
-    state.nonce = nonceOf === sim ? Math.max(state.nonce, last) : last;
-    nonceKnown = nonceOf = sim;
-  }
-  state.nonce += 1;
+  const acct = await request("account", state.account);
+  state.nonce = Math.max(state.nonce + 1, (acct ? acct.last_nonce : 0) + 1);
   const body = encodeBody(payload);
   const msg = new Uint8Array(DOMAIN.length + body.length);
   msg.set(DOMAIN); msg.set(body, DOMAIN.length);
@@ -386,15 +370,12 @@ async function submitInTurn(payload, made) {
 async function act(payload, made) {
   const submitted = submitting.then(() => submitInTurn(payload, made));
   submitting = submitted.catch(() => {});
-  const nonceRefused = (reason) => { if (/nonce/.test(String(reason))) nonceKnown = null; };
-  let id;
-  try { id = await submitted; } catch (e) { nonceRefused(e.message); throw e; }
+  const id = await submitted;
   const o = early.get(id) || await new Promise((resolve) => {
     waiting.set(id, resolve);
     setTimeout(() => { if (waiting.delete(id)) resolve(null); }, 15000);
   });
   early.delete(id);
-  if (o && o.refused) nonceRefused(o.refused.reason);
   if (!o) notice(`${payload.kind} not executed yet`);
   else if (o.refused) notice(`${payload.kind} refused at tick ${o.refused.tick}: ${o.refused.reason}`);
   return o;
